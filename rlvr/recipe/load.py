@@ -1,0 +1,170 @@
+"""Read a TOML recipe, apply `--set a.b=c` overrides, validate, and dump resolved JSON.
+
+Every failure becomes one `RecipeError` whose message names the file, the TOML line
+when it can be found, the key path and what was expected, so the CLI can print one line
+and exit 2 instead of a pydantic traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from rlvr.recipe.schema import KeyedError, Recipe
+
+
+class RecipeError(Exception):
+    """A bad recipe, override or data file; `str()` is the one line a user sees."""
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, check_files: bool = True) -> Recipe:
+    """Parse, override, validate; data paths become absolute (relative to the recipe file)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: no such recipe file") from None
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(f"{path}: invalid TOML: {exc}") from None
+    for item in overrides:
+        apply_override(raw, item)
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as exc:
+        raise RecipeError(format_validation_error(exc, path, text)) from None
+    _resolve_paths(recipe, path.parent, check_files=check_files, recipe_path=path, text=text)
+    return recipe
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """`a.b.c=value`: value parses as a TOML value when it can, else as a plain string."""
+    key, sep, value_text = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise RecipeError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. rollout.n=16")
+    try:
+        value = tomllib.loads(f"v = {value_text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = value_text.strip()
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise RecipeError(f"--set {item!r}: {part!r} is a value, not a table")
+        node = child
+    node[parts[-1]] = value
+
+
+def format_validation_error(exc: ValidationError, path: Path, text: str) -> str:
+    """The first error as `file:line: key.path: message` (plus a count of the others)."""
+    errors = exc.errors()
+    first = errors[0]
+    loc: tuple[str, ...] = tuple(str(p) for p in first["loc"])
+    message = first["msg"]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, KeyedError):
+        loc, message = loc + cause.path, cause.message
+    elif message.startswith("Value error, "):
+        message = message.removeprefix("Value error, ")
+    elif first["type"] == "extra_forbidden":
+        message = "unknown key" + _suggest(loc)
+    elif first["type"] == "missing":
+        message = "required key is missing"
+    elif "input" in first and first["type"] not in ("model_type",):
+        message = f"{message} (got {first['input']!r})"
+    key = ".".join(loc) or "(top level)"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{_where(path, text, loc)}: {key}: {message}{more}"
+
+
+def _suggest(loc: tuple[str, ...]) -> str:
+    """Name the closest known key, so `temprature` says `did you mean temperature?`."""
+    import difflib
+
+    model: Any = Recipe
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            if model is not Recipe and getattr(model, "__name__", "") == "DomainConfig":
+                continue
+            return ""
+        annotation = field.annotation
+        args = getattr(annotation, "__args__", None)
+        model = args[-1] if args and getattr(annotation, "__origin__", None) is dict else annotation
+        if not hasattr(model, "model_fields"):
+            return ""
+    known = list(getattr(model, "model_fields", {}))
+    close = difflib.get_close_matches(loc[-1], known, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
+
+
+def _where(path: Path, text: str, loc: tuple[str, ...]) -> str:
+    line = find_line(text, loc)
+    return f"{path}:{line}" if line else str(path)
+
+
+def find_line(text: str, loc: tuple[str, ...]) -> int | None:
+    """Best-effort TOML line of a key path: the key's own line, else its table header."""
+    table: tuple[str, ...] = ()
+    best: int | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        header = re.fullmatch(r"\[\[?\s*([^\]]+?)\s*\]\]?(\s*#.*)?", stripped)
+        if header:
+            table = tuple(_split_key(header.group(1)))
+            if table == loc:
+                best = number
+            elif best is None and loc[: len(table)] == table and table:
+                best = number
+            continue
+        match = re.match(r"([A-Za-z0-9_\-.\"' ]+?)\s*=", stripped)
+        if not match:
+            continue
+        full = table + tuple(_split_key(match.group(1)))
+        if full == loc[: len(full)] and len(full) <= len(loc):
+            if full == loc or best is None or len(full) > 1:
+                best = number
+            if full == loc:
+                return number
+    return best
+
+
+def _split_key(key: str) -> list[str]:
+    return [part.strip().strip("\"'") for part in key.split(".")]
+
+
+def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, recipe_path: Path, text: str) -> None:
+    for name, domain in recipe.domains.items():
+        for attr in ("files", "eval_files"):
+            resolved = []
+            for file in getattr(domain, attr):
+                full = (base / file).resolve() if not Path(file).is_absolute() else Path(file)
+                if check_files and not full.exists():
+                    loc = ("domains", name, attr)
+                    raise RecipeError(f"{_where(recipe_path, text, loc)}: {'.'.join(loc)}: no such data file {file!r}")
+                resolved.append(str(full))
+            setattr(domain, attr, resolved)
+    if recipe.model.path and not Path(recipe.model.path).is_absolute():
+        candidate = (base / recipe.model.path).resolve()
+        if candidate.exists():
+            recipe.model.path = str(candidate)
+
+
+def resolved_json(recipe: Recipe) -> str:
+    """The recipe with every default and preset knob filled in, as the workers read it."""
+    return json.dumps(recipe.model_dump(mode="json"), indent=2, sort_keys=False)
+
+
+def recipe_from_json(text: str) -> Recipe:
+    """Inverse of `resolved_json` (workers start from this; files were checked already)."""
+    return Recipe.model_validate_json(text)

@@ -1,0 +1,419 @@
+"""The whole recipe as one pydantic model, a docstring per field.
+
+Every section forbids unknown keys: a typo such as `temprature` is an error that names
+the key and its TOML line, never a silently ignored setting. Cross-field rules (probs
+sum to 1, GAE needs a critic, the node split adds up) live in validators here so that
+`rlvr validate` catches them before any GPU is allocated.
+
+Imports nothing heavy: `rlvr validate` and `rlvr plan` must run without torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rlvr.recipe.presets import PRESETS, resolve_algorithm
+
+
+class Section(BaseModel):
+    """Base for every recipe table: unknown keys are errors, defaults are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+
+
+class ExperimentConfig(Section):
+    name: str = "rlvr"
+    """Run name; the run directory is `output_dir/name`."""
+    output_dir: str = "runs"
+    """Parent directory of run directories (checkpoints, metrics, logs, resolved recipe)."""
+    seed: int = 0
+    """Seeds data order, sampling and model init; two runs with one seed match."""
+    max_steps: int = Field(100, ge=1)
+    """Number of RL steps (one rollout batch + its optimizer updates each)."""
+    save_steps: int = Field(50, ge=0)
+    """Checkpoint every this many steps (0: only at the end)."""
+    eval_steps: int = Field(0, ge=0)
+    """Evaluate on each domain's eval files every this many steps (0: never)."""
+    keep_last: int = Field(3, ge=1)
+    """How many checkpoints to keep; older ones are deleted after a save succeeds."""
+
+
+class ModelConfig(Section):
+    path: str | None = None
+    """A local HF model folder (config, tokenizer, safetensors), e.g. a Qwen2.5 checkout."""
+    config: dict[str, Any] | None = None
+    """Build a randomly initialised model from this HF config dict instead (tests, tiny runs)."""
+    tokenizer: str | None = None
+    """Tokenizer folder when it differs from `path`."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """Parameter dtype for rollout and the compute dtype for training (fp32 on CPU is faster)."""
+    chat_template: str = "auto"
+    """`auto` uses the tokenizer's template; `plain` joins messages as `role: content` lines."""
+    trust_remote_code: bool = False
+    """Passed to transformers when loading custom model code."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    use_torchtitan: bool = False
+    """Use torchtitan's model and parallelize functions where it has the architecture."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.path is None) == (self.config is None):
+            raise ValueError("set exactly one of model.path (a local model folder) or model.config")
+        return self
+
+
+class DomainFilter(Section):
+    min_difficulty: float | None = None
+    """Drop rows whose `difficulty` is below this."""
+    max_difficulty: float | None = None
+    """Drop rows whose `difficulty` is above this."""
+    max_prompt_chars: int | None = Field(None, ge=1)
+    """Drop rows whose prompt text is longer than this many characters."""
+
+
+class DomainConfig(Section):
+    tags: list[str] = Field(min_length=1)
+    """Row `tag` values this domain owns; rows with other tags in its files are errors."""
+    files: list[str] = Field(min_length=1)
+    """Training data: .jsonl, .parquet, or a local HF `datasets` folder (relative to the recipe)."""
+    eval_files: list[str] = []
+    """Held-out prompts scored every `experiment.eval_steps`."""
+    reward: str
+    """A registered reward (`rlvr rewards list`) or a plug-in as `package.module:function`."""
+    reward_args: dict[str, Any] = {}
+    """Keyword arguments for the reward (e.g. `timeout_s`, `partial_credit`, `judge_url`)."""
+    filter: DomainFilter = DomainFilter()
+    """Row filters applied when loading."""
+    reward_norm: Literal["none", "group", "domain"] = "none"
+    """Per-domain reward normalisation before advantages (domain: running mean/std)."""
+
+
+class DataConfig(Section):
+    prompts_per_step: int = Field(8, ge=1)
+    """Prompts drawn per RL step, split among domains by `domain_interleave_probs`."""
+    domain_interleave_probs: dict[str, float] = {}
+    """Share of each step's prompts per domain; keys are domain names, values sum to 1."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    """`error` stops at the first malformed row (file:line); `skip` counts and skips it."""
+    shuffle: bool = True
+    """Shuffle each domain's rows every epoch (seeded)."""
+    max_prompt_tokens: int = Field(1024, ge=1)
+    """Prompts longer than this many tokens are dropped at rollout time."""
+
+
+Sampling = Literal["embedded", "sglang"]
+
+
+class SGLangConfig(Section):
+    python: str = "python"
+    """Python executable of the environment that has SGLang (it pins its own torch)."""
+    tp_size: int = Field(1, ge=1)
+    """Tensor parallel size of each server (`--tp-size`)."""
+    dp_size: int = Field(1, ge=1)
+    """Data parallel replicas inside each server (`--dp-size`)."""
+    mem_fraction_static: float = Field(0.8, gt=0, lt=1)
+    """`--mem-fraction-static`: GPU memory share for weights + KV cache."""
+    port: int = Field(30000, ge=1024, le=65535)
+    """First server port; server i listens on port + i."""
+    api_key: str | None = None
+    """`--api-key` for the servers; the client sends it as a bearer token."""
+    extra_args: list[str] = []
+    """More `sglang.launch_server` flags, passed as given."""
+
+
+class RolloutConfig(Section):
+    engine: Sampling = "embedded"
+    """`embedded` (torch engine in rlvr's own server; any machine) or `sglang` (CUDA GPUs)."""
+    n: int = Field(8, ge=1)
+    """Group size: completions sampled per prompt."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature (0: greedy)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    top_k: int = -1
+    """Top-k sampling (-1: all tokens, as in SGLang)."""
+    max_new_tokens: int = Field(512, ge=1)
+    """Response length limit in tokens."""
+    stop: list[str] = []
+    """Stop strings (the stop string is kept out of the response)."""
+    stop_token_ids: list[int] = []
+    """Extra stop token ids besides the tokenizer's EOS."""
+    timeout_s: float = Field(600.0, gt=0)
+    """HTTP timeout of one generate request."""
+    servers: int = Field(1, ge=1)
+    """Rollout servers on a local run (on SLURM, one per rollout node / tp group)."""
+    max_batch: int = Field(64, ge=1)
+    """Embedded engine: sequences decoded together."""
+    sglang: SGLangConfig = SGLangConfig()
+    """SGLang server settings (used when engine = "sglang")."""
+
+
+class AlgorithmConfig(Section):
+    """A named preset plus every knob it expands to; any knob set here wins over the preset."""
+
+    preset: str = "grpo"
+    """One of: ppo, grpo, dr_grpo, gspo, dapo, reinforce++, reinforce++_baseline, rloo, topr,
+    raft++, cispo, lite_ppo, vanilla_pg."""
+    advantage: (
+        Literal[
+            "gae", "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "opo", "raft"
+        ]
+        | None
+    ) = None
+    """Advantage estimator."""
+    adv_std_norm: Literal["group", "batch", "none"] | None = None
+    """Divide advantages by the group's std, the batch's std (Lite PPO), or not (Dr.GRPO)."""
+    adv_whiten: bool | None = None
+    """Whiten advantages over the batch (mean 0, std 1) after estimation."""
+    adv_clip: float | None = None
+    """Clip advantages to [-adv_clip, adv_clip] (0: off)."""
+    gamma: float | None = None
+    """Discount (GAE, REINFORCE returns)."""
+    lam: float | None = None
+    """GAE lambda."""
+    policy_loss: Literal["ppo_clip", "gspo", "cispo", "topr", "vanilla", "tis"] | None = None
+    """Policy loss: PPO clip (with clip-higher / dual-clip), GSPO, CISPO, TOPR, vanilla PG, TIS."""
+    clip_ratio_low: float | None = None
+    """Lower clip epsilon: ratio >= 1 - clip_ratio_low."""
+    clip_ratio_high: float | None = None
+    """Upper clip epsilon (DAPO clip-higher sets it above clip_ratio_low)."""
+    dual_clip_c: float | None = None
+    """Dual-clip bound for negative advantages (0: off; typical 3)."""
+    importance_level: Literal["token", "sequence"] | None = None
+    """Token-level importance ratios (PPO) or sequence-level geometric mean (GSPO)."""
+    tis_cap: float | None = None
+    """Truncated importance sampling cap on rollout/trainer ratio (0: off)."""
+    kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
+    """KL estimator against the reference policy (k3: low-variance, always >= 0)."""
+    kl_coef: float | None = None
+    """KL coefficient (0: no reference model is loaded)."""
+    kl_in: Literal["loss", "reward", "none"] | None = None
+    """Add the KL penalty to the loss (GRPO) or subtract it from the reward (PPO)."""
+    kl_controller: Literal["fixed", "adaptive"] | None = None
+    """Fixed coefficient or the adaptive controller of Ziegler et al."""
+    kl_target: float | None = None
+    """Adaptive controller's target KL."""
+    kl_horizon: int | None = None
+    """Adaptive controller's horizon in samples."""
+    entropy_coef: float | None = None
+    """Entropy bonus coefficient (0: off)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = (
+        None
+    )
+    """How per-token losses become one scalar."""
+    dynamic_sampling: bool | None = None
+    """DAPO dynamic sampling: drop groups whose rewards are all equal, refill the batch."""
+    max_refill_rounds: int | None = None
+    """Extra rollout rounds dynamic sampling may spend to refill the batch."""
+    min_group_std: float | None = None
+    """Drop groups whose reward std is at or below this (0 with dynamic_sampling)."""
+    overlong_mask: bool | None = None
+    """Mask the loss of truncated responses (finish_reason = length)."""
+    overlong_buffer: int | None = None
+    """DAPO soft overlong punishment: tokens before max_new_tokens where the penalty ramps (0: off)."""
+    overlong_penalty: float | None = None
+    """Penalty at max_new_tokens for the soft overlong punishment."""
+    raft_threshold: float | None = None
+    """RAFT++: train only on completions whose reward exceeds this."""
+    ppo_epochs: int | None = None
+    """Passes over each rollout batch."""
+    mini_batches: int | None = None
+    """Optimizer steps per pass (the batch is split into this many mini-batches)."""
+    critic: bool | None = None
+    """Train a value model (needed by GAE)."""
+    value_clip: float | None = None
+    """Critic value clipping range (0: off)."""
+    critic_lr: float | None = None
+    """Critic learning rate."""
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str) -> str:
+        if value not in PRESETS:
+            raise ValueError(f"unknown preset {value!r}; expected one of {', '.join(PRESETS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _expand(self) -> AlgorithmConfig:
+        for key, value in resolve_algorithm(self.preset, self.model_dump(exclude={"preset"})).items():
+            object.__setattr__(self, key, value)
+        if self.advantage == "gae" and not self.critic:
+            raise ValueError("advantage = 'gae' needs critic = true (a value model)")
+        if self.kl_in != "none" and not (self.kl_coef and self.kl_coef > 0):
+            raise ValueError(f"kl_in = {self.kl_in!r} needs kl_coef > 0 (or set kl_in = 'none')")
+        if self.kl_controller == "adaptive" and self.kl_in == "none":
+            raise ValueError("kl_controller = 'adaptive' needs kl_in = 'loss' or 'reward'")
+        return self
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_in != "none"
+
+
+class TrainerConfig(Section):
+    strategy: Literal["fsdp2", "none"] = "fsdp2"
+    """FSDP2 (`fully_shard` per block + root) or a plain module on one rank."""
+    lr: float = Field(1e-6, gt=0)
+    """Peak learning rate of the actor."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Decay after warmup."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warmup in optimizer steps."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Final lr as a share of the peak for cosine/linear decay."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Max global grad norm (0: off)."""
+    micro_batch_size: int = Field(4, ge=1)
+    """Sequences per forward/backward when not packing."""
+    packing: bool = True
+    """Pack several sequences per row (position ids reset, attention kept per sequence)."""
+    max_tokens_per_micro_batch: int = Field(8192, ge=16)
+    """Token budget of one packed micro-batch (dynamic batching)."""
+    param_dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    """FSDP2 mixed-precision parameter dtype on GPU (CPU always trains in fp32)."""
+    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """FSDP2 gradient reduction dtype."""
+    ranks: int = Field(1, ge=1)
+    """Trainer processes on a local run (torchrun --nproc-per-node); on SLURM: trainer GPUs."""
+
+
+class SyncConfig(Section):
+    method: Literal["auto", "broadcast", "disk", "inprocess"] = "auto"
+    """auto: broadcast (NCCL on GPU, gloo on CPU) to servers; disk when nodes can't join a group."""
+    bucket_mb: int = Field(256, ge=1)
+    """Weights travel in buckets of about this many MB."""
+    timeout_s: float = Field(600.0, gt=0)
+    """Timeout of every collective and HTTP call in a sync; a dead engine never hangs the run."""
+    on_engine_failure: Literal["fail", "continue"] = "fail"
+    """Stop the run, or drop the dead engine and go on with the rest."""
+    max_staleness: int = Field(0, ge=0)
+    """Largest policy-version lag accepted in a batch (0: fully on-policy)."""
+    shared_dir: str | None = None
+    """Directory all nodes see, for method = "disk" (default: the run directory)."""
+
+
+class ClusterConfig(Section):
+    kind: Literal["local", "slurm"] = "local"
+    """`local`: processes on this machine; `slurm`: submit with submitit."""
+    nodes: int = Field(1, ge=1)
+    """SLURM nodes to allocate."""
+    gpus_per_node: int = Field(0, ge=0)
+    """GPUs per node (0: CPU-only nodes)."""
+    trainer_nodes: int = Field(1, ge=1)
+    """The first this many nodes run trainer ranks; the rest run rollout servers."""
+    cpus_per_task: int | None = Field(None, ge=1)
+    """`--cpus-per-task` for each node's task."""
+    mem: str | None = None
+    """`--mem` per node, e.g. "480G"."""
+    partition: str | None = None
+    """`--partition`."""
+    account: str | None = None
+    """`--account`."""
+    qos: str | None = None
+    """`--qos`."""
+    time: str = "24:00:00"
+    """`--time` limit (HH:MM:SS or D-HH:MM:SS)."""
+    constraint: str | None = None
+    """`--constraint`, e.g. a GPU type."""
+    requeue: bool = True
+    """Requeue on preemption; the run resumes from its last checkpoint."""
+    extra_sbatch: list[str] = []
+    """More sbatch flags, passed as given (e.g. "--exclusive")."""
+    setup: list[str] = []
+    """Shell lines run on each node before the job (module load, source venv)."""
+
+    @field_validator("time")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        import re
+
+        if not re.fullmatch(r"(\d+-)?\d{1,3}(:\d{2}){0,2}", value):
+            raise ValueError(f"expected a SLURM time such as 24:00:00 or 1-12:00:00, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _split(self) -> ClusterConfig:
+        if self.kind == "slurm" and self.trainer_nodes >= self.nodes:
+            raise ValueError(
+                f"trainer_nodes ({self.trainer_nodes}) must be less than nodes ({self.nodes}): "
+                "the remaining nodes run rollout servers"
+            )
+        return self
+
+
+class MonitorConfig(Section):
+    tensorboard: bool = True
+    """Write TensorBoard scalars under the run directory."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs `wandb` installed and a key)."""
+    wandb_project: str | None = None
+    """W&B project name."""
+    dashboard: bool = True
+    """Show the rich live dashboard in the launching terminal."""
+    log_samples: int = Field(2, ge=0)
+    """Completions per domain written to samples.jsonl each step."""
+
+
+class Recipe(Section):
+    """One TOML file: what to train and where."""
+
+    experiment: ExperimentConfig = ExperimentConfig()
+    model: ModelConfig
+    data: DataConfig = DataConfig()
+    domains: dict[str, DomainConfig] = Field(min_length=1)
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    sync: SyncConfig = SyncConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    monitor: MonitorConfig = MonitorConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Recipe:
+        probs = self.data.domain_interleave_probs
+        if not probs and len(self.domains) == 1:
+            probs = self.data.domain_interleave_probs = {next(iter(self.domains)): 1.0}
+        missing = sorted(set(self.domains) - set(probs))
+        extra = sorted(set(probs) - set(self.domains))
+        if missing:
+            raise _at(("data", "domain_interleave_probs"), f"missing domains {missing}")
+        if extra:
+            raise _at(("data", "domain_interleave_probs"), f"unknown domains {extra}; domains are {sorted(self.domains)}")
+        for name, p in probs.items():
+            if not (0.0 <= p <= 1.0):
+                raise _at(("data", "domain_interleave_probs", name), f"expected a probability in [0, 1], got {p}")
+        total = sum(probs.values())
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise _at(("data", "domain_interleave_probs"), f"values must sum to 1, got {total:g}")
+        owners: dict[str, str] = {}
+        for name, domain in self.domains.items():
+            for tag in domain.tags:
+                if tag in owners:
+                    raise _at(("domains", name, "tags"), f"tag {tag!r} is already owned by domain {owners[tag]!r}")
+                owners[tag] = name
+        if self.trainer.micro_batch_size > self.data.prompts_per_step * self.rollout.n:
+            raise _at(("trainer", "micro_batch_size"), "is larger than a whole step's batch (prompts_per_step * n)")
+        if self.rollout.engine == "sglang" and self.cluster.kind == "slurm" and self.cluster.gpus_per_node == 0:
+            raise _at(("rollout", "engine"), "sglang needs GPUs: set cluster.gpus_per_node > 0")
+        return self
+
+
+class KeyedError(ValueError):
+    """A cross-field error that knows which key path it is about."""
+
+    def __init__(self, path: tuple[str, ...], message: str):
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+def _at(path: tuple[str, ...], message: str) -> KeyedError:
+    return KeyedError(path, message)
