@@ -22,8 +22,16 @@ CHAT_TEMPLATE = (
 )
 
 
-def tiny_config(*, vocab_size: int, hidden_size: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                intermediate_size: int | None = None, max_positions: int = 1024) -> dict[str, Any]:
+def tiny_config(
+    *,
+    vocab_size: int,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_positions: int = 1024,
+) -> dict[str, Any]:
     """An HF Qwen3 config dict; the ~50M bench model is `hidden_size=512, layers=8, heads=8`."""
     return {
         "architectures": ["Qwen3ForCausalLM"],

@@ -122,9 +122,7 @@ def find_line(text: str, loc: tuple[str, ...]) -> int | None:
         header = re.fullmatch(r"\[\[?\s*([^\]]+?)\s*\]\]?(\s*#.*)?", stripped)
         if header:
             table = tuple(_split_key(header.group(1)))
-            if table == loc:
-                best = number
-            elif best is None and loc[: len(table)] == table and table:
+            if table == loc or best is None and loc[: len(table)] == table and table:
                 best = number
             continue
         match = re.match(r"([A-Za-z0-9_\-.\"' ]+?)\s*=", stripped)

@@ -159,9 +159,7 @@ class AlgorithmConfig(Section):
     """One of: ppo, grpo, dr_grpo, gspo, dapo, reinforce++, reinforce++_baseline, rloo, topr,
     raft++, cispo, lite_ppo, vanilla_pg."""
     advantage: (
-        Literal[
-            "gae", "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "opo", "raft"
-        ]
+        Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "opo", "raft"]
         | None
     ) = None
     """Advantage estimator."""
@@ -386,7 +384,9 @@ class Recipe(Section):
         if missing:
             raise _at(("data", "domain_interleave_probs"), f"missing domains {missing}")
         if extra:
-            raise _at(("data", "domain_interleave_probs"), f"unknown domains {extra}; domains are {sorted(self.domains)}")
+            raise _at(
+                ("data", "domain_interleave_probs"), f"unknown domains {extra}; domains are {sorted(self.domains)}"
+            )
         for name, p in probs.items():
             if not (0.0 <= p <= 1.0):
                 raise _at(("data", "domain_interleave_probs", name), f"expected a probability in [0, 1], got {p}")

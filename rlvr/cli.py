@@ -1,0 +1,159 @@
+"""`rlvr` command line: every subcommand parses first and imports heavy code only when it runs.
+
+Errors a user can fix (bad recipe, bad data, bad flag) print one line to stderr and exit
+with code 2; nothing a user types should produce a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    name="rlvr",
+    help="Multi-task RL with verifiable rewards on LLMs, from one TOML recipe.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+RecipeArg = Annotated[Path, typer.Argument(help="Recipe TOML file.", show_default=False)]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", "-s", help="Override a key: --set rollout.n=16 (repeatable).")
+]
+
+
+def fail(message: str) -> typer.Exit:
+    """Print one red line to stderr; the caller raises the returned Exit(2)."""
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}", markup=True)
+    return typer.Exit(code=2)
+
+
+def load_or_exit(path: Path, overrides: list[str] | None, *, check_data: bool = True):
+    """The validated recipe, with every data file parsed, or one error line and exit 2."""
+    from rlvr.recipe.load import RecipeError, load_recipe
+
+    try:
+        recipe = load_recipe(path, overrides or [])
+    except RecipeError as exc:
+        raise fail(str(exc)) from None
+    problem = check_rewards(recipe)
+    if problem:
+        raise fail(f"{path}: {problem}")
+    if check_data:
+        from rlvr.data.sources import DataError
+
+        try:
+            load_all_domains(recipe)
+        except DataError as exc:
+            raise fail(str(exc)) from None
+    return recipe
+
+
+def check_rewards(recipe) -> str | None:
+    """Every domain's reward must be registered or an importable plug-in."""
+    try:
+        from rlvr.rewards.registry import check_reward_name
+    except ImportError:  # the registry is not built yet in this checkout
+        return None
+    for name, domain in recipe.domains.items():
+        problem = check_reward_name(domain.reward)
+        if problem:
+            return f"domains.{name}.reward: {problem}"
+    return None
+
+
+def load_all_domains(recipe, *, eval_files: bool = False):
+    """{domain: [Sample]} for the train (or eval) files, with a LoadReport per domain."""
+    from rlvr.data.sources import LoadReport, load_domain_samples
+
+    out, reports = {}, {}
+    for name, domain in recipe.domains.items():
+        report = reports[name] = LoadReport()
+        out[name] = load_domain_samples(
+            domain.eval_files if eval_files else domain.files,
+            domain=name,
+            tags=domain.tags,
+            reward=domain.reward,
+            on_bad_row=recipe.data.on_bad_row,
+            min_difficulty=domain.filter.min_difficulty,
+            max_difficulty=domain.filter.max_difficulty,
+            max_prompt_chars=domain.filter.max_prompt_chars,
+            report=report,
+        )
+    return out, reports
+
+
+@app.command()
+def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
+    """Check a recipe and its data files; exit 0 if valid, 2 with a one-line error if not."""
+    load_or_exit(recipe, set_)
+    typer.echo(f"{recipe}: ok")
+
+
+@app.command()
+def plan(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    out: Annotated[Path | None, typer.Option(help="Write the resolved recipe JSON here.")] = None,
+) -> None:
+    """Print the resolved recipe, per-step domain quotas and the node/GPU split; write resolved JSON."""
+    from rlvr.launch.plan import PlanError, make_plan
+    from rlvr.monitor.plan_view import print_plan
+    from rlvr.recipe.load import resolved_json
+
+    resolved = load_or_exit(recipe, set_)
+    _, reports = load_all_domains(resolved)
+    try:
+        launch = make_plan(resolved)
+    except PlanError as exc:
+        raise fail(f"{recipe}: cluster: {exc}") from None
+    out = out or Path(resolved.experiment.output_dir) / resolved.experiment.name / "resolved_recipe.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(resolved_json(resolved))
+    print_plan(resolved, launch, reports=reports, resolved_path=out)
+
+
+def _mount_subcommands() -> None:
+    """Sub-apps whose modules are light to import (typer only at module level)."""
+    try:
+        from rlvr.rewards.commands import app as rewards_app
+    except ImportError:
+        return
+    app.add_typer(rewards_app, name="rewards", help="List rewards; score completions offline (debug reward bugs).")
+
+
+_mount_subcommands()
+
+
+@app.command()
+def serve(
+    model_path: Annotated[Path, typer.Argument(help="HF model folder to serve.")],
+    host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 30000,
+    api_key: Annotated[str | None, typer.Option(help="Require this bearer token.")] = None,
+    max_batch: Annotated[int, typer.Option(help="Sequences decoded together.")] = 64,
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "float32",
+) -> None:
+    """Serve a model with the embedded engine behind SGLang's HTTP routes (+ OpenAI chat)."""
+    if not model_path.exists():
+        raise fail(f"{model_path}: no such model folder")
+    from rlvr.rollout.commands import serve as run_server
+
+    run_server(model_path, host=host, port=port, api_key=api_key, max_batch=max_batch, dtype=dtype)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Load prompt rows from jsonl, parquet or a local HF `datasets` folder into `Sample`s.
+
+Rows follow ROLL's field format (`id`, `tag`, `messages` as a list or a JSON string, or
+`prompt`; `ground_truth`; `test_cases` + `case_type`; `difficulty`). A malformed row is
+reported as `file:line: reason` (the row number for parquet/datasets) so a user can open
+the file at the right place; `on_bad_row = "skip"` counts and skips such rows instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlvr.types import CASE_TYPES, Sample
+
+KNOWN_FIELDS = {"id", "tag", "messages", "prompt", "ground_truth", "test_cases", "case_type", "difficulty"}
+
+
+class DataError(Exception):
+    """A bad data file or row; `str()` is the one line a user sees (`file:line: reason`)."""
+
+
+@dataclass
+class LoadReport:
+    """What loading skipped, so `rlvr plan` and the dashboard can say it."""
+
+    loaded: int = 0
+    skipped: int = 0
+    filtered: int = 0
+    first_skip: str = ""
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def read_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """Yield (line or row number, raw row) from one file; JSON errors surface as DataError."""
+    path = Path(path)
+    if path.is_dir():
+        yield from _read_hf_dataset(path)
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for number, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+            yield number, row
+    elif path.suffix in (".jsonl", ".json"):
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    yield number, DataError(f"{path}:{number}: invalid JSON: {exc.msg} (column {exc.colno})")
+    else:
+        raise DataError(f"{path}: unsupported data file type {path.suffix!r}; expected .jsonl, .parquet or a folder")
+
+
+def _read_hf_dataset(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{path}: is a folder; reading HF datasets needs `pip install rlvr[datasets]`") from None
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
+    yield from enumerate(loaded, start=1)
+
+
+def row_to_sample(row: Any, *, where: str, default_tag: str | None, reward: str) -> Sample:
+    """Validate one row; raises ValueError with the reason (the caller adds file:line)."""
+    if isinstance(row, DataError):
+        raise row
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    tag = row.get("tag", default_tag)
+    if not isinstance(tag, str) or not tag:
+        raise ValueError("missing 'tag' (the domain's tags say which reward judges the row)")
+    messages = _messages(row)
+    case_type = row.get("case_type")
+    test_cases = _maybe_json(row.get("test_cases"))
+    if reward == "math_rule" and row.get("ground_truth") in (None, ""):
+        raise ValueError("math_rule rows need 'ground_truth'")
+    if reward == "code_sandbox":
+        if case_type not in CASE_TYPES:
+            raise ValueError(f"'case_type' must be one of {', '.join(CASE_TYPES)}, got {case_type!r}")
+        if test_cases in (None, "", []):
+            raise ValueError("code_sandbox rows need 'test_cases'")
+    difficulty = row.get("difficulty")
+    if difficulty == "":
+        difficulty = None
+    if difficulty is not None:
+        try:
+            difficulty = float(difficulty)  # ROLL writes it as a string such as "3.0"
+        except (TypeError, ValueError):
+            raise ValueError(f"'difficulty' must be a number, got {difficulty!r}") from None
+    return Sample(
+        id=str(row.get("id", where)),
+        tag=tag,
+        messages=messages,
+        ground_truth=row.get("ground_truth"),
+        test_cases=test_cases,
+        case_type=case_type,
+        difficulty=difficulty,
+        extra={k: v for k, v in row.items() if k not in KNOWN_FIELDS},
+    )
+
+
+def _messages(row: dict[str, Any]) -> list[dict[str, str]]:
+    messages = row.get("messages")
+    if messages is None:
+        prompt = row.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("needs 'messages' (list or JSON string) or a non-empty 'prompt' string")
+        return [{"role": "user", "content": prompt}]
+    if isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"'messages' is a string but not JSON: {exc.msg}") from None
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("'messages' must be a non-empty list of {role, content}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
+        if not isinstance(message.get("content"), str):
+            raise ValueError(f"messages[{i}].content must be a string")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _maybe_json(value: Any) -> Any:
+    """ROLL stores test_cases as a JSON string; decode it when it is one."""
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def load_domain_samples(
+    files: list[str],
+    *,
+    domain: str,
+    tags: list[str],
+    reward: str,
+    on_bad_row: str = "error",
+    min_difficulty: float | None = None,
+    max_difficulty: float | None = None,
+    max_prompt_chars: int | None = None,
+    report: LoadReport | None = None,
+) -> list[Sample]:
+    """All rows of a domain's files as Samples (filters applied), or DataError on a bad row."""
+    report = report if report is not None else LoadReport()
+    default_tag = tags[0] if len(tags) == 1 else None
+    samples: list[Sample] = []
+    for file in files:
+        for number, row in read_rows(file):
+            where = f"{file}:{number}"
+            try:
+                sample = row_to_sample(row, where=where, default_tag=default_tag, reward=reward)
+                if sample.tag not in tags:
+                    raise ValueError(f"tag {sample.tag!r} is not owned by domain {domain!r} (tags: {tags})")
+            except (ValueError, DataError) as exc:
+                message = str(exc) if isinstance(exc, DataError) else f"{where}: {exc}"
+                if on_bad_row == "error":
+                    raise DataError(message) from None
+                report.skipped += 1
+                report.first_skip = report.first_skip or message
+                continue
+            if _filtered(sample, min_difficulty, max_difficulty, max_prompt_chars):
+                report.filtered += 1
+                continue
+            sample.domain = domain
+            samples.append(sample)
+    report.loaded += len(samples)
+    return samples
+
+
+def _filtered(sample: Sample, lo: float | None, hi: float | None, max_chars: int | None) -> bool:
+    d = sample.difficulty
+    if d is not None and ((lo is not None and d < lo) or (hi is not None and d > hi)):
+        return True
+    return max_chars is not None and sum(len(m["content"]) for m in sample.messages) > max_chars

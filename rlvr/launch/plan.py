@@ -1,0 +1,100 @@
+"""Recipe -> LaunchPlan: who runs where. Pure data, no processes, so it is golden-testable.
+
+On SLURM the first `cluster.trainer_nodes` nodes run trainer ranks (one per GPU, torchrun
+rendezvous on the first node) and the remaining nodes run rollout servers (one SGLang
+server per `tp_size * dp_size` GPUs, or one embedded server per GPU / per CPU node).
+Locally, `trainer.ranks` processes and `rollout.servers` embedded servers share this host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from rlvr.recipe.schema import Recipe
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One rollout server: where it runs and which GPUs it owns."""
+
+    index: int
+    node: int  # index into the allocation's node list (0 on a local run)
+    port: int
+    gpus: list[int] = field(default_factory=list)
+    engine: str = "embedded"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    kind: str
+    nodes: int
+    gpus_per_node: int
+    trainer_nodes: list[int]
+    trainer_procs_per_node: int
+    servers: list[ServerSpec]
+    master_port: int
+
+    @property
+    def trainer_world_size(self) -> int:
+        return len(self.trainer_nodes) * self.trainer_procs_per_node
+
+    @property
+    def rollout_gpus(self) -> int:
+        return sum(len(s.gpus) for s in self.servers)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["trainer_world_size"] = self.trainer_world_size
+        return data
+
+
+class PlanError(ValueError):
+    """The cluster shape cannot host the recipe (e.g. tp_size larger than a node)."""
+
+
+def make_plan(recipe: Recipe, *, master_port: int = 29500) -> LaunchPlan:
+    cluster, rollout = recipe.cluster, recipe.rollout
+    if cluster.kind == "local":
+        servers = [
+            ServerSpec(index=i, node=0, port=rollout.sglang.port + i, engine=rollout.engine)
+            for i in range(rollout.servers)
+        ]
+        return LaunchPlan(
+            kind="local",
+            nodes=1,
+            gpus_per_node=cluster.gpus_per_node,
+            trainer_nodes=[0],
+            trainer_procs_per_node=recipe.trainer.ranks,
+            servers=servers,
+            master_port=master_port,
+        )
+    gpus = cluster.gpus_per_node
+    per_server = rollout.sglang.tp_size * rollout.sglang.dp_size if rollout.engine == "sglang" else 1
+    if gpus and per_server > gpus:
+        raise PlanError(
+            f"rollout.sglang.tp_size * dp_size = {per_server} GPUs per server, but cluster.gpus_per_node = {gpus}"
+        )
+    servers: list[ServerSpec] = []
+    for node in range(cluster.trainer_nodes, cluster.nodes):
+        if gpus == 0:
+            servers.append(ServerSpec(index=len(servers), node=node, port=rollout.sglang.port, engine=rollout.engine))
+            continue
+        for slot in range(gpus // per_server):
+            servers.append(
+                ServerSpec(
+                    index=len(servers),
+                    node=node,
+                    port=rollout.sglang.port + slot,
+                    gpus=list(range(slot * per_server, (slot + 1) * per_server)),
+                    engine=rollout.engine,
+                )
+            )
+    return LaunchPlan(
+        kind="slurm",
+        nodes=cluster.nodes,
+        gpus_per_node=gpus,
+        trainer_nodes=list(range(cluster.trainer_nodes)),
+        trainer_procs_per_node=max(gpus, 1),
+        servers=servers,
+        master_port=master_port,
+    )

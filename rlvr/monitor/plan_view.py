@@ -1,0 +1,101 @@
+"""`rlvr plan`'s rich rendering: what will run, where, and how each step's batch is split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rlvr.data.mixture import QuotaSchedule
+from rlvr.launch.plan import LaunchPlan
+from rlvr.recipe.presets import resolve_algorithm
+from rlvr.recipe.schema import Recipe
+
+QUOTA_STEPS = 4
+
+
+def print_plan(
+    recipe: Recipe, plan: LaunchPlan, *, reports: dict[str, Any], resolved_path: Path, console: Console | None = None
+) -> None:
+    console = console or Console()
+    exp, algo = recipe.experiment, recipe.algorithm
+    model = recipe.model.path or "(built from model.config)"
+    console.rule(f"[bold]{exp.name}[/]")
+    console.print(
+        f"model [cyan]{model}[/] · preset [cyan]{algo.preset}[/] · {exp.max_steps} steps · "
+        f"{recipe.data.prompts_per_step} prompts x n={recipe.rollout.n} = "
+        f"[bold]{recipe.data.prompts_per_step * recipe.rollout.n}[/] sequences/step · seed {exp.seed}"
+    )
+    console.print(domain_table(recipe, reports))
+    console.print(algorithm_table(recipe))
+    console.print(cluster_table(recipe, plan))
+    console.print(f"resolved recipe written to [green]{resolved_path}[/]")
+
+
+def domain_table(recipe: Recipe, reports: dict[str, Any]) -> Table:
+    schedule = QuotaSchedule(recipe.data.domain_interleave_probs, prompts_per_step=recipe.data.prompts_per_step)
+    steps = [schedule.next() for _ in range(QUOTA_STEPS)]
+    table = Table(title="Task mix (prompts per step)", title_justify="left")
+    for column in ("domain", "tags", "reward", "prob", "rows", "skipped", f"quota steps 1-{QUOTA_STEPS}", "mean"):
+        table.add_column(
+            column, justify="right" if column in ("prob", "rows", "skipped", "mean") else "left", no_wrap=True
+        )
+    for name, domain in recipe.domains.items():
+        report = reports.get(name)
+        prob = recipe.data.domain_interleave_probs[name]
+        quotas = "/".join(str(step.get(name, 0)) for step in steps)
+        table.add_row(
+            name,
+            ", ".join(domain.tags),
+            domain.reward,
+            f"{prob:g}",
+            str(report.loaded) if report else "-",
+            str(report.skipped + report.filtered) if report else "-",
+            quotas,
+            f"{prob * recipe.data.prompts_per_step:.2f}",
+        )
+    return table
+
+
+def algorithm_table(recipe: Recipe) -> Table:
+    algo = recipe.algorithm
+    preset_values = resolve_algorithm(algo.preset, {})
+    table = Table(title=f"Algorithm: preset {algo.preset} (* = set by the recipe)", title_justify="left")
+    table.add_column("knob")
+    table.add_column("value")
+    table.add_column("knob")
+    table.add_column("value")
+    items = [(k, v) for k, v in algo.model_dump().items() if k != "preset"]
+    cells = [(f"{k}{'*' if preset_values.get(k) != v else ''}", repr(v)) for k, v in items]
+    half = (len(cells) + 1) // 2
+    for left, right in zip(cells[:half], cells[half:] + [("", "")], strict=False):
+        table.add_row(*left, *right)
+    return table
+
+
+def cluster_table(recipe: Recipe, plan: LaunchPlan) -> Table:
+    table = Table(title=f"Cluster: {plan.kind}", title_justify="left")
+    for column in ("role", "node", "processes / GPUs", "port"):
+        table.add_column(column)
+    device = f"{plan.gpus_per_node} GPU(s)" if plan.gpus_per_node else "CPU"
+    for node in plan.trainer_nodes:
+        table.add_row(
+            f"trainer ({recipe.trainer.strategy})",
+            _node(plan, node),
+            f"{plan.trainer_procs_per_node} rank(s) on {device}",
+            str(plan.master_port) if node == 0 else "",
+        )
+    for server in plan.servers:
+        gpus = f"GPUs {','.join(map(str, server.gpus))}" if server.gpus else "CPU"
+        table.add_row(f"rollout {server.index} ({server.engine})", _node(plan, server.node), gpus, str(server.port))
+    table.caption = (
+        f"trainer world size {plan.trainer_world_size} · {len(plan.servers)} rollout server(s) · "
+        f"sync {recipe.sync.method}, {recipe.sync.bucket_mb} MB buckets"
+    )
+    return table
+
+
+def _node(plan: LaunchPlan, index: int) -> str:
+    return "localhost" if plan.kind == "local" else f"node {index}"

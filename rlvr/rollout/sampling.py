@@ -1,0 +1,77 @@
+"""Batched next-token sampling with per-row settings and per-row reproducible randomness.
+
+Why one uniform number per row (inverse-CDF sampling) instead of `torch.multinomial`:
+a row's randomness must depend only on its own seed, never on which other sequences
+share the batch (continuous batching reshuffles rows every step). Drawing one float
+from the row's own `random.Random` is O(1) per row, while per-row torch Generators
+would need a vocab-sized draw each.
+
+Logprobs follow SGLang's default (`SGLANG_RETURN_ORIGINAL_LOGPROB` unset): the
+log-softmax of the temperature-scaled logits, *before* top-k/top-p/min-p truncation.
+Greedy rows use temperature 1 (SGLang maps temperature 0 to top_k = 1), so their
+logprobs are those of the raw model. `original=True` reports the raw log-softmax for
+every row (SGLang with `SGLANG_RETURN_ORIGINAL_LOGPROB=1`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class RowSampling:
+    """What the sampler needs of one row; `uniform` is drawn by the caller from the row's RNG."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    uniform: float
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 1e-6 or self.top_k == 1
+
+
+def sample_rows(logits: torch.Tensor, rows: list[RowSampling], *, original: bool = False) -> tuple[list[int], list[float]]:
+    """Pick one token per row of `logits` [B, V]; return (token ids, their logprobs)."""
+    logits = logits.float()
+    greedy = [r.greedy for r in rows]
+    if all(greedy):
+        logp = torch.log_softmax(logits, dim=-1)
+        tokens = logits.argmax(dim=-1)
+        return tokens.tolist(), logp.gather(1, tokens[:, None]).squeeze(1).tolist()
+
+    device = logits.device
+    temps = torch.tensor([1.0 if g else r.temperature for g, r in zip(greedy, rows, strict=True)], device=device)
+    logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+    probs = logp.exp()
+    uniforms = torch.tensor([r.uniform for r in rows], device=device, dtype=probs.dtype)
+
+    needs_filter = any(r.top_p < 1.0 or r.top_k > 0 or r.min_p > 0.0 for r in rows)
+    if needs_filter:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        cum = sorted_probs.cumsum(dim=-1)
+        top_p = torch.tensor([r.top_p for r in rows], device=device, dtype=probs.dtype)
+        keep = (cum - sorted_probs) < top_p[:, None]  # the most likely token is always kept
+        vocab = logits.shape[-1]
+        top_k = torch.tensor([r.top_k if r.top_k > 0 else vocab for r in rows], device=device)
+        keep &= torch.arange(vocab, device=device)[None, :] < top_k[:, None]
+        min_p = torch.tensor([r.min_p for r in rows], device=device, dtype=probs.dtype)
+        keep &= sorted_probs >= min_p[:, None] * sorted_probs[:, :1]
+        cdf = (sorted_probs * keep).cumsum(dim=-1)
+        pick = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).clamp_(max=vocab - 1)
+        tokens = order.gather(1, pick).squeeze(1)
+    else:
+        cdf = probs.cumsum(dim=-1)
+        pick = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)
+        tokens = pick.clamp_(max=logits.shape[-1] - 1).squeeze(1)
+
+    if any(greedy):
+        greedy_mask = torch.tensor(greedy, device=device)
+        tokens = torch.where(greedy_mask, logits.argmax(dim=-1), tokens)
+    if original:
+        logp = torch.log_softmax(logits, dim=-1)
+    return tokens.tolist(), logp.gather(1, tokens[:, None]).squeeze(1).tolist()

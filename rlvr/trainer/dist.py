@@ -1,0 +1,98 @@
+"""Process-group setup and the few collectives the trainer needs, safe on one process.
+
+Every helper is a no-op without an initialised process group, so the same actor code runs
+under torchrun (gloo on CPU, NCCL on GPU) and in a plain `python` process (strategy "none").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True, slots=True)
+class DistInfo:
+    """Where this process sits: rank, world size, and the device its tensors live on."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(*, backend: str | None = None, force: bool = False) -> DistInfo:
+    """Join the torchrun process group (env `RANK`/`WORLD_SIZE`), or stay single-process.
+
+    gloo on CPU, NCCL when CUDA is available. Without torchrun env vars nothing is
+    initialised unless `force` (FSDP2 on one process needs a group: a world-1 gloo group on
+    an in-memory store is created then). Idempotent.
+    """
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if dist.is_available() and not dist.is_initialized():
+        backend = backend or ("nccl" if cuda else "gloo")
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend=backend, device_id=device if cuda else None)
+        elif force:
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    return DistInfo(rank=rank(), world_size=world_size(), local_rank=local_rank, device=device)
+
+
+def is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_dist() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_dist() else 1
+
+
+def all_reduce(values: list[float], *, op: str = "sum", device: torch.device | None = None) -> list[float]:
+    """All-reduce a few Python floats in one float64 collective (sum or max)."""
+    if not is_dist() or world_size() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device or _comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def all_gather_tensor(t: torch.Tensor) -> list[torch.Tensor]:
+    """All-gather equal-shaped tensors; [t] on one process."""
+    if not is_dist() or world_size() == 1:
+        return [t]
+    out = [torch.empty_like(t) for _ in range(world_size())]
+    dist.all_gather(out, t.contiguous())
+    return out
+
+
+def barrier() -> None:
+    if is_dist():
+        dist.barrier()
+
+
+def broadcast_object(obj: object, *, src: int = 0) -> object:
+    if not is_dist() or world_size() == 1:
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=src)
+    return holder[0]
+
+
+def _comm_device() -> torch.device:
+    """NCCL collectives need CUDA tensors, gloo needs CPU ones."""
+    if is_dist() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

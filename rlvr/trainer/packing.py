@@ -1,0 +1,231 @@
+"""Sequence packing and token-budget (dynamic) micro-batching.
+
+RL batches are length-skewed: a few long responses and many short ones. Padding every row
+to the longest wastes most of the compute, so the trainer lays several (prompt + response)
+sequences end to end in one row, restarts `position_ids` at 0 for each, and confines
+attention to each sequence:
+
+- sdpa / eager attention (CPU, or GPU without flash-attn): a 4D block-diagonal causal mask,
+  boolean for sdpa (4x smaller than additive), additive (0 / -inf) for eager; transformers
+  passes any 4D mask through unchanged.
+- flash-attention implementations: no mask at all; transformers derives the per-sequence
+  boundaries (cu_seqlens) from the `position_ids` resets.
+
+Logits are only projected where they are needed: `predict_mask` marks the positions whose
+next token is a response token and goes to the model as a boolean `logits_to_keep`, so the
+vocabulary projection skips the prompts. `unpack` turns the flat per-position results back
+into the padded `[B, T]` response layout the losses take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.trainer.batch import TrainBatch
+
+FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn")
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    """One forward pass worth of sequences, packed or padded.
+
+    `seq_index[i]` is the row in the source `TrainBatch` of this micro-batch's sequence i;
+    `out_rows`/`out_cols` say where each kept position lands in the `[b, T]` output.
+    """
+
+    input_ids: torch.Tensor  # [R, N]
+    position_ids: torch.Tensor  # [R, N]
+    attention_mask: torch.Tensor | None  # [R, 1, N, N] block-causal, or None (causal / flash)
+    predict_mask: torch.Tensor  # [R, N] bool: next token is a response token
+    targets: torch.Tensor  # [K] the response token predicted at each kept position
+    out_rows: torch.Tensor  # [K] sequence index within the micro-batch
+    out_cols: torch.Tensor  # [K] response token index
+    seq_index: torch.Tensor  # [b] rows of the source batch
+    width: int  # T of this micro-batch: its longest response
+    packed: bool
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_index.numel())
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (non-padding) tokens: what tokens/s counts."""
+        return int((self.position_ids >= 0).sum()) if self.packed else int(self._real_tokens)
+
+    _real_tokens: int = 0
+
+    def to(self, device: torch.device) -> MicroBatch:
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return t.to(device, non_blocking=True) if t is not None else None
+
+        return MicroBatch(
+            input_ids=self.input_ids.to(device),
+            position_ids=self.position_ids.to(device),
+            attention_mask=mv(self.attention_mask),
+            predict_mask=self.predict_mask.to(device),
+            targets=self.targets.to(device),
+            out_rows=self.out_rows.to(device),
+            out_cols=self.out_cols.to(device),
+            seq_index=self.seq_index,
+            width=self.width,
+            packed=self.packed,
+            _real_tokens=self._real_tokens,
+        )
+
+
+def first_fit_decreasing(lengths: Sequence[int], *, budget: int) -> list[list[int]]:
+    """Bin indices so each bin's total length stays within `budget` (dynamic batching).
+
+    Longest first, each into the first bin with room; a sequence longer than the budget
+    gets a bin of its own rather than being dropped. Deterministic (ties keep index order),
+    and each bin lists its indices ascending.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        for k, load in enumerate(loads):
+            if load + lengths[i] <= budget:
+                bins[k].append(i)
+                loads[k] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lengths[i])
+    return [sorted(b) for b in bins]
+
+
+def balance_partition(lengths: Sequence[int], *, parts: int) -> list[list[int]]:
+    """Split indices into `parts` groups of near-equal total length (greedy LPT).
+
+    Used to share a mini-batch between data-parallel ranks: the gradient does not depend
+    on who gets which sequence (global loss denominators), so we balance tokens instead.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for i in order:
+        k = min(range(parts), key=lambda p: (loads[p], len(groups[p]), p))
+        groups[k].append(i)
+        loads[k] += lengths[i]
+    return [sorted(g) for g in groups]
+
+
+def block_causal_mask(seq_lens: Sequence[int], *, dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """[1, 1, N, N] mask letting each token see only earlier tokens of its own sequence.
+
+    `dtype=torch.bool`: True where attention is allowed (sdpa). A float dtype gives the
+    additive form, 0 allowed and the dtype's min elsewhere (eager attention).
+    """
+    seg = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.as_tensor(list(seq_lens), dtype=torch.long))
+    n = int(seg.numel())
+    allowed = (seg[:, None] == seg[None, :]) & torch.ones(n, n, dtype=torch.bool).tril()
+    if dtype == torch.bool:
+        return allowed[None, None]
+    mask = torch.zeros(n, n, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def pack_sequences(
+    batch: TrainBatch, index: Sequence[int], *, attn_implementation: str = "sdpa", mask_dtype: torch.dtype | None = None
+) -> MicroBatch:
+    """Lay the sequences `index` of `batch` end to end in one row (see the module docstring)."""
+    idx = list(index)
+    seqs = [batch.tokens(i) for i in idx]
+    lens = [int(s.numel()) for s in seqs]
+    ids = torch.cat(seqs)[None]
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    seq_of = torch.full_like(ids, -1)
+    col_of = torch.full_like(ids, -1)
+    start = 0
+    for k, i in enumerate(idx):
+        p, r = int(batch.prompt_lens[i]), int(batch.response_lens[i])
+        # position p-1+j predicts response token j
+        seq_of[0, start + p - 1 : start + p - 1 + r] = k
+        col_of[0, start + p - 1 : start + p - 1 + r] = torch.arange(r)
+        start += lens[k]
+    if attn_implementation in FLASH_IMPLEMENTATIONS:
+        mask = None  # cu_seqlens come from the position_ids resets
+    else:
+        dtype = mask_dtype or (torch.bool if attn_implementation == "sdpa" else torch.float32)
+        mask = block_causal_mask(lens, dtype=dtype)
+    return _finish(batch, idx, ids, pos, mask, seq_of, col_of, packed=True, real=sum(lens))
+
+
+def pad_sequences(batch: TrainBatch, index: Sequence[int]) -> MicroBatch:
+    """One right-padded row per sequence: the plain layout, and the reference for packing.
+
+    No attention mask is needed: with right padding and causal attention, real tokens never
+    see the padding after them, and padded positions are never read.
+    """
+    idx = list(index)
+    lens = [int(batch.seq_lens[i]) for i in idx]
+    n = max(lens)
+    ids = torch.full((len(idx), n), batch.pad_id, dtype=torch.long)
+    seq_of = torch.full_like(ids, -1)
+    col_of = torch.full_like(ids, -1)
+    for k, i in enumerate(idx):
+        ids[k, : lens[k]] = batch.tokens(i)
+        p, r = int(batch.prompt_lens[i]), int(batch.response_lens[i])
+        seq_of[k, p - 1 : p - 1 + r] = k
+        col_of[k, p - 1 : p - 1 + r] = torch.arange(r)
+    pos = torch.arange(n).expand(len(idx), n).clone()
+    return _finish(batch, idx, ids, pos, None, seq_of, col_of, packed=False, real=sum(lens))
+
+
+def _finish(batch: TrainBatch, idx: list[int], ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+            seq_of: torch.Tensor, col_of: torch.Tensor, *, packed: bool, real: int) -> MicroBatch:
+    predict = seq_of >= 0
+    next_ids = torch.roll(ids, shifts=-1, dims=1)
+    width = max([1, *(int(batch.response_lens[i]) for i in idx)])
+    return MicroBatch(
+        input_ids=ids,
+        position_ids=pos,
+        attention_mask=mask,
+        predict_mask=predict,
+        targets=next_ids[predict],
+        out_rows=seq_of[predict],
+        out_cols=col_of[predict],
+        seq_index=torch.tensor(idx, dtype=torch.long),
+        width=width,
+        packed=packed,
+        _real_tokens=real,
+    )
+
+
+def make_micro_batches(
+    batch: TrainBatch,
+    *,
+    packing: bool,
+    max_tokens: int,
+    micro_batch_size: int,
+    attn_implementation: str = "sdpa",
+) -> list[MicroBatch]:
+    """Packed micro-batches under a token budget (first-fit-decreasing), or padded ones of
+    `micro_batch_size` sequences in batch order."""
+    if len(batch) == 0:
+        return []
+    if packing:
+        lens = [int(x) for x in batch.seq_lens]
+        return [
+            pack_sequences(batch, b, attn_implementation=attn_implementation)
+            for b in first_fit_decreasing(lens, budget=max_tokens)
+        ]
+    rows = list(range(len(batch)))
+    return [pad_sequences(batch, rows[i : i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
+
+
+def unpack(values: torch.Tensor, mb: MicroBatch, *, fill: float = 0.0) -> torch.Tensor:
+    """Flat per-kept-position values [K] -> padded [b, width] response layout (differentiable)."""
+    out = values.new_full((mb.num_seqs, mb.width), fill)
+    return out.index_put((mb.out_rows, mb.out_cols), values)
+
+
+def slice_rows(t: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+    """A `[B, T]` batch field restricted to this micro-batch: `[b, width]`."""
+    return t[mb.seq_index.to(t.device)][:, : mb.width]
