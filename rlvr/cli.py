@@ -119,6 +119,19 @@ def plan(
     print_plan(resolved, launch, reports=reports, resolved_path=out)
 
 
+@app.command()
+def monitor(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (output_dir/name).")],
+    once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit.")] = False,
+) -> None:
+    """Attach the live dashboard to a running or finished run."""
+    from rlvr.monitor.dashboard import watch
+
+    if not (run_dir / "status.json").exists() and not (run_dir / "metrics.jsonl").exists():
+        raise fail(f"{run_dir}: not a run directory (no status.json or metrics.jsonl)")
+    watch(run_dir, once=once)
+
+
 def _mount_subcommands() -> None:
     """Sub-apps whose modules are light to import (typer only at module level)."""
     try:

@@ -59,7 +59,7 @@ def read_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
 
 def _read_hf_dataset(path: Path) -> Iterator[tuple[int, Any]]:
     try:
-        import datasets
+        import datasets  # pyright: ignore[reportMissingImports]
     except ImportError:
         raise DataError(f"{path}: is a folder; reading HF datasets needs `pip install rlvr[datasets]`") from None
     loaded = datasets.load_from_disk(str(path))

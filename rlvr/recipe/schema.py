@@ -31,13 +31,13 @@ class ExperimentConfig(Section):
     """Parent directory of run directories (checkpoints, metrics, logs, resolved recipe)."""
     seed: int = 0
     """Seeds data order, sampling and model init; two runs with one seed match."""
-    max_steps: int = Field(100, ge=1)
+    max_steps: int = Field(default=100, ge=1)
     """Number of RL steps (one rollout batch + its optimizer updates each)."""
-    save_steps: int = Field(50, ge=0)
+    save_steps: int = Field(default=50, ge=0)
     """Checkpoint every this many steps (0: only at the end)."""
-    eval_steps: int = Field(0, ge=0)
+    eval_steps: int = Field(default=0, ge=0)
     """Evaluate on each domain's eval files every this many steps (0: never)."""
-    keep_last: int = Field(3, ge=1)
+    keep_last: int = Field(default=3, ge=1)
     """How many checkpoints to keep; older ones are deleted after a save succeeds."""
 
 
@@ -71,7 +71,7 @@ class DomainFilter(Section):
     """Drop rows whose `difficulty` is below this."""
     max_difficulty: float | None = None
     """Drop rows whose `difficulty` is above this."""
-    max_prompt_chars: int | None = Field(None, ge=1)
+    max_prompt_chars: int | None = Field(default=None, ge=1)
     """Drop rows whose prompt text is longer than this many characters."""
 
 
@@ -86,14 +86,14 @@ class DomainConfig(Section):
     """A registered reward (`rlvr rewards list`) or a plug-in as `package.module:function`."""
     reward_args: dict[str, Any] = {}
     """Keyword arguments for the reward (e.g. `timeout_s`, `partial_credit`, `judge_url`)."""
-    filter: DomainFilter = DomainFilter()
+    filter: DomainFilter = Field(default_factory=DomainFilter)
     """Row filters applied when loading."""
     reward_norm: Literal["none", "group", "domain"] = "none"
     """Per-domain reward normalisation before advantages (domain: running mean/std)."""
 
 
 class DataConfig(Section):
-    prompts_per_step: int = Field(8, ge=1)
+    prompts_per_step: int = Field(default=8, ge=1)
     """Prompts drawn per RL step, split among domains by `domain_interleave_probs`."""
     domain_interleave_probs: dict[str, float] = {}
     """Share of each step's prompts per domain; keys are domain names, values sum to 1."""
@@ -101,7 +101,7 @@ class DataConfig(Section):
     """`error` stops at the first malformed row (file:line); `skip` counts and skips it."""
     shuffle: bool = True
     """Shuffle each domain's rows every epoch (seeded)."""
-    max_prompt_tokens: int = Field(1024, ge=1)
+    max_prompt_tokens: int = Field(default=1024, ge=1)
     """Prompts longer than this many tokens are dropped at rollout time."""
 
 
@@ -111,13 +111,13 @@ Sampling = Literal["embedded", "sglang"]
 class SGLangConfig(Section):
     python: str = "python"
     """Python executable of the environment that has SGLang (it pins its own torch)."""
-    tp_size: int = Field(1, ge=1)
+    tp_size: int = Field(default=1, ge=1)
     """Tensor parallel size of each server (`--tp-size`)."""
-    dp_size: int = Field(1, ge=1)
+    dp_size: int = Field(default=1, ge=1)
     """Data parallel replicas inside each server (`--dp-size`)."""
-    mem_fraction_static: float = Field(0.8, gt=0, lt=1)
+    mem_fraction_static: float = Field(default=0.8, gt=0, lt=1)
     """`--mem-fraction-static`: GPU memory share for weights + KV cache."""
-    port: int = Field(30000, ge=1024, le=65535)
+    port: int = Field(default=30000, ge=1024, le=65535)
     """First server port; server i listens on port + i."""
     api_key: str | None = None
     """`--api-key` for the servers; the client sends it as a bearer token."""
@@ -128,27 +128,27 @@ class SGLangConfig(Section):
 class RolloutConfig(Section):
     engine: Sampling = "embedded"
     """`embedded` (torch engine in rlvr's own server; any machine) or `sglang` (CUDA GPUs)."""
-    n: int = Field(8, ge=1)
+    n: int = Field(default=8, ge=1)
     """Group size: completions sampled per prompt."""
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(default=1.0, ge=0)
     """Sampling temperature (0: greedy)."""
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling mass."""
     top_k: int = -1
     """Top-k sampling (-1: all tokens, as in SGLang)."""
-    max_new_tokens: int = Field(512, ge=1)
+    max_new_tokens: int = Field(default=512, ge=1)
     """Response length limit in tokens."""
     stop: list[str] = []
     """Stop strings (the stop string is kept out of the response)."""
     stop_token_ids: list[int] = []
     """Extra stop token ids besides the tokenizer's EOS."""
-    timeout_s: float = Field(600.0, gt=0)
+    timeout_s: float = Field(default=600.0, gt=0)
     """HTTP timeout of one generate request."""
-    servers: int = Field(1, ge=1)
+    servers: int = Field(default=1, ge=1)
     """Rollout servers on a local run (on SLURM, one per rollout node / tp group)."""
-    max_batch: int = Field(64, ge=1)
+    max_batch: int = Field(default=64, ge=1)
     """Embedded engine: sequences decoded together."""
-    sglang: SGLangConfig = SGLangConfig()
+    sglang: SGLangConfig = Field(default_factory=SGLangConfig)
     """SGLang server settings (used when engine = "sglang")."""
 
 
@@ -209,6 +209,10 @@ class AlgorithmConfig(Section):
     """Extra rollout rounds dynamic sampling may spend to refill the batch."""
     min_group_std: float | None = None
     """Drop groups whose reward std is at or below this (0 with dynamic_sampling)."""
+    min_group_mean: float | None = None
+    """Drop groups whose mean reward is below this (unset: no lower bound)."""
+    max_group_mean: float | None = None
+    """Drop groups whose mean reward is above this, e.g. 0.99 drops all-correct 0/1 groups (unset: none)."""
     overlong_mask: bool | None = None
     """Mask the loss of truncated responses (finish_reason = length)."""
     overlong_buffer: int | None = None
@@ -255,44 +259,44 @@ class AlgorithmConfig(Section):
 class TrainerConfig(Section):
     strategy: Literal["fsdp2", "none"] = "fsdp2"
     """FSDP2 (`fully_shard` per block + root) or a plain module on one rank."""
-    lr: float = Field(1e-6, gt=0)
+    lr: float = Field(default=1e-6, gt=0)
     """Peak learning rate of the actor."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     """Decay after warmup."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0)
     """Linear warmup in optimizer steps."""
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     """Final lr as a share of the peak for cosine/linear decay."""
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
-    grad_clip: float = Field(1.0, ge=0)
+    grad_clip: float = Field(default=1.0, ge=0)
     """Max global grad norm (0: off)."""
-    micro_batch_size: int = Field(4, ge=1)
+    micro_batch_size: int = Field(default=4, ge=1)
     """Sequences per forward/backward when not packing."""
     packing: bool = True
     """Pack several sequences per row (position ids reset, attention kept per sequence)."""
-    max_tokens_per_micro_batch: int = Field(8192, ge=16)
+    max_tokens_per_micro_batch: int = Field(default=8192, ge=16)
     """Token budget of one packed micro-batch (dynamic batching)."""
     param_dtype: Literal["float32", "bfloat16"] = "bfloat16"
     """FSDP2 mixed-precision parameter dtype on GPU (CPU always trains in fp32)."""
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     """FSDP2 gradient reduction dtype."""
-    ranks: int = Field(1, ge=1)
+    ranks: int = Field(default=1, ge=1)
     """Trainer processes on a local run (torchrun --nproc-per-node); on SLURM: trainer GPUs."""
 
 
 class SyncConfig(Section):
     method: Literal["auto", "broadcast", "disk", "inprocess"] = "auto"
     """auto: broadcast (NCCL on GPU, gloo on CPU) to servers; disk when nodes can't join a group."""
-    bucket_mb: int = Field(256, ge=1)
+    bucket_mb: int = Field(default=256, ge=1)
     """Weights travel in buckets of about this many MB."""
-    timeout_s: float = Field(600.0, gt=0)
+    timeout_s: float = Field(default=600.0, gt=0)
     """Timeout of every collective and HTTP call in a sync; a dead engine never hangs the run."""
     on_engine_failure: Literal["fail", "continue"] = "fail"
     """Stop the run, or drop the dead engine and go on with the rest."""
-    max_staleness: int = Field(0, ge=0)
+    max_staleness: int = Field(default=0, ge=0)
     """Largest policy-version lag accepted in a batch (0: fully on-policy)."""
     shared_dir: str | None = None
     """Directory all nodes see, for method = "disk" (default: the run directory)."""
@@ -301,13 +305,13 @@ class SyncConfig(Section):
 class ClusterConfig(Section):
     kind: Literal["local", "slurm"] = "local"
     """`local`: processes on this machine; `slurm`: submit with submitit."""
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(default=1, ge=1)
     """SLURM nodes to allocate."""
-    gpus_per_node: int = Field(0, ge=0)
+    gpus_per_node: int = Field(default=0, ge=0)
     """GPUs per node (0: CPU-only nodes)."""
-    trainer_nodes: int = Field(1, ge=1)
+    trainer_nodes: int = Field(default=1, ge=1)
     """The first this many nodes run trainer ranks; the rest run rollout servers."""
-    cpus_per_task: int | None = Field(None, ge=1)
+    cpus_per_task: int | None = Field(default=None, ge=1)
     """`--cpus-per-task` for each node's task."""
     mem: str | None = None
     """`--mem` per node, e.g. "480G"."""
@@ -356,23 +360,23 @@ class MonitorConfig(Section):
     """W&B project name."""
     dashboard: bool = True
     """Show the rich live dashboard in the launching terminal."""
-    log_samples: int = Field(2, ge=0)
+    log_samples: int = Field(default=2, ge=0)
     """Completions per domain written to samples.jsonl each step."""
 
 
 class Recipe(Section):
     """One TOML file: what to train and where."""
 
-    experiment: ExperimentConfig = ExperimentConfig()
+    experiment: ExperimentConfig = Field(default_factory=ExperimentConfig)
     model: ModelConfig
-    data: DataConfig = DataConfig()
+    data: DataConfig = Field(default_factory=DataConfig)
     domains: dict[str, DomainConfig] = Field(min_length=1)
-    algorithm: AlgorithmConfig = AlgorithmConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    sync: SyncConfig = SyncConfig()
-    cluster: ClusterConfig = ClusterConfig()
-    monitor: MonitorConfig = MonitorConfig()
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:

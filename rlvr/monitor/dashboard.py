@@ -1,0 +1,172 @@
+"""The rich live dashboard, fed only by the run directory (see metrics.py).
+
+`rlvr launch` shows it while its children train; `rlvr monitor RUN_DIR` attaches to a
+running or finished run from any terminal that can read the directory. It renders: a
+step progress bar with ETA, a per-domain reward table (latest, first, change, accuracy,
+response length), throughput and the step-time split, and the last warnings/errors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from rlvr.monitor.metrics import EVENTS_FILE, METRICS_FILE, JsonlTail, read_status
+
+TIME_KEYS = ("rollout", "reward", "train", "sync")
+DONE_STATES = ("finished", "failed", "stopped")
+
+
+class RunView:
+    """Everything the dashboard shows, folded incrementally from the run directory."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.metrics_tail = JsonlTail(self.run_dir / METRICS_FILE)
+        self.events_tail = JsonlTail(self.run_dir / EVENTS_FILE)
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self.events: list[dict[str, Any]] = []
+        self.status: dict[str, Any] = {}
+        self.step_times: list[float] = []
+
+    def refresh(self) -> None:
+        for row in self.metrics_tail.read_new():
+            for key, value in row.items():
+                self.first.setdefault(key, value)
+            self.last.update(row)
+            if "time/step" in row:
+                self.step_times.append(row["time/step"])
+        self.events = (self.events + self.events_tail.read_new())[-5:]
+        self.status = read_status(self.run_dir) or self.status
+
+    @property
+    def done(self) -> bool:
+        return self.status.get("state") in DONE_STATES
+
+    def domains(self) -> list[str]:
+        return sorted(k.split("/", 1)[1] for k in self.last if k.startswith("reward/") and k != "reward/mean")
+
+    def render(self) -> Group:
+        return Group(self._header(), self._domain_table(), self._throughput(), self._events())
+
+    def _header(self) -> Panel:
+        step = int(self.last.get("step", self.status.get("step", 0)))
+        total = int(self.status.get("max_steps", 0) or 1)
+        state = self.status.get("state", "waiting")
+        recent = self.step_times[-10:]
+        eta = (sum(recent) / len(recent)) * (total - step) if recent and state == "running" else None
+        line = Text.assemble(
+            (f"{self.status.get('name', self.run_dir.name)}  ", "bold"),
+            (f"[{state}]  ", _state_style(state)),
+            f"step {step}/{total}  ",
+            f"ETA {_duration(eta)}" if eta is not None else "",
+        )
+        bar = ProgressBar(total=total, completed=step, width=60)
+        return Panel(Group(line, bar), title="rlvr", border_style="cyan")
+
+    def _domain_table(self) -> Table:
+        table = Table(title="Rewards by domain", title_justify="left", expand=False)
+        for column in ("domain", "reward", "first", "change", "accuracy", "resp len", "eval"):
+            table.add_column(column, justify="left" if column == "domain" else "right")
+        for name in self.domains():
+            now, first = self.last.get(f"reward/{name}"), self.first.get(f"reward/{name}")
+            change = now - first if now is not None and first is not None else None
+            table.add_row(
+                name,
+                _num(now),
+                _num(first),
+                Text(f"{change:+.3f}", style="green" if change >= 0 else "red") if change is not None else "-",
+                _num(self.last.get(f"accuracy/{name}")),
+                _num(self.last.get(f"response_len/{name}"), digits=1),
+                _num(self.last.get(f"eval/reward/{name}")),
+            )
+        return table
+
+    def _throughput(self) -> Table:
+        table = Table(title="Throughput", title_justify="left", show_header=True)
+        table.add_column("tokens/s", justify="right")
+        table.add_column("step s", justify="right")
+        for key in TIME_KEYS:
+            table.add_column(key, justify="right")
+        for key in ("kl", "entropy", "clip_frac"):
+            table.add_column(key, justify="right")
+        step_time = self.last.get("time/step")
+        split = [
+            f"{self.last[f'time/{k}']:.2f} ({100 * self.last[f'time/{k}'] / step_time:.0f}%)"
+            if f"time/{k}" in self.last and step_time
+            else "-"
+            for k in TIME_KEYS
+        ]
+        table.add_row(
+            _num(self.last.get("throughput/tokens_per_s"), digits=0),
+            _num(step_time, digits=2),
+            *split,
+            _num(self.last.get("kl"), digits=4),
+            _num(self.last.get("entropy")),
+            _num(self.last.get("clip_frac")),
+        )
+        return table
+
+    def _events(self) -> Panel:
+        if not self.events:
+            return Panel(Text("no warnings", style="dim"), title="last events", border_style="dim")
+        lines = [
+            Text(
+                f"{time.strftime('%H:%M:%S', time.localtime(e['time']))} {e['level']}: {e['message']}",
+                style="red" if e.get("level") == "error" else "yellow",
+            )
+            for e in self.events
+        ]
+        return Panel(Group(*lines), title="last events", border_style="yellow")
+
+
+def watch(
+    run_dir: str | Path,
+    *,
+    console: Console | None = None,
+    once: bool = False,
+    refresh_s: float = 1.0,
+    stop: Callable[[], bool] | None = None,
+) -> RunView:
+    """Render until the run ends (or `stop()` says so); `once` prints one snapshot."""
+    from rich.live import Live
+
+    console = console or Console()
+    view = RunView(run_dir)
+    view.refresh()
+    if once:
+        console.print(view.render())
+        return view
+    with Live(view.render(), console=console, refresh_per_second=4, transient=False) as live:
+        while True:
+            view.refresh()
+            live.update(view.render())
+            if view.done or (stop is not None and stop()):
+                break
+            time.sleep(refresh_s)
+    return view
+
+
+def _num(value: float | None, *, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, sec = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{sec:02d}s"
+
+
+def _state_style(state: str) -> str:
+    return {"running": "green", "finished": "bold green", "failed": "bold red"}.get(state, "yellow")

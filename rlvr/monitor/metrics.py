@@ -1,0 +1,112 @@
+"""The run directory as the single source of truth for progress: metrics, events and status.
+
+The trainer (rank 0) writes three files; the dashboard in the launching terminal,
+`rlvr monitor RUN_DIR` in another terminal, and a login node watching a SLURM job all
+read the same files, so nobody needs a socket to the job:
+
+- `metrics.jsonl`: one JSON object per step (`step`, `time`, then flat scalar names such
+  as `reward/math`, `time/rollout`, `throughput/tokens_per_s`);
+- `events.jsonl`: warnings and errors worth showing (`time`, `level`, `message`);
+- `status.json`: the run's state (`running`, `finished`, `failed`, ...), step, max_steps,
+  start time and pid; replaced atomically so a reader never sees half a file.
+
+TensorBoard (and optionally W&B) receive the same scalars through `sinks.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+EVENTS_FILE = "events.jsonl"
+STATUS_FILE = "status.json"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write then rename: a reader (or a crash) never leaves a truncated file behind."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+class RunRecorder:
+    """Appends metrics and events and keeps status.json current; one per run, on rank 0."""
+
+    def __init__(self, run_dir: str | Path, *, max_steps: int, name: str = "", sinks: list[Any] | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.sinks = sinks or []
+        self.status: dict[str, Any] = {
+            "name": name or self.run_dir.name,
+            "state": "starting",
+            "step": 0,
+            "max_steps": max_steps,
+            "started_at": time.time(),
+            "pid": os.getpid(),
+        }
+        self._metrics = (self.run_dir / METRICS_FILE).open("a", encoding="utf-8")
+        self._events = (self.run_dir / EVENTS_FILE).open("a", encoding="utf-8")
+        write_json_atomic(self.run_dir / STATUS_FILE, self.status)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(float(v))}
+        self._metrics.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+        self._metrics.flush()
+        for sink in self.sinks:
+            sink.log(step, clean)
+        self.set_state("running", step=step)
+
+    def event(self, message: str, *, level: str = "warning") -> None:
+        self._events.write(json.dumps({"time": time.time(), "level": level, "message": message}) + "\n")
+        self._events.flush()
+
+    def set_state(self, state: str, **fields: Any) -> None:
+        self.status.update(state=state, **fields)
+        write_json_atomic(self.run_dir / STATUS_FILE, self.status)
+
+    def close(self, state: str = "finished") -> None:
+        self.set_state(state, ended_at=time.time())
+        for sink in self.sinks:
+            sink.close()
+        self._metrics.close()
+        self._events.close()
+
+
+def read_status(run_dir: str | Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(run_dir) / STATUS_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+class JsonlTail:
+    """Incrementally reads new complete lines of a growing JSONL file (the dashboard's feed)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.offset = 0
+        self._partial = ""
+
+    def read_new(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open(encoding="utf-8") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+                self.offset = handle.tell()
+        except FileNotFoundError:
+            return []
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next read
+        out = []
+        for line in lines:
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return out

@@ -1,0 +1,49 @@
+"""Where scalars go besides metrics.jsonl: TensorBoard (default) and W&B (optional)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class TensorBoardSink:
+    """Scalars under `run_dir/tensorboard`, named as in metrics.jsonl (`reward/math`, ...)."""
+
+    def __init__(self, run_dir: str | Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """Weights & Biases, when `monitor.wandb = true` and the package is installed."""
+
+    def __init__(self, *, project: str | None, name: str, config: dict[str, Any], run_dir: str | Path):
+        try:
+            import wandb  # pyright: ignore[reportMissingImports]
+        except ImportError as exc:
+            raise RuntimeError("monitor.wandb = true needs `pip install wandb`") from exc
+        self.run = wandb.init(project=project, name=name, config=config, dir=str(run_dir), resume="allow")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def make_sinks(monitor_cfg: Any, *, run_dir: str | Path, name: str, config: dict[str, Any]) -> list[Any]:
+    sinks: list[Any] = []
+    if monitor_cfg.tensorboard:
+        sinks.append(TensorBoardSink(run_dir))
+    if monitor_cfg.wandb:
+        sinks.append(WandbSink(project=monitor_cfg.wandb_project, name=name, config=config, run_dir=run_dir))
+    return sinks

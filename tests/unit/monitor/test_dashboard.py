@@ -1,0 +1,87 @@
+"""The run directory feeds the dashboard: metrics, events and status, read incrementally."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from rlvr.cli import app
+from rlvr.monitor.dashboard import RunView, watch
+from rlvr.monitor.metrics import JsonlTail, RunRecorder, read_status
+
+
+def record(run_dir: Path, steps: int = 3) -> RunRecorder:
+    recorder = RunRecorder(run_dir, max_steps=10, name="demo")
+    for step in range(1, steps + 1):
+        recorder.log(
+            step,
+            {
+                "reward/math": 0.1 * step,
+                "reward/code": 0.5,
+                "accuracy/math": 0.1 * step,
+                "response_len/math": 20.0,
+                "time/step": 2.0,
+                "time/rollout": 1.0,
+                "time/reward": 0.2,
+                "time/train": 0.6,
+                "time/sync": 0.2,
+                "throughput/tokens_per_s": 1234.0,
+                "kl": 0.001,
+                "bad": float("nan"),
+            },
+        )
+    return recorder
+
+
+def test_recorder_writes_jsonl_and_status(tmp_path: Path) -> None:
+    recorder = record(tmp_path)
+    recorder.event("judge timed out twice", level="warning")
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert "bad" not in rows[0]  # non-finite values are dropped, not written as NaN
+    assert read_status(tmp_path)["state"] == "running"
+    recorder.close()
+    assert read_status(tmp_path)["state"] == "finished"
+
+
+def test_tail_keeps_partial_lines_for_later(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step"')
+    tail = JsonlTail(path)
+    assert tail.read_new() == [{"step": 1}]
+    with path.open("a") as handle:
+        handle.write(": 2}\n")
+    assert tail.read_new() == [{"step": 2}]
+    assert tail.read_new() == []
+
+
+def test_view_shows_domains_change_and_split(tmp_path: Path) -> None:
+    recorder = record(tmp_path)
+    recorder.event("sandbox: 3 timeouts", level="error")
+    view = RunView(tmp_path)
+    view.refresh()
+    assert view.domains() == ["code", "math"]
+    console = Console(record=True, width=120)
+    console.print(view.render())
+    text = console.export_text()
+    assert "step 3/10" in text
+    assert "+0.200" in text  # math reward went 0.1 -> 0.3
+    assert "1.00 (50%)" in text  # rollout share of the step time
+    assert "sandbox: 3 timeouts" in text
+
+
+def test_watch_returns_when_run_finishes(tmp_path: Path) -> None:
+    record(tmp_path).close()
+    view = watch(tmp_path, console=Console(file=open("/dev/null", "w")), refresh_s=0.01)
+    assert view.done
+
+
+def test_monitor_command(tmp_path: Path) -> None:
+    record(tmp_path).close()
+    result = CliRunner().invoke(app, ["monitor", str(tmp_path), "--once"])
+    assert result.exit_code == 0 and "demo" in result.stdout
+    result = CliRunner().invoke(app, ["monitor", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "not a run directory" in result.stderr
