@@ -143,7 +143,7 @@ def masked_whiten(values: Tensor, mask: Tensor, *, shift_mean: bool = True, eps:
     mean = (values * m).sum() / count.clamp(min=1.0)
     var = ((values - mean).square() * m).sum() / (count - 1).clamp(min=1.0)
     out = (values - mean) if shift_mean else values
-    return out * torch.rsqrt(var + eps**2) * m if False else out / (var.sqrt() + eps) * m
+    return out / (var.sqrt() + eps) * m
 
 
 def last_token_onehot(mask: Tensor) -> Tensor:
@@ -155,9 +155,7 @@ def last_token_onehot(mask: Tensor) -> Tensor:
     return onehot * (m.sum(-1, keepdim=True) > 0)
 
 
-def token_level_rewards(
-    rewards: Tensor, mask: Tensor, *, kl: Tensor | None = None, kl_coef: float = 0.0
-) -> Tensor:
+def token_level_rewards(rewards: Tensor, mask: Tensor, *, kl: Tensor | None = None, kl_coef: float = 0.0) -> Tensor:
     """The outcome reward on the last valid token, minus ``kl_coef * kl`` on every valid token.
 
     This is the per-token reward of PPO-RLHF (Ouyang et al. 2022, eq. 2) and REINFORCE++
@@ -173,6 +171,8 @@ def token_level_rewards(
 def discounted_returns(token_rewards: Tensor, mask: Tensor, *, gamma: float) -> Tensor:
     """Return-to-go G_t = sum_{k >= t} gamma^(k - t) r_k over valid tokens (padding skipped)."""
     m = mask.to(token_rewards.dtype)
+    if gamma == 1.0:  # undiscounted: a reversed cumulative sum, no python loop over T
+        return torch.flip(torch.cumsum(torch.flip(token_rewards * m, [-1]), -1), [-1]) * m
     out = torch.zeros_like(token_rewards)
     running = torch.zeros_like(token_rewards[:, 0])
     for t in range(token_rewards.shape[-1] - 1, -1, -1):
@@ -248,7 +248,7 @@ def compute_advantages(
     r = rewards.detach().to(torch.float32)
     estimator = cfg.advantage
     std_norm = getattr(cfg, "adv_std_norm", None) or "group"
-    gamma = float(getattr(cfg, "gamma", 1.0) if getattr(cfg, "gamma", None) is not None else 1.0)
+    gamma = 1.0 if getattr(cfg, "gamma", None) is None else float(cfg.gamma)
     coef = float(cfg.kl_coef or 0.0) if kl_coef is None else float(kl_coef)
     kl_in_reward = getattr(cfg, "kl_in", "none") == "reward" and coef != 0.0
     if kl_in_reward and kl is None:
@@ -262,7 +262,9 @@ def compute_advantages(
         if values is None:
             raise ValueError("advantage = 'gae' needs `values` from the critic")
         lam = float(cfg.lam if cfg.lam is not None else 1.0)
-        adv, returns = gae_advantages(token_level_rewards(r, m, kl=token_kl, kl_coef=coef), values, m, gamma=gamma, lam=lam)
+        adv, returns = gae_advantages(
+            token_level_rewards(r, m, kl=token_kl, kl_coef=coef), values, m, gamma=gamma, lam=lam
+        )
     elif estimator in ("reinforce_pp", "reinforce_pp_baseline"):
         if std_norm not in ("batch", "none"):
             raise ValueError(f"advantage = {estimator!r} normalises over the batch: adv_std_norm must be batch or none")
@@ -283,9 +285,7 @@ def compute_advantages(
     return adv * m, returns * m
 
 
-def _sequence_advantages(
-    estimator: str, r: Tensor, group_ids: Tensor, m: Tensor, *, std_norm: str, cfg: Any
-) -> Tensor:
+def _sequence_advantages(estimator: str, r: Tensor, group_ids: Tensor, m: Tensor, *, std_norm: str, cfg: Any) -> Tensor:
     if estimator == "grpo":
         return normalize_rewards_per_group(r, group_ids, std_norm=std_norm)
     if estimator == "dr_grpo":

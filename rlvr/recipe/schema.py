@@ -243,6 +243,8 @@ class AlgorithmConfig(Section):
     def _expand(self) -> AlgorithmConfig:
         for key, value in resolve_algorithm(self.preset, self.model_dump(exclude={"preset"})).items():
             object.__setattr__(self, key, value)
+        if self.advantage in ("reinforce_pp", "reinforce_pp_baseline") and self.adv_std_norm == "group":
+            raise ValueError(f"advantage = {self.advantage!r} normalises over the batch: use adv_std_norm = 'batch'")
         if self.advantage == "gae" and not self.critic:
             raise ValueError("advantage = 'gae' needs critic = true (a value model)")
         if self.kl_in != "none" and not (self.kl_coef and self.kl_coef > 0):
