@@ -120,6 +120,37 @@ def plan(
 
 
 @app.command()
+def launch(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    resume: Annotated[
+        str,
+        typer.Option(help="auto: continue from the latest checkpoint if any; none: start fresh; or a checkpoint path."),
+    ] = "auto",
+    dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
+) -> None:
+    """Run a recipe: local processes (cluster.kind = local) or a SLURM job (cluster.kind = slurm)."""
+    resolved = load_or_exit(recipe, set_)
+    if resolved.model.path is None:
+        raise fail(f"{recipe}: model.path: launching needs a model folder (model.config is for tests and plans)")
+    from rlvr.recipe.load import resolved_json
+
+    run_dir = (Path(resolved.experiment.output_dir) / resolved.experiment.name).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "resolved_recipe.json").write_text(resolved_json(resolved))
+    if resolved.cluster.kind == "local":
+        from rlvr.launch.local import LaunchError, run_local
+
+        typer.echo(f"run directory: {run_dir}")
+        try:
+            code = run_local(resolved, run_dir=run_dir, resume=resume, dashboard=dashboard)
+        except LaunchError as exc:
+            raise fail(str(exc)) from None
+        raise typer.Exit(code)
+    raise fail("cluster.kind = 'slurm' is not wired into this build yet")
+
+
+@app.command()
 def monitor(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (output_dir/name).")],
     once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit.")] = False,

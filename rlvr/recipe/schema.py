@@ -366,6 +366,16 @@ class MonitorConfig(Section):
     """Completions per domain written to samples.jsonl each step."""
 
 
+class JudgeServerConfig(Section):
+    """A judge model the launcher serves itself (local runs): `rlvr serve` on a free port, its URL
+    exported to the rewards as RLVR_JUDGE_URL (llm_judge's default when `judge_url` is unset)."""
+
+    model: str
+    """A local HF model folder for the judge (relative to the recipe or absolute)."""
+    max_batch: int = Field(default=64, ge=1)
+    """Sequences the judge server decodes together."""
+
+
 class Recipe(Section):
     """One TOML file: what to train and where."""
 
@@ -379,6 +389,8 @@ class Recipe(Section):
     sync: SyncConfig = Field(default_factory=SyncConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    judge: JudgeServerConfig | None = None
+    """Optional judge server started beside the rollout servers on local runs."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:

@@ -23,6 +23,7 @@ from typing import Any
 
 from rlvr.rewards.base import zero
 from rlvr.rewards.registry import register
+from rlvr.rewards.text import split_think
 from rlvr.types import Completion, RewardResult, Sample
 
 _KNOWN_ARGS = {"fallback", "format_weight", "require_think", "timeout_s", "max_answer_chars", "max_workers"}
@@ -31,18 +32,6 @@ _BOX_BARE_RE = re.compile(r"\\boxed\s+([^\s$]+)")
 _ANSWER_IS_RE = re.compile(r"answer\s+is\s*:?\s*(.+?)\s*(?:\.\s|\.$|$|\n)", re.IGNORECASE)
 _ANSWER_COLON_RE = re.compile(r"answer\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
 _NUMBER_RE = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s*/\s*\d+)?")
-
-
-def split_think(text: str) -> tuple[str, bool]:
-    """(the part to judge, whether a closed think block preceded it).
-
-    Reasoning inside <think>...</think> often contains tentative answers, so only what
-    follows the last `</think>` counts. Without a closing tag the whole text is judged.
-    """
-    idx = text.rfind("</think>")
-    if idx < 0:
-        return text, False
-    return text[idx + len("</think>") :], "<think>" in text[:idx] or text.lstrip().startswith("</think>") is False
 
 
 def last_boxed(text: str) -> str | None:
@@ -125,7 +114,7 @@ def verify_answer(gold: str, answer: str, *, timeout_s: float = 5) -> bool:
     """
     from math_verify import verify
 
-    seconds = max(1, int(timeout_s))
+    seconds = max(1, int(timeout_s / 3))  # three guarded steps: two parses and a verify
     gold_parsed = _parse(gold, seconds)
     answer_parsed = _parse(answer, seconds)
     if not gold_parsed or not answer_parsed:
@@ -180,9 +169,7 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
 
     from rlvr.rewards.workers import shared_pool
 
-    pool = shared_pool(
-        "math", max_workers=reward_args.get("max_workers"), preload=("rlvr.rewards.math_rule:_warmup",)
-    )
+    pool = shared_pool("math", max_workers=reward_args.get("max_workers"), preload=("rlvr.rewards.math_rule:_warmup",))
     timed_out = False
     for gold in golds:
         job = await pool.call("rlvr.rewards.math_rule:verify_answer", gold, answer, timeout_s=timeout_s)

@@ -15,6 +15,7 @@ number of asyncio event loops, e.g. one per test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import multiprocessing
 import os
@@ -71,10 +72,8 @@ def _worker_main(conn: Any, preload: Sequence[str]) -> None:
         return cache[target]
 
     for target in preload:
-        try:
+        with contextlib.suppress(Exception):  # a failed warm-up shows up as job errors later
             resolve(target)()
-        except Exception:  # noqa: BLE001 - a failed warm-up shows up as job errors later
-            pass
     conn.send(("ready", None))
     while True:
         try:
@@ -99,16 +98,17 @@ class _Worker:
         self.ready = False
 
     def wait_ready(self, timeout_s: float) -> bool:
-        if not self.ready and self.conn.poll(timeout_s):
-            self.ready = self.conn.recv()[0] == "ready"
+        try:
+            if not self.ready and self.conn.poll(timeout_s):
+                self.ready = self.conn.recv()[0] == "ready"
+        except (EOFError, OSError):  # died while starting (e.g. the spawn could not import __main__)
+            return False
         return self.ready
 
     def kill(self) -> None:
         if self.process.is_alive() and self.process.pid is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.process.join(timeout=5)
         self.conn.close()
 
@@ -194,10 +194,8 @@ class WorkerPool:
             workers = list(self._all)
             self._all.clear()
         for worker in workers:
-            try:
+            with contextlib.suppress(OSError, BrokenPipeError):
                 worker.conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
         for worker in workers:
             worker.process.join(timeout=1)
             worker.kill()

@@ -1,0 +1,190 @@
+"""`llm_judge`: score with an OpenAI-compatible chat model (POST {judge_url}/v1/chat/completions).
+
+Two templates: `reference` (default when the sample has a ground_truth) asks YES/NO whether
+the response's final answer matches the reference; `rubric` asks for a 0-10 score, normalised
+to [0, 1]. Parsing is forgiving (last YES/NO, "Score: 7", "7/10", **bold**). 5xx and
+connection errors are retried with exponential backoff; concurrency is capped per judge URL
+so a big batch cannot flood the judge. A judge that does not answer in time scores 0 with
+reason "timeout" and is counted in `JUDGE_METRICS` (the pool reports it per step).
+
+reward_args: `judge_url` (or env RLVR_JUDGE_URL), `model`, `api_key_env` (name of the env var
+holding the key), `template` ("reference" | "rubric" | custom text with {prompt}, {response},
+{reference}), `timeout_s` (30), `max_retries` (3), `backoff_s` (0.5), `max_concurrency` (16),
+`temperature` (0), `max_tokens` (512).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import weakref
+from collections import Counter
+from typing import Any
+
+from rlvr.rewards.base import zero
+from rlvr.rewards.registry import register
+from rlvr.rewards.text import split_think
+from rlvr.types import Completion, RewardResult, Sample
+
+JUDGE_METRICS: Counter[str] = Counter()
+"""Process-wide counters: requests, retries, timeouts, errors, unparsable (read by the pool)."""
+
+_KNOWN_ARGS = {
+    "judge_url", "model", "api_key_env", "template", "timeout_s", "max_retries", "backoff_s",
+    "max_concurrency", "temperature", "max_tokens",
+}  # fmt: skip
+
+REFERENCE_TEMPLATE = """You are grading a response against a reference answer.
+
+Question:
+{prompt}
+
+Reference answer:
+{reference}
+
+Response:
+{response}
+
+Does the response's final answer match the reference answer (same meaning; formatting does \
+not matter)? Think briefly, then end with a single line: YES or NO."""
+
+RUBRIC_TEMPLATE = """You are grading the quality of a response to a question.
+
+Question:
+{prompt}
+
+Response:
+{response}
+
+Rate correctness, completeness and clarity on a scale from 0 (useless) to 10 (perfect). \
+Think briefly, then end with a line of the form: Score: N"""
+
+_semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary()
+)
+_YES_NO = re.compile(r"\b(YES|NO)\b", re.IGNORECASE)
+_SCORE_PATTERNS = (
+    re.compile(r"score\s*[:=]?\s*\**\s*(\d+(?:\.\d+)?)\s*\**\s*(?:/\s*10)?", re.IGNORECASE),
+    re.compile(r"(\d+(?:\.\d+)?)\s*\**\s*/\s*10\b"),
+    re.compile(r"\*\*\s*(\d+(?:\.\d+)?)\s*\*\*"),
+)
+
+
+class JudgeTimeout(Exception):
+    pass
+
+
+def parse_yes_no(text: str) -> float | None:
+    """1.0 for YES, 0.0 for NO (the last one wins: judges reason before deciding), None if neither."""
+    found = _YES_NO.findall(text)
+    return None if not found else float(found[-1].upper() == "YES")
+
+
+def parse_rubric(text: str) -> float | None:
+    """A 0-10 score normalised to [0, 1]; the last match of the most specific pattern wins."""
+    for pattern in _SCORE_PATTERNS:
+        found = pattern.findall(text)
+        if found:
+            value = float(found[-1])
+            return min(max(value / 10.0, 0.0), 1.0) if value <= 10 else None
+    bare = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*\.?\s*", text)
+    if bare and float(bare.group(1)) <= 10:
+        return float(bare.group(1)) / 10.0
+    return None
+
+
+def _semaphore(url: str, limit: int) -> asyncio.Semaphore:
+    per_loop = _semaphores.setdefault(asyncio.get_running_loop(), {})
+    if url not in per_loop:
+        per_loop[url] = asyncio.Semaphore(limit)
+    return per_loop[url]
+
+
+async def chat(
+    url: str,
+    messages: list[dict[str, str]],
+    *,
+    model: str,
+    api_key: str | None,
+    timeout_s: float,
+    max_retries: int,
+    backoff_s: float,
+    temperature: float = 0.0,
+    max_tokens: int = 512,
+) -> str:
+    """One chat completion with retries; raises JudgeTimeout or RuntimeError when it gives up."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
+    endpoint = url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1") else "/v1") + "/chat/completions"
+    last_error = ""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for attempt in range(max_retries + 1):
+            if attempt:
+                JUDGE_METRICS["retries"] += 1
+                await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+            JUDGE_METRICS["requests"] += 1
+            try:
+                async with session.post(endpoint, json=body, headers=headers) as response:
+                    if response.status >= 500 or response.status == 429:
+                        last_error = f"HTTP {response.status}"
+                        continue
+                    if response.status >= 400:
+                        raise RuntimeError(f"judge returned HTTP {response.status}: {(await response.text())[:200]}")
+                    payload = await response.json(content_type=None)
+                    return payload["choices"][0]["message"]["content"] or ""
+            except TimeoutError as exc:
+                raise JudgeTimeout(f"no answer within {timeout_s}s") from exc
+            except aiohttp.ClientConnectionError as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+    raise RuntimeError(f"judge failed after {max_retries + 1} attempts: {last_error}")
+
+
+@register("llm_judge")
+async def score(sample: Sample, completion: Completion, **reward_args: Any) -> RewardResult:
+    """Ask an OpenAI-compatible judge model: YES/NO against the reference or a 0-10 rubric."""
+    unknown = set(reward_args) - _KNOWN_ARGS
+    if unknown:
+        raise ValueError(f"llm_judge: unknown reward_args {sorted(unknown)}; known: {sorted(_KNOWN_ARGS)}")
+    url = reward_args.get("judge_url") or os.environ.get("RLVR_JUDGE_URL")
+    if not url:
+        raise ValueError("llm_judge needs reward_args judge_url or the RLVR_JUDGE_URL environment variable")
+    template = reward_args.get("template") or ("reference" if sample.ground_truth is not None else "rubric")
+    text = completion.text if isinstance(completion.text, str) else ""
+    response = split_think(text)[0].strip()
+    if not response:
+        return zero("empty response")
+    mode = template if template in ("reference", "rubric") else ("reference" if "{reference}" in template else "rubric")
+    if mode == "reference" and sample.ground_truth is None:
+        return zero("reference template but the sample has no ground_truth", error=True)
+    body = {"reference": REFERENCE_TEMPLATE, "rubric": RUBRIC_TEMPLATE}.get(template, template)
+    prompt = body.format(prompt=sample.prompt_text, response=response[:20000], reference=sample.ground_truth)
+    key_env = reward_args.get("api_key_env")
+    api_key = os.environ.get(key_env) if key_env else None
+    try:
+        async with _semaphore(url, int(reward_args.get("max_concurrency", 16))):
+            answer = await chat(
+                url,
+                [{"role": "user", "content": prompt}],
+                model=str(reward_args.get("model", "judge")),
+                api_key=api_key,
+                timeout_s=float(reward_args.get("timeout_s", 30.0)),
+                max_retries=int(reward_args.get("max_retries", 3)),
+                backoff_s=float(reward_args.get("backoff_s", 0.5)),
+                temperature=float(reward_args.get("temperature", 0.0)),
+                max_tokens=int(reward_args.get("max_tokens", 512)),
+            )
+    except JudgeTimeout:
+        JUDGE_METRICS["timeouts"] += 1
+        return zero("timeout", timeout=True)
+    except RuntimeError as exc:
+        JUDGE_METRICS["errors"] += 1
+        return zero(f"judge error: {exc}"[:300], error=True)
+    value = parse_yes_no(answer) if mode == "reference" else parse_rubric(answer)
+    if value is None:
+        JUDGE_METRICS["unparsable"] += 1
+        return zero("unparsable judge answer", judge=answer[-200:])
+    return RewardResult(value, {"reason": f"judge: {mode}", "judge": answer[-200:]})

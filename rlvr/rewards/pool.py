@@ -1,0 +1,141 @@
+"""`RewardPool`: score every completion of a step concurrently and report per-domain metrics.
+
+Each domain has one reward (a name from the registry plus its `reward_args`). All calls of a
+step run as asyncio tasks at once; the rewards themselves decide where the work happens:
+math_rule sends sympy work to the shared process pool (sized by `max_workers`), code_sandbox
+runs sandbox subprocesses bounded by a cpu-count semaphore, llm_judge is HTTP with a
+per-URL semaphore. The pool adds an overall per-call deadline (a reward that overruns it
+scores 0 with reason "timeout") and turns any exception into a 0 counted as an error.
+
+Metrics (flat keys, ready for the monitor): `reward/<domain>/{mean,accuracy,timeouts,errors,
+latency_p50_s,latency_p95_s,count}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlvr.rewards.base import RewardFn, safe_score, zero
+from rlvr.rewards.registry import get_reward
+from rlvr.types import Group, RewardResult
+
+
+@dataclass(slots=True)
+class DomainReward:
+    name: str
+    fn: RewardFn
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = q * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+class RewardPool:
+    """Scores Groups by their `sample.domain`; fills `group.rewards` in place."""
+
+    def __init__(
+        self,
+        domains: Mapping[str, DomainReward],
+        *,
+        max_workers: int | None = None,
+        call_timeout_s: float = 120.0,
+        threshold: float = 1.0,
+    ):
+        self.domains = dict(domains)
+        self.max_workers = max_workers
+        self.call_timeout_s = call_timeout_s
+        self.threshold = threshold
+
+    @classmethod
+    def from_domains(
+        cls,
+        domains: Mapping[str, tuple[str, dict[str, Any]]],
+        *,
+        max_workers: int | None = None,
+        call_timeout_s: float = 120.0,
+        threshold: float = 1.0,
+    ) -> RewardPool:
+        """`{domain: (reward_name, reward_args)}`; resolves every reward now so typos fail early."""
+        resolved = {
+            name: DomainReward(reward, get_reward(reward), dict(args or {})) for name, (reward, args) in domains.items()
+        }
+        if max_workers and any(d.name == "math_rule" for d in resolved.values()):
+            from rlvr.rewards.workers import shared_pool
+
+            shared_pool("math", max_workers=max_workers, preload=("rlvr.rewards.math_rule:_warmup",))
+        return cls(resolved, max_workers=max_workers, call_timeout_s=call_timeout_s, threshold=threshold)
+
+    async def _one(self, domain: DomainReward, group: Group, index: int) -> tuple[RewardResult, float]:
+        start = time.perf_counter()
+        try:
+            result = await asyncio.wait_for(
+                safe_score(domain.fn, group.sample, group.completions[index], **domain.args),
+                timeout=self.call_timeout_s,
+            )
+        except TimeoutError:
+            result = zero("timeout", timeout=True, pool_timeout=True)
+        return result, time.perf_counter() - start
+
+    async def score_groups(self, groups: list[Group]) -> dict[str, float]:
+        """Score all completions of all groups concurrently; returns per-domain metrics."""
+        jobs = []
+        for group in groups:
+            domain = self.domains.get(group.sample.domain)
+            if domain is None:
+                raise KeyError(
+                    f"group {group.sample.id!r} has domain {group.sample.domain!r}; pool knows {sorted(self.domains)}"
+                )
+            jobs.extend((group, i, domain) for i in range(len(group.completions)))
+        outcomes = await asyncio.gather(*(self._one(domain, group, i) for group, i, domain in jobs))
+        results: dict[int, list[RewardResult]] = {id(group): [] for group in groups}
+        per_domain: dict[str, list[tuple[RewardResult, float]]] = {}
+        for (group, _, _), outcome in zip(jobs, outcomes, strict=True):  # jobs are in completion order
+            results[id(group)].append(outcome[0])
+            per_domain.setdefault(group.sample.domain, []).append(outcome)
+        for group in groups:
+            group.rewards = results[id(group)]
+        metrics = self._metrics(per_domain)
+        judge = sys.modules.get("rlvr.rewards.llm_judge")
+        if judge is not None:  # process-wide judge counters, cumulative
+            for key, value in judge.JUDGE_METRICS.items():
+                metrics[f"reward/judge/{key}_total"] = float(value)
+        return metrics
+
+    def _metrics(self, per_domain: dict[str, list[tuple[RewardResult, float]]]) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for name, outcomes in sorted(per_domain.items()):
+            scores = [r.score for r, _ in outcomes]
+            latencies = [s for _, s in outcomes]
+            prefix = f"reward/{name}/"
+            metrics[prefix + "count"] = float(len(scores))
+            metrics[prefix + "mean"] = sum(scores) / len(scores)
+            metrics[prefix + "accuracy"] = sum(s >= self.threshold for s in scores) / len(scores)
+            metrics[prefix + "timeouts"] = float(sum(bool(r.info.get("timeout")) for r, _ in outcomes))
+            metrics[prefix + "errors"] = float(sum(bool(r.info.get("error")) for r, _ in outcomes))
+            metrics[prefix + "latency_p50_s"] = _percentile(latencies, 0.5)
+            metrics[prefix + "latency_p95_s"] = _percentile(latencies, 0.95)
+        return metrics
+
+    def close(self) -> None:
+        """Stop the worker processes this pool's rewards started (safe to call twice)."""
+        from rlvr.rewards.workers import close_shared_pools
+
+        close_shared_pools()
+
+    async def __aenter__(self) -> RewardPool:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,39 @@
+"""Where code_sandbox runs untrusted code: `local` (bubblewrap on this machine) or `e2b` (remote).
+
+Both backends take the same job (a dict of files, one of which is the in-sandbox harness
+`runner.py`) and return a `RunResult`; the harness and the verdict parsing are shared, so
+the backends differ only in how isolation is obtained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Limits:
+    """Per-run resource limits. `cpu_s` defaults to the wall timeout plus one second."""
+
+    timeout_s: float = 10.0
+    memory_mb: int = 512
+    max_procs: int = 32
+    max_output_bytes: int = 1 << 20
+    max_file_mb: int = 16
+    cpu_s: float | None = None
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What one sandboxed program did. `killed` names why we stopped it (timeout, output_limit)."""
+
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    killed: str | None = None
+    seconds: float = 0.0
+    run_id: str = ""
+    info: dict = field(default_factory=dict)
+
+    @property
+    def timed_out(self) -> bool:
+        return self.killed == "timeout"

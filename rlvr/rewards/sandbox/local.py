@@ -1,0 +1,306 @@
+"""Run untrusted Python on this machine inside bubblewrap, with rlimits and a pid namespace.
+
+Isolation, in order of preference (measured in the project container, root, kernel 6.x):
+
+* `bwrap` (bubblewrap 0.8): `--unshare-all` (user, pid, net, ipc, uts, cgroup namespaces),
+  `--die-with-parent`, `--new-session`; the filesystem is a fresh root with /usr (and the
+  interpreter's prefix when it lives elsewhere) bound read-only, a private /proc, /dev and
+  tmpfs /tmp, and the per-run scratch dir as the *only* writable host path. /etc, /root,
+  /home and the rest of the host are simply absent. No network: only the namespace's own
+  loopback. Killing the outer bwrap tears down the pid namespace, so no process outlives a run.
+* `unshare` (util-linux) when bwrap is missing: pid/net/ipc/uts/mount namespaces with a
+  private /proc, but the host filesystem stays visible (protected only by running as an
+  unprivileged uid): weaker, and said so in the run info.
+* neither: refuse to run (RuntimeError) unless `insecure` is chosen explicitly (tests,
+  trusted code), which runs with rlimits only.
+
+Resource limits come from `prlimit` (address space, CPU seconds, file size, open files, no
+core dumps) on the outer process and are inherited by everything inside. When we are root,
+`setpriv` drops to a random unprivileged uid per run: root is exempt from RLIMIT_NPROC, the
+random uid makes the process cap count only this run's processes (a fork bomb in one run
+cannot starve another) and lets the host find and kill leftovers by uid. Not root: the
+harness sets RLIMIT_NPROC itself inside the user namespace. Output is read with a byte cap;
+past it the run is killed (`killed = "output_limit"`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rlvr.rewards.sandbox import Limits, RunResult
+
+SANDBOX_DIR = "/sandbox"
+PYLIB_DIR = "/opt/rlvr-pylib"
+_PYTEST_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py")
+_modes_cache: dict[str, bool] = {}
+
+
+def sandbox_python() -> str:
+    """Interpreter used inside the sandbox: $RLVR_SANDBOX_PYTHON, else /usr/bin/python3, else ours.
+
+    /usr/bin/python3 is preferred because /usr is bound anyway; our own interpreter may live
+    under /root (pyenv), and binding /root would expose the host's secrets, so only its
+    prefix is bound when it has to be used.
+    """
+    env = os.environ.get("RLVR_SANDBOX_PYTHON")
+    if env:
+        return env
+    if os.path.exists("/usr/bin/python3"):
+        return "/usr/bin/python3"
+    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+
+
+def _python_prefix(python: str) -> str | None:
+    """The directory to bind for an interpreter outside /usr (its install prefix)."""
+    real = os.path.realpath(python)
+    if real.startswith("/usr/"):
+        return None
+    prefix = os.path.dirname(os.path.dirname(real))
+    return prefix if prefix not in ("/", "") else os.path.dirname(real)
+
+
+def pytest_binds() -> list[tuple[str, str]]:
+    """(host path, sandbox path) pairs that make the host's pytest importable read-only."""
+    binds = []
+    for name in _PYTEST_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.origin:
+            continue
+        origin = Path(spec.origin)
+        src = origin.parent if origin.name == "__init__.py" else origin
+        binds.append((str(src), f"{PYLIB_DIR}/{src.name}"))
+    return binds
+
+
+def _probe(argv: list[str]) -> bool:
+    import subprocess
+
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def available_mode(requested: str = "auto") -> str:
+    """The isolation mode to use: bwrap, unshare or insecure; RuntimeError if none works.
+
+    `auto` probes bwrap, then unshare (once per process). `insecure` must be asked for by
+    name (reward_args `sandbox_mode = "insecure"` or env RLVR_SANDBOX_INSECURE=1).
+    """
+    if requested == "insecure" or os.environ.get("RLVR_SANDBOX_INSECURE") == "1":
+        return "insecure"
+    candidates = ["bwrap", "unshare"] if requested == "auto" else [requested]
+    for mode in candidates:
+        if mode not in _modes_cache:
+            tool = shutil.which(mode)
+            if tool is None:
+                _modes_cache[mode] = False
+            elif mode == "bwrap":
+                _modes_cache[mode] = _probe(
+                    [tool, "--unshare-all", "--die-with-parent", *_root_binds(), "--", "/bin/true"]
+                )
+            else:
+                _modes_cache[mode] = _probe([tool, "--fork", "--pid", "--net", "--mount", "--", "/bin/true"])
+        if _modes_cache[mode]:
+            return mode
+    raise RuntimeError(
+        f"no sandbox available (tried {', '.join(candidates)}): install bubblewrap (`apt-get install -y bubblewrap`) "
+        "or util-linux `unshare`; refusing to run model code unsandboxed. For trusted code in tests only, set "
+        "reward_args sandbox_mode = 'insecure' or RLVR_SANDBOX_INSECURE=1."
+    )
+
+
+def _root_binds() -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/lib", "/lib64", "/bin", "/sbin"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    return args
+
+
+class LocalSandbox:
+    """Runs `python -I -S -B <script>` in a fresh scratch dir under the chosen isolation."""
+
+    def __init__(self, *, mode: str = "auto", python: str | None = None, workdir: str | None = None):
+        self.mode = available_mode(mode)
+        self.python = python or sandbox_python()
+        self.workdir = workdir
+
+    def _uid(self) -> int | None:
+        if os.geteuid() != 0:
+            return None
+        return 100_000 + secrets.randbelow(1_000_000_000)
+
+    def command(
+        self,
+        scratch: str,
+        script: str,
+        *,
+        limits: Limits,
+        uid: int | None,
+        run_id: str,
+        ro_binds: list[tuple[str, str]],
+    ) -> list[str]:
+        """The argv for one run (public so tests and docs can show exactly what is executed)."""
+        cpu = int(limits.cpu_s or limits.timeout_s + 1)
+        argv = [
+            "prlimit",
+            f"--as={limits.memory_mb * 1024 * 1024}",
+            f"--cpu={max(1, cpu)}",
+            f"--fsize={limits.max_file_mb * 1024 * 1024}",
+            "--nofile=256",
+            "--core=0",
+        ]
+        if uid is not None:
+            argv.append(f"--nproc={limits.max_procs + 4}")  # + bwrap's own processes
+        argv.append("--")
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid is not None else []
+        if self.mode != "unshare":  # unshare needs root for its namespaces: it drops the uid after
+            argv += drop
+        inner = [self.python, "-I", "-S", "-B", script]
+        env = {"PATH": "/usr/bin:/bin", "HOME": SANDBOX_DIR, "LANG": "C.UTF-8", "RLVR_SANDBOX_RUN": run_id}
+        if self.mode == "bwrap":
+            argv += ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", *_root_binds()]
+            prefix = _python_prefix(self.python)
+            if prefix:
+                argv += ["--ro-bind", prefix, prefix]
+            argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", scratch, SANDBOX_DIR]
+            for src, dst in ro_binds:
+                argv += ["--ro-bind", src, dst]
+            argv += ["--chdir", SANDBOX_DIR, "--clearenv"]
+            for key, value in env.items():
+                argv += ["--setenv", key, value]
+            return [*argv, "--", *inner]
+        env["HOME"] = scratch
+        env_args = ["env", "-i", *(f"{k}={v}" for k, v in env.items())]
+        if self.mode == "unshare":
+            userns = [] if uid is not None else ["--user", "--map-root-user"]
+            return [*argv, "unshare", *userns, "--fork", "--pid", "--kill-child", "--mount-proc", "--net", "--ipc",
+                    "--uts", "--", *drop, *env_args, *inner]  # fmt: skip
+        return [*argv, *env_args, *inner]
+
+    async def run(
+        self,
+        files: dict[str, str],
+        script: str,
+        *,
+        limits: Limits,
+        ro_binds: list[tuple[str, str]] | None = None,
+    ) -> RunResult:
+        """Write `files` into a fresh scratch dir, run `script` there, clean up; never leaks processes."""
+        run_id = secrets.token_hex(8)
+        scratch = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=self.workdir)
+        uid = self._uid()
+        try:
+            for name, text in files.items():
+                Path(scratch, name).write_text(text)
+            if uid is not None:
+                for path in [scratch, *(os.path.join(scratch, n) for n in files)]:
+                    os.chown(path, uid, uid)
+            if self.mode != "bwrap":
+                ro_binds = []  # pytest only works under bwrap's binds; elsewhere the harness reports it missing
+            argv = self.command(scratch, script, limits=limits, uid=uid, run_id=run_id, ro_binds=ro_binds or [])
+            result = await self._execute(argv, cwd=scratch, limits=limits)
+            result.run_id = run_id
+            result.info.update({"mode": self.mode, "scratch": scratch})
+            return result
+        finally:
+            if uid is not None or self.mode != "bwrap":
+                reap(uid=uid, run_id=run_id)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    async def _execute(self, argv: list[str], *, cwd: str, limits: Limits) -> RunResult:
+        start = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        killed: list[str] = []
+
+        def kill(reason: str) -> None:
+            if not killed:
+                killed.append(reason)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        async def read(stream: asyncio.StreamReader | None, cap: int) -> bytes:
+            buf = bytearray()
+            if stream is None:
+                return b""
+            while chunk := await stream.read(65536):  # drain to EOF even past the cap: closes the transport
+                if len(buf) + len(chunk) > cap and not killed:
+                    kill("output_limit")
+                buf += chunk[: max(0, cap - len(buf))]
+            return bytes(buf)
+
+        tasks = asyncio.gather(read(proc.stdout, limits.max_output_bytes), read(proc.stderr, 65536), proc.wait())
+        try:
+            out, err, _ = await asyncio.wait_for(asyncio.shield(tasks), timeout=limits.timeout_s)
+        except TimeoutError:
+            kill("timeout")
+            try:  # a stray holding the pipes open (weaker modes) must not hang us: reap() follows
+                out, err, _ = await asyncio.wait_for(tasks, timeout=5)
+            except TimeoutError:
+                out, err = b"", b""
+        except asyncio.CancelledError:
+            kill("cancelled")
+            await asyncio.shield(proc.wait())
+            raise
+        finally:
+            if proc.returncode is None:
+                kill("cleanup")
+                await proc.wait()
+        return RunResult(
+            exit_code=proc.returncode,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            killed=killed[0] if killed else None,
+            seconds=time.perf_counter() - start,
+        )
+
+
+def reap(*, uid: int | None, run_id: str) -> int:
+    """Kill any process left by a run (found by its uid, or the run id in its environment).
+
+    Under bwrap the pid namespace already guarantees this; the sweep is the guarantee for
+    the weaker modes and a belt-and-braces check for the strong one. Returns how many died.
+    """
+    killed = 0
+    marker = f"RLVR_SANDBOX_RUN={run_id}".encode()
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            if uid is not None:
+                with open(f"/proc/{entry.name}/status", "rb") as f:
+                    status = f.read()
+                match = f"\nUid:\t{uid}\t".encode() in status
+            else:
+                with open(f"/proc/{entry.name}/environ", "rb") as f:
+                    match = marker in f.read()
+            if match:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+        except (OSError, ValueError):
+            continue
+    return killed

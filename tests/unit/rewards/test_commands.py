@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from rlvr.rewards.commands import app
+
+runner = CliRunner()
+
+
+def write_rows(path, rows):
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_list_shows_builtins():
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0
+    for name in ("math_rule", "code_sandbox", "llm_judge"):
+        assert name in result.output
+
+
+def test_check_scores_rows(tmp_path):
+    rows = write_rows(
+        tmp_path / "rows.jsonl",
+        [
+            {"id": "a", "tag": "m", "prompt": "1/2?", "ground_truth": "0.5", "completion": "\\boxed{\\frac12}"},
+            {
+                "id": "b",
+                "tag": "m",
+                "messages": [{"role": "user", "content": "q"}],
+                "ground_truth": "3",
+                "completion": "it is 4",
+            },
+        ],
+    )
+    result = runner.invoke(app, ["check", str(rows), "--reward", "math_rule", "--args", '{"timeout_s": 20}'])
+    assert result.exit_code == 0, result.output
+    assert "1.000" in result.output and "0.000" in result.output and "not equivalent" in result.output
+    assert "2 rows, mean score 0.500" in result.output
+
+
+def test_check_bad_row_is_one_line_exit_2(tmp_path):
+    rows = write_rows(tmp_path / "bad.jsonl", [{"id": "a", "prompt": "q", "completion": "x"}, "{not json"])
+    result = runner.invoke(app, ["check", str(rows), "--reward", "math_rule"])
+    assert result.exit_code == 2
+    assert f"{rows}:2:" in result.output and "Traceback" not in result.output
+    missing = write_rows(tmp_path / "missing.jsonl", [{"id": "a", "prompt": "q"}])
+    result = runner.invoke(app, ["check", str(missing), "--reward", "math_rule"])
+    assert result.exit_code == 2 and "missing 'completion'" in result.output
+
+
+def test_check_unknown_reward_and_bad_args(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "q", "completion": "x"}])
+    result = runner.invoke(app, ["check", str(rows), "--reward", "nope"])
+    assert result.exit_code == 2 and "known rewards" in result.output
+    result = runner.invoke(app, ["check", str(rows), "--reward", "math_rule", "--args", "[1]"])
+    assert result.exit_code == 2 and "JSON object" in result.output

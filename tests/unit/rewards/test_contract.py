@@ -1,0 +1,55 @@
+"""Every registered reward: hostile output never raises and yields a RewardResult in range."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr.rewards.base import safe_score
+from rlvr.rewards.registry import builtin_names, get_reward
+from rlvr.types import Completion, RewardResult
+
+from .conftest import make_completion, make_sample, sandbox_available
+
+GARBAGE = [
+    "",
+    "   \n\t",
+    "\x00\x01\ufffd" * 50,
+    "<think>" * 1000,
+    "</think>" * 3 + "\\boxed{" * 500,
+    "x" * 200_000,
+    "```python\n" + "print(1)\n" * 5000 + "```",
+    "```python\nimport sys; sys.exit(0)\n```",
+    "\\boxed{" + "}" * 100 + "{{{",
+    "The answer is " + "9" * 5000,
+    "🙂 ∑ ∫ \\frac{\\frac{\\frac{1}{2}}{3}}{",
+]
+
+ARGS = {
+    "math_rule": {"timeout_s": 20},
+    "code_sandbox": {"timeout_s": 5},
+    "llm_judge": {"judge_url": "http://127.0.0.1:9", "max_retries": 0, "timeout_s": 2},
+}
+
+
+@pytest.mark.parametrize("name", builtin_names())
+async def test_garbage_never_raises(name):
+    if name == "code_sandbox" and not sandbox_available():
+        pytest.skip("bubblewrap is not usable here")
+    fn = get_reward(name)
+    sample = make_sample(ground_truth="42", case_type="stdin_stdout", test_cases=[{"input": "", "output": "42"}])
+    for text in GARBAGE:
+        result = await fn(sample, make_completion(text), **ARGS.get(name, {}))
+        assert isinstance(result, RewardResult), (name, text[:30])
+        assert 0.0 <= result.score <= 1.0
+        if result.score == 0.0:
+            assert result.info.get("reason"), (name, text[:30], result.info)
+    odd = Completion(text=None, token_ids=[], logprobs=[])  # type: ignore[arg-type]
+    assert (await fn(sample, odd, **ARGS.get(name, {}))).score == 0.0
+
+
+async def test_safe_score_turns_exceptions_into_errors():
+    async def broken(sample, completion):
+        raise RuntimeError("bug in a plug-in")
+
+    result = await safe_score(broken, make_sample(), make_completion("x"))
+    assert result.score == 0.0 and result.info["error"] and "bug in a plug-in" in result.info["reason"]

@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from rlvr.rewards import llm_judge
+from rlvr.rewards.llm_judge import parse_rubric, parse_yes_no, score
+
+from .conftest import make_completion, make_sample
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("YES", 1.0), ("no", 0.0), ("At first I thought yes... final: NO", 0.0), ("**YES**", 1.0), ("maybe", None)],
+)
+def test_parse_yes_no(text, expected):
+    assert parse_yes_no(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("Score: 7", 0.7), ("I'd give it 8/10.", 0.8), ("**Score:** **9**", 0.9), ("Final score = 10", 1.0),
+     ("**6**", 0.6), ("5", 0.5), ("Score: 42", None), ("no idea", None)],
+)  # fmt: skip
+def test_parse_rubric(text, expected):
+    result = parse_rubric(text)
+    assert result == (pytest.approx(expected) if expected is not None else None)
+
+
+class Judge:
+    """A tiny OpenAI-compatible server; `script` lists per-request behaviours."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.script: list[str] = []
+        self.reply = "YES"
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"body": body, "auth": request.headers.get("Authorization")})
+        action = self.script.pop(0) if self.script else "ok"
+        if action == "500":
+            return web.Response(status=500, text="overloaded")
+        if action == "slow":
+            await asyncio.sleep(1.5)
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": self.reply}}]})
+
+
+@pytest.fixture
+async def judge():
+    server = Judge()
+    app = web.Application()
+
+    async def route(request):  # late-bound: tests swap server.handle
+        return await server.handle(request)
+
+    app.router.add_post("/v1/chat/completions", route)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    yield server
+    await runner.cleanup()
+
+
+async def test_reference_yes_and_no(judge, monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", "sk-test")
+    sample = make_sample(ground_truth="Paris", messages=[{"role": "user", "content": "Capital of France?"}])
+    result = await score(
+        sample,
+        make_completion("<think>hmm</think>It is Paris."),
+        judge_url=judge.url,
+        model="m",
+        api_key_env="JUDGE_KEY",
+    )
+    assert result.score == 1.0
+    sent = judge.requests[-1]
+    assert sent["auth"] == "Bearer sk-test" and sent["body"]["model"] == "m"
+    prompt = sent["body"]["messages"][0]["content"]
+    assert "Paris" in prompt and "Capital of France?" in prompt and "hmm" not in prompt
+    judge.reply = "The response says Lyon. NO"
+    assert (await score(sample, make_completion("Lyon"), judge_url=judge.url)).score == 0.0
+
+
+async def test_rubric_and_url_from_env(judge, monkeypatch):
+    monkeypatch.setenv("RLVR_JUDGE_URL", judge.url)
+    judge.reply = "Decent answer.\nScore: 7"
+    result = await score(make_sample(), make_completion("an essay"))
+    assert result.score == pytest.approx(0.7) and result.info["reason"] == "judge: rubric"
+
+
+async def test_retry_500_then_success(judge):
+    judge.script = ["500", "500"]
+    before = llm_judge.JUDGE_METRICS["retries"]
+    result = await score(make_sample(ground_truth="1"), make_completion("1"), judge_url=judge.url, backoff_s=0.01)
+    assert result.score == 1.0 and len(judge.requests) == 3
+    assert llm_judge.JUDGE_METRICS["retries"] - before == 2
+
+
+async def test_gives_up_after_retries(judge):
+    judge.script = ["500"] * 5
+    result = await score(
+        make_sample(ground_truth="1"), make_completion("1"), judge_url=judge.url, max_retries=1, backoff_s=0.01
+    )
+    assert result.score == 0.0 and "HTTP 500" in result.info["reason"] and len(judge.requests) == 2
+
+
+async def test_timeout_scores_zero_and_is_counted(judge):
+    judge.script = ["slow"]
+    before = llm_judge.JUDGE_METRICS["timeouts"]
+    result = await score(make_sample(ground_truth="1"), make_completion("1"), judge_url=judge.url, timeout_s=0.3)
+    assert result.score == 0.0 and result.info["reason"] == "timeout"
+    assert llm_judge.JUDGE_METRICS["timeouts"] == before + 1
+
+
+async def test_unparsable_and_unreachable(judge):
+    judge.reply = "I cannot decide."
+    result = await score(make_sample(ground_truth="1"), make_completion("1"), judge_url=judge.url)
+    assert result.score == 0.0 and result.info["reason"] == "unparsable judge answer"
+    closed = await score(
+        make_sample(ground_truth="1"),
+        make_completion("1"),
+        judge_url="http://127.0.0.1:9",
+        max_retries=1,
+        backoff_s=0.01,
+    )
+    assert closed.score == 0.0 and "judge error" in closed.info["reason"]
+
+
+async def test_concurrency_limit_per_url(judge):
+    in_flight = {"now": 0, "max": 0}
+    original = judge.handle
+
+    async def counting(request):
+        in_flight["now"] += 1
+        in_flight["max"] = max(in_flight["max"], in_flight["now"])
+        await asyncio.sleep(0.05)
+        try:
+            return await original(request)
+        finally:
+            in_flight["now"] -= 1
+
+    judge.handle = counting
+    sample = make_sample(ground_truth="1")
+    await asyncio.gather(
+        *(score(sample, make_completion("1"), judge_url=judge.url, max_concurrency=2) for _ in range(6))
+    )
+    assert len(judge.requests) == 6 and in_flight["max"] == 2

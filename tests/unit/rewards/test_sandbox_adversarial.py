@@ -1,0 +1,153 @@
+"""Hostile programs against the local sandbox: each is contained AND scores 0 with a reason.
+
+Runs through the public reward (`code_sandbox.score`) so what is tested is what training
+uses. "Contained" is checked on the host: files absent, listener untouched, the test's own
+processes alive, and no process of a sandbox uid (>= 100000, picked per run) left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rlvr.rewards.code_sandbox import score
+
+from .conftest import code_completion, make_sample, needs_bwrap
+
+pytestmark = needs_bwrap
+
+
+def sandbox_processes() -> list[int]:
+    """Live host pids whose real uid is in the sandbox range (other engineers' processes are not)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        zombie = fields.get("State", "").strip().startswith("Z")  # already dead, waiting for init to reap it
+        if not zombie and int(fields.get("Uid", "0").split()[0]) >= 100_000:
+            pids.append(int(entry.name))
+    return pids
+
+
+def assert_no_leftovers() -> None:
+    for _ in range(40):
+        if not sandbox_processes():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"sandbox processes survived the run: {sandbox_processes()}")
+
+
+async def run(code: str, *, expected: str = "ok", **args):
+    sample = make_sample(case_type="stdin_stdout", test_cases=[{"input": "", "output": expected}])
+    args.setdefault("timeout_s", 5)
+    result = await score(sample, code_completion(code), **args)
+    assert result.score == 0.0, result.info
+    assert result.info.get("reason") and result.info["reason"] != "all tests passed"
+    assert_no_leftovers()
+    return result
+
+
+async def test_fork_bomb():
+    result = await run("import os\nwhile True:\n    os.fork()", timeout_s=3, max_procs=16)
+    assert (
+        result.info["reason"] == "timeout"
+        or "BlockingIOError" in result.info["reason"]
+        or "Resource" in result.info["reason"]
+    )
+    assert subprocess.run(["true"]).returncode == 0  # the host can still fork
+
+
+async def test_busy_loop_times_out():
+    result = await run("while True:\n    pass", timeout_s=1)
+    assert result.info["reason"] == "timeout"
+
+
+async def test_ignoring_sigterm_does_not_help():
+    code = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+    result = await run(code, timeout_s=1)
+    assert result.info["reason"] == "timeout"
+
+
+async def test_memory_bomb():
+    result = await run("chunks = []\nwhile True:\n    chunks.append(bytearray(50_000_000))", memory_mb=256)
+    assert "MemoryError" in result.info["reason"] or "killed" in result.info["reason"], result.info
+
+
+async def test_writes_outside_scratch_do_not_reach_the_host(tmp_path):
+    name = f"pwned-{uuid.uuid4().hex}"
+    targets = [f"/tmp/{name}", str(tmp_path / name), f"{os.path.expanduser('~')}/{name}", f"/usr/{name}"]
+    code = f"targets = {targets!r}\nfor t in targets:\n    open(t, 'w').write('x')\nprint('ok')"
+    await run(code)
+    for target in targets:
+        assert not os.path.exists(target), target
+
+
+async def test_host_secrets_are_not_readable(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("hunter2")
+    os.chmod(secret, 0o644)
+    await run(f"print(open({str(secret)!r}).read())", expected="hunter2")
+    await run(
+        "print(open('/etc/shadow').read()[:10])",
+        expected=Path("/etc/shadow").read_text()[:10] if os.access("/etc/shadow", os.R_OK) else "x",
+    )
+    result = await run("import os\nprint(sorted(os.listdir('/')))", expected="anything")
+    assert result.info["reason"] == "wrong answer"
+
+
+async def test_no_network_to_the_host():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.3)
+    port = listener.getsockname()[1]
+    try:
+        code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\ns.sendall(b'hi')\nprint('ok')"
+        result = await run(code)
+        assert "Connection" in result.info["reason"] or "OSError" in result.info["reason"], result.info
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+async def test_killing_the_parent_and_everything_reachable():
+    bystander = subprocess.Popen(["sleep", "30"])
+    try:
+        code = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\nprint('ok')"
+        await run(code, expected="survived")
+        assert bystander.poll() is None  # a host process next to the test is still alive
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+async def test_huge_output_is_bounded():
+    result = await run("while True:\n    print('x' * 10000)", max_output_bytes=100_000)
+    assert result.info["reason"] == "output limit exceeded"
+
+
+async def test_setsid_and_double_fork_leave_nothing_behind():
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        open('child.pid', 'w').write(str(os.getpid()))\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.3)\n"
+        "print('escaped')\n"
+    )
+    await run(code, expected="ok")  # prints 'escaped', exits 0; the grandchild must die with the namespace
