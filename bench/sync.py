@@ -1,0 +1,165 @@
+"""Weight sync throughput: `BroadcastSync.push` end to end vs a raw gloo broadcast of the same bytes.
+
+    python bench/sync.py                         # ~70M-param Qwen3 (hidden 768, 8 layers), fp32
+    python bench/sync.py --hidden 512 --layers 8 --bucket-mb 64 --repeats 5
+
+Two processes: this one (trainer rank 0, one trainer rank: the FSDP2 gather is not what
+is measured) and an embedded server it starts from this same file (`--serve`), the real
+`rlvr.rollout.server` app plus one bench-only route, `/bench_raw`, that receives N bytes
+into a preallocated buffer over the *same* update group. So both numbers cross the same
+sockets between the same two processes; the ratio is the protocol's overhead: HTTP
+calls (pause, flush, one update per bucket, resume), per-tensor broadcasts, and the
+server's allocation + copy into the model. Each number is the best of `--repeats`
+(the CPU is shared). Prints GB/s for both and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def serve(model_dir: str, port: int) -> None:
+    """The server process: `rlvr serve`'s app plus /bench_raw."""
+    import torch
+    from aiohttp import web
+
+    from rlvr.rollout.embedded import EmbeddedEngine
+    from rlvr.rollout.server import ENGINE_KEY, create_app
+
+    engine = EmbeddedEngine(model_dir, max_batch=1, device="cpu", max_seq_len=64)
+    buffers: dict[int, torch.Tensor] = {}
+
+    def receive(nbytes: int, group_name: str, specs: list | None) -> None:
+        import torch.distributed as dist
+
+        from rlvr.rollout.dist import receive_broadcast
+
+        if specs:  # what the server's update does, minus the copy into the model
+            names, dtypes, shapes = zip(*specs, strict=True)
+            receive_broadcast(engine._weight_groups[group_name], names, dtypes, shapes, device="cpu")
+            return
+        buffer = buffers.setdefault(nbytes, torch.empty(nbytes, dtype=torch.uint8))
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        engine._weight_groups[group_name].broadcast([buffer], options).wait()
+
+    async def bench_raw(request: web.Request) -> web.Response:
+        body = await request.json()
+        await asyncio.to_thread(receive, int(body["nbytes"]), str(body["group_name"]), body.get("specs"))
+        return web.json_response({"success": True})
+
+    app = create_app(engine)
+    app.router.add_post("/bench_raw", bench_raw)
+    assert app[ENGINE_KEY] is engine
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--bucket-mb", type=float, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--serve", nargs=2, metavar=("MODEL_DIR", "PORT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve[0], int(args.serve[1]))
+        return
+
+    import aiohttp
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.recipe.schema import SyncConfig
+    from rlvr.rollout.sglang import SGLangClient
+    from rlvr.sync import make_weight_sync
+    from rlvr.tiny import build_tiny_model_dir
+    from rlvr.trainer.weights import iter_full_weights
+
+    torch.set_num_threads(1)
+    tmp = Path(tempfile.mkdtemp(prefix="rlvr-bench-sync-"))
+    model_dir = build_tiny_model_dir(tmp / "model", hidden_size=args.hidden, layers=args.layers, heads=8, kv_heads=4)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    params = sum(p.numel() for p in model.parameters())
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = (tmp / "server.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(model_dir), str(port)], env=env, stdout=log, stderr=log
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client = SGLangClient([url], timeout_s=120)
+        asyncio.run(client.wait_ready(timeout_s=180))
+        sync = make_weight_sync(SyncConfig(bucket_mb=int(args.bucket_mb), timeout_s=120), model=model, client=client)
+        nbytes = sum(s.nbytes for s in sync.specs)  # type: ignore[attr-defined]
+        sync_times, transfer_times, raw_times, fresh_times = [], [], [], []
+        raw = torch.empty(nbytes, dtype=torch.uint8)
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+
+        tensors = [t for _, t in iter_full_weights(model)]
+        specs = [[s.name, s.dtype, list(s.shape)] for s in sync.specs]  # type: ignore[attr-defined]
+
+        def send(group, per_tensor: bool) -> None:
+            works = [group.broadcast([t], options) for t in (tensors if per_tensor else [raw])]
+            for work in works:
+                work.wait()
+
+        async def raw_once(per_tensor: bool = False) -> float:
+            group = sync._group  # type: ignore[attr-defined]
+            payload = {"nbytes": nbytes, "group_name": sync._group_label, "specs": specs if per_tensor else None}  # type: ignore[attr-defined]
+            async with aiohttp.ClientSession() as session:
+                start = time.perf_counter()
+                request = asyncio.ensure_future(session.post(url + "/bench_raw", json=payload))
+                await asyncio.to_thread(send, group, per_tensor)
+                response = await request
+                assert response.status == 200, await response.text()
+                return time.perf_counter() - start
+
+        for version in range(args.repeats + 1):  # the first push builds the group: a warm-up
+            metrics = sync.push(version=version)
+            if version:
+                sync_times.append(metrics["sync/seconds"])
+                transfer_times.append(metrics["sync/transfer_seconds"])
+                raw_times.append(asyncio.run(raw_once()))
+                fresh_times.append(asyncio.run(raw_once(per_tensor=True)))
+        sync.close()
+        asyncio.run(client.close())
+        gb = nbytes / 1e9
+        best_sync, best_transfer, best_raw = min(sync_times), min(transfer_times), min(raw_times)
+        print(f"model: {params / 1e6:.1f}M params, fp32, {gb * 1e3:.0f} MB, buckets of {args.bucket_mb:g} MB")
+        print(f"raw gloo broadcast (same bytes, same processes): {gb / best_raw:.2f} GB/s ({best_raw * 1e3:.0f} ms)")
+        best_fresh = min(fresh_times)
+        print(f"per-tensor broadcast into fresh tensors (the server's receive, no load): {gb / best_fresh:.2f} GB/s")
+        print(f"sync end to end (pause..resume):               {gb / best_sync:.2f} GB/s ({best_sync * 1e3:.0f} ms)")
+        print(
+            f"sync transfer only (buckets, no pause/resume):  {gb / best_transfer:.2f} GB/s ({best_transfer * 1e3:.0f} ms)"
+        )
+        print(f"ratio end to end / raw: {best_raw / best_sync:.0%}   transfer / raw: {best_raw / best_transfer:.0%}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+if __name__ == "__main__":
+    main()

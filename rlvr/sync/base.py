@@ -1,0 +1,140 @@
+"""The weight-sync contract: how new trainer weights reach the rollout engines, and in what order.
+
+Ordering (every method keeps it, so the loop can reason about versions):
+
+1. **pause** generation on every engine (mode "abort": in-flight requests return at once
+   with finish_reason "abort"; SGLang's /flush_cache refuses while requests are queued, so
+   "retract" would make step 2 fail).
+2. **flush** the prefix/KV cache: cached prefixes were computed by the old weights.
+3. **push** the weights: bucket by bucket (broadcast), one folder (disk) or one copy (in
+   process). The new `version` is attached to the *last* bucket only, so an engine never
+   reports a version whose weights it has not fully received.
+4. **resume** generation.
+
+Versions: `push(version=v)` makes `v` the engines' `weight_version`; every completion
+carries the version that produced it (`Completion.policy_version`, from SGLang's
+`meta_info.weight_version`). The loop bounds off-policy lag with `SyncConfig.max_staleness`
+(`within_staleness`): a completion more than `max_staleness` versions behind is dropped.
+
+Collectives: `push` and `close` are called by *every* trainer rank (gathering full tensors
+from FSDP2 shards is collective); only trainer rank 0 talks to engines. Rank 0 broadcasts
+the outcome, so a failed sync raises `SyncError` on every rank, never on rank 0 alone.
+
+Failures: every HTTP call and collective has a timeout (`SyncConfig.timeout_s`). An engine
+that fails is reported by URL; `on_engine_failure = "fail"` raises, "continue" drops it
+(marks it dead in the client, so it serves no stale generations) and goes on with the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+MB = 1024 * 1024
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """What the RL loop calls after each train step, on every trainer rank."""
+
+    def push(self, *, version: int) -> dict[str, float]:
+        """Make the engines serve the trainer's current weights as `version`; returns metrics."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFailure:
+    """One engine that failed one stage of a sync."""
+
+    url: str
+    stage: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"{self.url} ({self.stage}): {self.error}"
+
+
+class SyncError(RuntimeError):
+    """A weight sync failed; `failures` names the engines (empty when the trainer side failed)."""
+
+    def __init__(self, message: str, failures: Sequence[EngineFailure] = ()):
+        super().__init__(message)
+        self.failures = list(failures)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """Name, dtype (SGLang's spelling: "float32") and shape of one tensor on the wire."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    itemsize: int
+
+    @property
+    def nbytes(self) -> int:
+        n = self.itemsize
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+def weight_specs(model: Any, *, dtype: Any = None, skip_tied: bool = True) -> list[TensorSpec]:
+    """The specs of what `rlvr.trainer.weights.iter_full_weights` yields, without communication.
+
+    Why: a bucket's HTTP request (names, dtypes, shapes) must be in flight *before* its
+    tensors are gathered and broadcast, so the plan is made from metadata: a DTensor's
+    `.shape` is the full (global) shape. The tied-weight rule mirrors `iter_full_weights`.
+    """
+    seen: set[int] = set()
+    specs = []
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if skip_tied:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+        target = dtype or tensor.dtype
+        specs.append(
+            TensorSpec(name, str(target).removeprefix("torch."), tuple(int(s) for s in tensor.shape), _itemsize(target))
+        )
+    return specs
+
+
+def _itemsize(dtype: Any) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def plan_buckets(specs: Iterable[TensorSpec], *, bucket_mb: float) -> list[list[TensorSpec]]:
+    """Split specs, in order, into buckets of at most `bucket_mb` MB.
+
+    Order is kept (the receiver gets tensors in the order the trainer gathers them); a
+    tensor larger than a bucket travels alone in its own bucket; no bucket is empty.
+    """
+    if bucket_mb <= 0:
+        raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+    limit = int(bucket_mb * MB)
+    buckets: list[list[TensorSpec]] = []
+    current: list[TensorSpec] = []
+    size = 0
+    for spec in specs:
+        if current and size + spec.nbytes > limit:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(spec)
+        size += spec.nbytes
+        if size >= limit:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def within_staleness(policy_version: int, *, current: int, max_staleness: int) -> bool:
+    """True when a completion made by `policy_version` may train the policy at `current`."""
+    return current - policy_version <= max_staleness

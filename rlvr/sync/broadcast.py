@@ -1,0 +1,413 @@
+"""Weight sync by collective broadcast: trainer rank 0 -> every engine rank, SGLang's protocol.
+
+Group: {trainer rank 0 (group rank 0, hosts the TCPStore), every engine rank}; world size
+1 + servers x ranks_per_server; gloo on CPU, NCCL on GPU. Rank 0 asks every server to
+`/init_weights_update_group` *while* joining itself (gloo's constructor blocks until all
+ranks are in), on a fresh port and a fresh group name each time it is (re)built.
+
+Wire format: SGLang's `/update_weights_from_distributed` receives each named tensor of a
+bucket by its own broadcast, in `names` order. SGLang also has a flattened form
+(`load_format="flattened_bucket"`: one uint8 broadcast per bucket), but `rlvr serve` and
+`SGLangClient` do not speak it, so each tensor is broadcast as is. That costs no copy on
+the trainer: a gathered tensor is sent straight from where it lies; only a dtype cast or a
+non-contiguous tensor goes through a preallocated flat staging buffer per dtype, reused
+across buckets and steps (fresh large allocations cost more than the copy, DESIGN.md).
+
+Overlap: for each bucket the HTTP request goes out first (on a private event-loop thread),
+then rank 0 gathers and broadcasts the bucket's tensors asynchronously (gathering tensor
+i+1 under FSDP2 overlaps broadcasting tensor i), then waits for the works and the answers.
+
+Failures: see `rlvr.sync.base`. A broken broadcast tears the group down on rank 0 (so
+healthy receivers stop waiting at once), rank 0 still gathers to the end (the other
+trainer ranks are in lockstep), and in "continue" mode the push is retried on a rebuilt
+group without the engines that failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlparse
+
+from rlvr.sync.base import EngineFailure, SyncError, TensorSpec, plan_buckets, weight_specs
+from rlvr.sync.engines import Engines
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def reachable_address(urls: list[str]) -> str:
+    """The address engines can reach this process at: loopback if they are all local, else
+    the interface the OS routes to the first remote engine through (no packet is sent).
+    `RLVR_SYNC_MASTER_ADDR` overrides."""
+    if os.environ.get("RLVR_SYNC_MASTER_ADDR"):
+        return os.environ["RLVR_SYNC_MASTER_ADDR"]
+    remote = [u for u in urls if (urlparse(u).hostname or "127.0.0.1") not in LOOPBACK]
+    if not remote:
+        return "127.0.0.1"
+    parsed = urlparse(remote[0])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((parsed.hostname, parsed.port or 80))
+        return sock.getsockname()[0]
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def _abort(group: Any) -> None:
+    """Close rank 0's end of a group so engines blocked in a broadcast fail now, not at their timeout."""
+    for method in ("abort", "shutdown"):
+        fn = getattr(group, method, None)
+        if fn is not None:
+            try:
+                fn()
+                return
+            except Exception:  # noqa: BLE001, S112 - try the next way; the group is being dropped anyway
+                continue
+
+
+class BroadcastSync:
+    """`WeightSync` over a {trainer rank 0, engine ranks} broadcast group (see the module docstring).
+
+    Every trainer rank constructs it and calls `push`; `client` (an `SGLangClient`) is needed
+    on rank 0 only. `dtype` casts on the wire (e.g. bf16 engines); `engine_factory(url)` and
+    `join` are seams for tests.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        client: Any = None,
+        timeout_s: float = 600.0,
+        bucket_mb: float = 256,
+        on_engine_failure: str = "fail",
+        dtype: Any = None,
+        backend: str | None = None,
+        master_address: str | None = None,
+        group_name: str = "rlvr_weights",
+        pause_mode: str = "abort",
+        engine_factory: Callable[[str], Any] | None = None,
+        join: Callable[..., Any] | None = None,
+    ):
+        import torch
+
+        from rlvr.trainer import dist as d
+
+        self.model = model
+        self.rank = d.rank()
+        self.dtype = dtype
+        self.timeout_s = float(timeout_s)
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self.device = "cpu" if self.backend == "gloo" else None
+        self.specs = weight_specs(model, dtype=dtype)
+        self.buckets = plan_buckets(self.specs, bucket_mb=bucket_mb)
+        self.group_name = group_name
+        self.pause_mode = pause_mode
+        self.engines: Engines | None = None
+        if self.rank == 0:
+            if client is None:
+                raise ValueError("BroadcastSync needs the rollout client on trainer rank 0")
+            self.engines = Engines(client, timeout_s=timeout_s, on_failure=on_engine_failure, factory=engine_factory)
+        self.master_address = master_address
+        self._join = join
+        self._group: Any = None
+        self._group_label = ""
+        self._members: list[str] = []
+        self._generation = 0
+        self._staging: dict[Any, Any] = {}
+        self._fatal: str | None = None
+
+    # -- the Protocol --------------------------------------------------------------------
+
+    def push(self, *, version: int) -> dict[str, float]:
+        """Collective: pause -> flush -> broadcast every bucket -> resume; returns metrics on every rank."""
+        from rlvr.trainer import dist as d
+
+        start = time.monotonic()
+        attempts = 0
+        while True:
+            attempts += 1
+            decision = self._prepare(version) if self.rank == 0 else None
+            decision = d.broadcast_object(decision)
+            assert isinstance(decision, dict)
+            if decision["state"] == "fail":
+                raise SyncError(decision["message"], [EngineFailure(*f) for f in decision["failures"]])
+            transfer_start = time.monotonic()
+            failures = self._transfer(version)
+            transfer_s = time.monotonic() - transfer_start
+            decision = self._finish(version, failures) if self.rank == 0 else None
+            decision = d.broadcast_object(decision)
+            assert isinstance(decision, dict)
+            if decision["state"] == "fail":
+                raise SyncError(decision["message"], [EngineFailure(*f) for f in decision["failures"]])
+            if decision["state"] == "ok":
+                break
+        total_bytes = sum(s.nbytes for s in self.specs)
+        return {
+            "sync/seconds": time.monotonic() - start,
+            "sync/transfer_seconds": transfer_s,
+            "sync/gb": total_bytes / 1e9,
+            "sync/gb_per_s": total_bytes / 1e9 / max(transfer_s, 1e-9),
+            "sync/buckets": float(len(self.buckets)),
+            "sync/engines": float(decision["engines"]),
+            "sync/dropped_engines": float(decision["dropped"]),
+            "sync/attempts": float(attempts),
+            "sync/version": float(version),
+        }
+
+    def close(self) -> None:
+        self._drop_group()
+        if self.engines is not None:
+            self.engines.close()
+
+    # -- rank 0: before the transfer -----------------------------------------------------
+
+    def _prepare(self, version: int) -> dict[str, Any]:
+        """Rank 0: (re)build the group if membership changed, then pause and flush every engine."""
+        engines = self.engines
+        assert engines is not None
+        try:
+            for _ in range(len(engines.live()) + 2):
+                members = engines.live()
+                if not members:
+                    raise SyncError(f"weight sync to version {version}: no live rollout engine")
+                if self._group is None or members != self._members:
+                    failures = self._rebuild(members)
+                    if failures:
+                        engines.handle(failures, version=version)
+                        continue
+                failures = engines.call(members, "pause", "pause", self.pause_mode)
+                failures += engines.call(
+                    [m for m in members if m not in {f.url for f in failures}], "flush", "flush_cache"
+                )
+                if failures:
+                    engines.handle(failures, version=version)
+                    continue
+                return {"state": "go"}
+            raise SyncError(f"weight sync to version {version}: engines kept failing during setup")
+        except SyncError as exc:
+            return self._fail(exc)
+        except Exception as exc:  # noqa: BLE001 - every rank must learn that rank 0 failed
+            log.exception("weight sync setup failed")
+            return self._fail(SyncError(f"weight sync to version {version} failed on trainer rank 0: {exc!r}"))
+
+    def _fail(self, exc: SyncError) -> dict[str, Any]:
+        return {
+            "state": "fail",
+            "message": str(exc),
+            "failures": [(f.url, f.stage, f.error) for f in exc.failures],
+        }
+
+    def _rebuild(self, members: list[str]) -> list[EngineFailure]:
+        """Create a fresh group with `members`; returns the engines that failed to join."""
+        from rlvr.rollout.dist import join_group
+
+        engines = self.engines
+        assert engines is not None
+        self._drop_group()
+        self._generation += 1
+        label = self.group_name if self._generation == 1 else f"{self.group_name}-{self._generation}"
+        address = self.master_address or reachable_address(members)
+        port = free_port(address)
+        rps = engines.ranks_per_server
+        world = 1 + len(members) * rps
+        offsets = {url: 1 + i * rps for i, url in enumerate(members)}
+        futures = engines.submit(
+            members,
+            "init_weights_update_group",
+            master_address=address,
+            master_port=port,
+            world_size=world,
+            group_name=label,
+            backend=self.backend,
+            per_url=lambda url: {"rank_offset": offsets[url]},
+        )
+        holder: dict[str, Any] = {}
+        join = self._join or join_group
+
+        def host() -> None:
+            try:
+                holder["group"] = join(
+                    master_address=address,
+                    master_port=port,
+                    rank=0,
+                    world_size=world,
+                    group_name=label,
+                    backend=self.backend,
+                    timeout_s=self.timeout_s,
+                )
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                holder["error"] = exc
+
+        thread = threading.Thread(target=host, name="rlvr-sync-join", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + self.timeout_s
+        # Wait for the join, but stop early once an engine has answered with a failure:
+        # the others then wait for it in vain until the timeout.
+        while thread.is_alive() and time.monotonic() < deadline:
+            thread.join(timeout=0.05)
+            done = {u: f for u, f in futures.items() if f.done()}
+            if done and engines.collect(done, "init_weights_update_group", timeout_s=0):
+                break
+        if not thread.is_alive() and "group" in holder:
+            failures = engines.collect(futures, "init_weights_update_group")
+            if not failures:
+                self._group, self._group_label, self._members = holder["group"], label, list(members)
+                log.info("weight sync group %s: %d engines, world %d, %s:%d", label, len(members), world, address, port)
+                return []
+            _abort(holder["group"])
+            return failures
+        done = {u: f for u, f in futures.items() if f.done()}
+        failures = engines.collect(done, "init_weights_update_group", timeout_s=0)
+        if failures:
+            return failures
+        if "error" in holder:
+            why = f"group {label} at {address}:{port} failed: {holder['error']!r}"
+        else:
+            why = f"did not join group {label} at {address}:{port} within {self.timeout_s:g}s"
+        return [EngineFailure(url, "init_weights_update_group", why) for url in futures if not futures[url].done()] or [
+            EngineFailure(url, "init_weights_update_group", why) for url in members
+        ]
+
+    def _drop_group(self) -> None:
+        if self._group is not None:
+            _abort(self._group)
+        self._group, self._members = None, []
+
+    # -- every rank: the transfer --------------------------------------------------------
+
+    def _weights(self) -> Iterator[tuple[str, Any]]:
+        from rlvr.trainer.weights import iter_full_weights
+
+        return iter_full_weights(self.model, dtype=None, device=self.device)
+
+    def _transfer(self, version: int) -> list[EngineFailure]:
+        """Gather every tensor (all ranks, lockstep); rank 0 also broadcasts. Returns rank 0's failures."""
+        weights = self._weights()
+        if self.rank != 0:
+            for _ in weights:
+                pass
+            return []
+        failures: list[EngineFailure] = []
+        self._fatal = None
+        try:
+            failures = self._send(weights, version)
+        except Exception as exc:  # noqa: BLE001 - every rank must learn that rank 0 failed
+            log.exception("weight sync transfer failed")
+            self._drop_group()
+            self._fatal = f"weight sync to version {version} failed on trainer rank 0: {exc!r}"
+        finally:
+            for _ in weights:  # keep the other trainer ranks' all-gathers company after a failure
+                pass
+        return failures
+
+    def _send(self, weights: Iterator[tuple[str, Any]], version: int) -> list[EngineFailure]:
+        import torch.distributed as dist
+
+        engines, group = self.engines, self._group
+        assert engines is not None and group is not None
+        members = list(self._members)
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        wait = timedelta(seconds=self.timeout_s)
+        for index, bucket in enumerate(self.buckets):
+            last = index == len(self.buckets) - 1
+            futures = engines.submit(
+                members,
+                "update_weights_from_distributed",
+                [s.name for s in bucket],
+                [s.dtype for s in bucket],
+                [list(s.shape) for s in bucket],
+                group_name=self._group_label,
+                version=version if last else None,
+                flush_cache=last,
+            )
+            error: BaseException | None = None
+            works: list[tuple[Any, Any]] = []
+            offsets: dict[str, int] = {}
+            try:
+                for spec in bucket:
+                    name, tensor = next(weights)
+                    if name != spec.name:
+                        raise RuntimeError(f"weight order changed: expected {spec.name}, got {name}")
+                    tensor = self._stage(tensor, spec, offsets)
+                    works.append((group.broadcast([tensor], options), tensor))
+                for work, _ in works:
+                    work.wait(wait)
+            except BaseException as exc:  # noqa: BLE001 - a broken collective is an engine failure to attribute
+                error = exc
+                _abort(group)  # receivers blocked on the rest of the bucket fail now
+            failures = engines.collect(
+                futures, f"update_weights_from_distributed (bucket {index + 1}/{len(self.buckets)})"
+            )
+            if error is not None or failures:
+                self._drop_group()
+                return self._culprits(members, failures, error)
+        return []
+
+    def _stage(self, tensor: Any, spec: TensorSpec, offsets: dict[str, int]) -> Any:
+        """The tensor to send: itself when it already has the wire dtype and layout, else a
+        slice of the preallocated flat buffer of that dtype (reused by every bucket)."""
+        import torch
+
+        target = getattr(torch, spec.dtype)
+        if tensor.dtype == target and tensor.is_contiguous():
+            return tensor
+        numel = tensor.numel()
+        start = offsets.get(spec.dtype, 0)
+        offsets[spec.dtype] = start + numel
+        buffer = self._staging.get(spec.dtype)
+        if buffer is None or buffer.device != tensor.device:
+            largest = max(sum(s.nbytes for s in b if s.dtype == spec.dtype) for b in self.buckets)
+            buffer = torch.empty(largest // spec.itemsize, dtype=target, device=tensor.device)
+            self._staging[spec.dtype] = buffer
+        view = buffer[start : start + numel].view(spec.shape)
+        view.copy_(tensor)
+        return view
+
+    def _culprits(
+        self, members: list[str], failures: list[EngineFailure], error: BaseException | None
+    ) -> list[EngineFailure]:
+        """Which engines to blame. A broken broadcast makes healthy receivers fail too (rank 0
+        tore the group down), so blame those that no longer answer /health, else those that
+        never answered, else every failure."""
+        engines = self.engines
+        assert engines is not None
+        if error is None:
+            return failures
+        detail = f"broadcast failed: {type(error).__name__}: {error}"
+        suspects = failures or [EngineFailure(u, "update_weights_from_distributed", detail) for u in members]
+        healthy = engines.healthy([f.url for f in suspects])
+        dead = [
+            EngineFailure(f.url, f.stage, f"{f.error} (no /health; {detail})") for f in suspects if f.url not in healthy
+        ]
+        silent = [f for f in suspects if "no answer within" in f.error]
+        return dead or silent or suspects
+
+    # -- rank 0: after the transfer ------------------------------------------------------
+
+    def _finish(self, version: int, failures: list[EngineFailure]) -> dict[str, Any]:
+        engines = self.engines
+        assert engines is not None
+        try:
+            if self._fatal:
+                raise SyncError(self._fatal)
+            if failures:
+                engines.handle(failures, version=version)  # raises in fail mode
+                return {"state": "retry"}
+            failures = engines.call(self._members, "resume", "resume")
+            engines.handle(failures, version=version)
+            return {"state": "ok", "engines": len(engines.live()), "dropped": len(engines.dropped)}
+        except SyncError as exc:
+            return self._fail(exc)

@@ -1,0 +1,186 @@
+"""Per-engine HTTP control for a sync: concurrent calls with deadlines, failures named by URL.
+
+Why not call the loop's `SGLangClient` directly: its fan-out raises one error for all
+servers and cannot exclude one, while a sync must know *which* engine failed (to drop it
+with on_engine_failure = "continue") and must overlap HTTP with the trainer's broadcast
+on the calling thread. So each engine gets a one-URL client (same API key, same
+ranks_per_server) living on a private event-loop thread: `submit` returns at once,
+`collect` waits with a deadline. That also keeps `push` synchronous and independent of
+whatever event loop the RL loop runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rlvr.sync.base import EngineFailure, SyncError
+
+log = logging.getLogger(__name__)
+
+Futures = dict[str, "cf.Future[Any]"]
+
+
+class _LoopThread:
+    """An asyncio loop on a daemon thread, for running coroutines from synchronous code."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="rlvr-sync-http", daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Any) -> cf.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+def _default_factory(parent: Any, timeout_s: float) -> Callable[[str], Any]:
+    def make(url: str) -> Any:
+        from rlvr.rollout.sglang import SGLangClient
+
+        return SGLangClient(
+            [url],
+            api_key=getattr(parent, "api_key", None),
+            timeout_s=timeout_s,
+            max_retries=0,
+            ranks_per_server=getattr(parent, "ranks_per_server", 1),
+        )
+
+    return make
+
+
+class Engines:
+    """The engines a sync drives: who is live, calls with deadlines, and the failure policy.
+
+    `client` is the loop's client (anything with `live_servers`; an `SGLangClient`): its
+    live servers are the candidates, minus those this sync already dropped. `factory(url)`
+    builds a one-engine client (tests pass fakes).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        timeout_s: float,
+        on_failure: str = "fail",
+        factory: Callable[[str], Any] | None = None,
+    ):
+        if on_failure not in ("fail", "continue"):
+            raise ValueError(f"on_engine_failure must be fail or continue, got {on_failure!r}")
+        self.client = client
+        self.timeout_s = timeout_s
+        self.on_failure = on_failure
+        self.ranks_per_server = int(getattr(client, "ranks_per_server", 1))
+        self.dropped: dict[str, EngineFailure] = {}
+        self._factory = factory or _default_factory(client, timeout_s)
+        self._clients: dict[str, Any] = {}
+        self._loop = _LoopThread()
+
+    # -- membership ----------------------------------------------------------------------
+
+    def live(self) -> list[str]:
+        urls = list(getattr(self.client, "live_servers", None) or getattr(self.client, "urls", []))
+        return [u for u in urls if u not in self.dropped]
+
+    def one(self, url: str) -> Any:
+        if url not in self._clients:
+            self._clients[url] = self._factory(url)
+        return self._clients[url]
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def submit(
+        self, urls: Sequence[str], method: str, *args: Any, per_url: Callable[[str], dict] | None = None, **kw: Any
+    ) -> Futures:
+        """Start `method(*args, **kw)` on every engine now; `per_url(url)` adds per-engine kwargs."""
+        futures: Futures = {}
+        for url in urls:
+            extra = per_url(url) if per_url else {}
+            futures[url] = self._loop.submit(getattr(self.one(url), method)(*args, **kw, **extra))
+        return futures
+
+    def collect(self, futures: Futures, stage: str, *, timeout_s: float | None = None) -> list[EngineFailure]:
+        """Wait for every call (one shared deadline); returns the failures, never raises."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        failures = []
+        for url, future in futures.items():
+            try:
+                result = future.result(timeout=max(0.0, deadline - time.monotonic()))
+                if isinstance(result, dict) and result.get("success") is False:
+                    failures.append(EngineFailure(url, stage, str(result.get("message"))))
+            except cf.TimeoutError:
+                future.cancel()
+                failures.append(EngineFailure(url, stage, f"no answer within {self.timeout_s:g}s"))
+            except BaseException as exc:  # noqa: BLE001 - any engine error is reported, not raised here
+                failures.append(EngineFailure(url, stage, f"{type(exc).__name__}: {exc}"))
+        return failures
+
+    def call(self, urls: Sequence[str], stage: str, method: str, *args: Any, **kw: Any) -> list[EngineFailure]:
+        return self.collect(self.submit(urls, method, *args, **kw), stage)
+
+    def healthy(self, urls: Sequence[str]) -> set[str]:
+        """The engines that answer /health within min(10 s, timeout)."""
+        futures = self.submit(urls, "health")
+        ok = set()
+        for url, future in futures.items():
+            try:
+                if future.result(timeout=min(10.0, self.timeout_s)):
+                    ok.add(url)
+            except BaseException:  # noqa: BLE001
+                future.cancel()
+        return ok
+
+    # -- policy --------------------------------------------------------------------------
+
+    def handle(self, failures: Sequence[EngineFailure], *, version: int) -> None:
+        """Raise (fail mode) or drop the failed engines (continue mode; raises if none is left)."""
+        if not failures:
+            return
+        detail = "; ".join(str(f) for f in failures)
+        if self.on_failure == "fail":
+            raise SyncError(f"weight sync to version {version} failed: {detail}", failures)
+        for failure in failures:
+            if failure.url not in self.dropped:
+                log.warning("weight sync: dropping engine %s", failure)
+                self.dropped[failure.url] = failure
+                self._mark_dead(failure.url)
+        if not self.live():
+            raise SyncError(f"weight sync to version {version}: no engine left ({detail})", failures)
+
+    def _mark_dead(self, url: str) -> None:
+        """Tell the loop's client to stop routing generations to `url` (it has stale weights).
+
+        Best effort, by duck typing: `mark_dead(url)` if the client has it, else the
+        `alive` flag of its server record.
+        """
+        mark = getattr(self.client, "mark_dead", None)
+        if callable(mark):
+            mark(url)
+            return
+        for server in getattr(self.client, "servers", []) or []:
+            if getattr(server, "url", None) == url and hasattr(server, "alive"):
+                server.alive = False
+                if hasattr(server, "dead_since"):
+                    server.dead_since = time.monotonic()
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            close = getattr(client, "close", None)
+            if close is not None:
+                with contextlib.suppress(BaseException):  # closing is best effort
+                    self._loop.submit(close()).result(timeout=5)
+        self._clients.clear()
+        self._loop.close()

@@ -1,0 +1,70 @@
+"""Weight sync into an `EmbeddedEngine` living in the trainer's own process (rank 0).
+
+Colocated runs (the CPU quickstart, one-GPU debugging) need no group, no HTTP and no
+serialisation: gathered tensors are copied straight into the engine's parameters with
+its `load_state_dict` (which holds the engine's step lock, so no decode step sees half
+new weights). Under FSDP2 the copy goes in buckets of `bucket_mb`, so rank 0 never holds
+a second full model; the version is set with the last bucket.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rlvr.sync.base import MB
+
+
+class InProcessSync:
+    """`WeightSync` for an in-process engine (`engine` on trainer rank 0; None elsewhere)."""
+
+    def __init__(
+        self, model: Any, *, engine: Any = None, bucket_mb: float = 256, dtype: Any = None, pause_mode: str = "abort"
+    ):
+        from rlvr.trainer import dist as d
+
+        self.model = model
+        self.rank = d.rank()
+        if self.rank == 0 and engine is None:
+            raise ValueError("InProcessSync needs the in-process engine on trainer rank 0")
+        self.engine = engine if self.rank == 0 else None
+        self.limit = int(bucket_mb * MB)
+        self.dtype = dtype
+        self.pause_mode = pause_mode
+
+    def push(self, *, version: int) -> dict[str, float]:
+        from rlvr.trainer.weights import iter_full_weights
+
+        start = time.monotonic()
+        engine = self.engine
+        device = getattr(engine, "device", "cpu") if engine is not None else None
+        total = 0
+        if engine is not None:
+            engine.pause_sync(self.pause_mode)
+        try:
+            bucket: list[tuple[str, Any]] = []
+            size = 0
+            for name, tensor in iter_full_weights(self.model, dtype=self.dtype, device=device):
+                if engine is None:
+                    continue
+                bucket.append((name, tensor))
+                size += tensor.numel() * tensor.element_size()
+                total += tensor.numel() * tensor.element_size()
+                if size >= self.limit:
+                    engine.load_state_dict(bucket, version=None)
+                    bucket, size = [], 0
+            if engine is not None:
+                engine.load_state_dict(bucket, version=str(version))
+        finally:
+            if engine is not None:
+                engine.resume_sync()
+        seconds = time.monotonic() - start
+        return {
+            "sync/seconds": seconds,
+            "sync/gb": total / 1e9,
+            "sync/gb_per_s": total / 1e9 / max(seconds, 1e-9),
+            "sync/version": float(version),
+        }
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,170 @@
+"""BroadcastSync against recording fake engines and a fake group (no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr.sync import SyncError, WeightSync
+from rlvr.sync.base import plan_buckets, weight_specs
+from rlvr.sync.broadcast import BroadcastSync
+from rlvr.trainer.weights import iter_full_weights
+
+from .conftest import ParentClient
+
+A, B = "http://10.0.0.1:30000", "http://10.0.0.2:30000"
+BUCKET_MB = 16 * 8 * 4 / 2**20  # the embedding's size: the model travels in 3 buckets
+
+
+def make(harness, model, client, **kw) -> BroadcastSync:
+    kw.setdefault("timeout_s", 5)
+    return BroadcastSync(
+        model,
+        client=client,
+        bucket_mb=BUCKET_MB,
+        master_address="127.0.0.1",
+        backend="gloo",
+        engine_factory=harness.factory,
+        join=harness.join,
+        **kw,
+    )
+
+
+def test_order_versions_and_payloads(harness, model) -> None:
+    sync = make(harness, model, ParentClient([A]))
+    assert isinstance(sync, WeightSync)
+    metrics = sync.push(version=3)
+    sync.close()
+    calls = harness.calls(A)
+    buckets = plan_buckets(weight_specs(model), bucket_mb=BUCKET_MB)
+    assert len(buckets) == 3
+    n = len(buckets)
+    assert calls == [
+        "init_weights_update_group",
+        "pause",
+        "flush_cache",
+        *["update_weights_from_distributed"] * n,
+        "resume",
+    ]
+    updates = [f for _, m, f in harness.log if m == "update_weights_from_distributed"]
+    # version and flush only with the last bucket: an engine never claims weights it lacks
+    assert [u["version"] for u in updates] == [None] * (n - 1) + [3]
+    assert [u["flush_cache"] for u in updates] == [False] * (n - 1) + [True]
+    assert [name for u in updates for name in u["names"]] == [s.name for s in weight_specs(model)]
+    shapes = {n: s for u in updates for n, s in zip(u["names"], u["shapes"], strict=True)}
+    assert shapes["embed.weight"] == [16, 8] and shapes["scale"] == [8] and updates[0]["dtypes"][0] == "float32"
+    # what went over the group is the model's weights, in the announced order
+    expected = list(iter_full_weights(model))
+    assert len(harness.sent) == len(expected)
+    for sent, (_, tensor) in zip(harness.sent, expected, strict=True):
+        assert torch.equal(sent, tensor)
+    init = harness.log[0][2]
+    assert init["world_size"] == 2 and init["rank_offset"] == 1 and init["backend"] == "gloo"
+    assert init["master_address"] == "127.0.0.1" and init["group_name"] == harness.groups[0].kw["group_name"]
+    assert harness.groups[0].kw["rank"] == 0 and harness.groups[0].kw["world_size"] == 2
+    assert metrics["sync/version"] == 3 and metrics["sync/engines"] == 1 and metrics["sync/gb"] > 0
+
+
+def test_group_is_reused_and_ranks_follow_ranks_per_server(harness, model) -> None:
+    sync = make(harness, model, ParentClient([A, B], ranks_per_server=2))
+    sync.push(version=1)
+    sync.push(version=2)
+    sync.close()
+    inits = [(u, f) for u, m, f in harness.log if m == "init_weights_update_group"]
+    assert [(u, f["rank_offset"], f["world_size"]) for u, f in inits] == [(A, 1, 5), (B, 3, 5)]
+    assert len(harness.groups) == 1 and harness.groups[0].aborted  # closed on close()
+    assert harness.calls(B).count("resume") == 2
+
+
+def test_bf16_wire_casts_through_the_reused_staging_buffer(harness, model) -> None:
+    sync = make(harness, model, ParentClient([A]), dtype=torch.bfloat16)
+    sync.push(version=1)
+    first = dict(sync._staging)
+    sync.push(version=2)
+    assert sync._staging.keys() == {"bfloat16"} and sync._staging["bfloat16"] is first["bfloat16"]
+    expected = [t.to(torch.bfloat16) for _, t in iter_full_weights(model)]
+    for sent, tensor in zip(harness.sent[len(expected) :], expected, strict=True):
+        assert sent.dtype == torch.bfloat16 and torch.equal(sent, tensor)
+    sync.close()
+
+
+@pytest.mark.parametrize("how", ["raise", "refuse"])
+def test_fail_mode_names_the_engine(harness, model, how) -> None:
+    harness.behave[B] = {"pause": how}
+    sync = make(harness, model, ParentClient([A, B]))
+    with pytest.raises(SyncError, match=B) as info:
+        sync.push(version=1)
+    assert [f.url for f in info.value.failures] == [B] and info.value.failures[0].stage == "pause"
+    assert "update_weights_from_distributed" not in harness.calls()
+    sync.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_engine_that_never_answers_fails_within_the_timeout(harness, model) -> None:
+    harness.behave[B] = {"update_weights_from_distributed": "hang"}
+    sync = make(harness, model, ParentClient([A, B]), timeout_s=0.5)
+    with pytest.raises(SyncError, match=f"{B}.*no answer within 0.5s"):
+        sync.push(version=1)
+    sync.close()
+
+
+def test_continue_mode_drops_the_failed_engine_and_retries(harness, model) -> None:
+    harness.behave[B] = {"update_weights_from_distributed": "raise"}
+    client = ParentClient([A, B])
+    sync = make(harness, model, client, on_engine_failure="continue")
+    metrics = sync.push(version=4)
+    assert metrics["sync/engines"] == 1 and metrics["sync/dropped_engines"] == 1 and metrics["sync/attempts"] == 2
+    assert client.live_servers == [A]  # no stale generations from B
+    inits = [(u, f["world_size"], f["group_name"]) for u, m, f in harness.log if m == "init_weights_update_group"]
+    assert [(u, w) for u, w, _ in inits] == [(A, 3), (B, 3), (A, 2)]
+    assert inits[0][2] != inits[2][2]  # a rebuilt group gets a fresh name
+    calls = harness.calls(A)
+    assert calls[-1] == "resume" and calls.count("resume") == 1
+    updates = [f for u, m, f in harness.log if u == A and m == "update_weights_from_distributed"]
+    assert updates[-1]["version"] == 4
+    sync.push(version=5)  # the next push reuses the rebuilt group
+    assert len(harness.groups) == 2
+    sync.close()
+
+
+def test_a_broken_broadcast_blames_the_engine_that_lost_its_health(harness, model) -> None:
+    harness.fail_broadcast_at = 1
+    harness.behave[B] = {"update_weights_from_distributed": "raise", "health": "raise"}
+    harness.behave[A] = {}
+    client = ParentClient([A, B])
+    sync = make(harness, model, client, on_engine_failure="continue")
+
+    # A also fails the bucket (its receive broke when rank 0 tore the group down) but stays healthy
+    def fail_a_once(url: str):
+        engine = harness.factory(url)
+        if url == A:
+            original = engine.update_weights_from_distributed
+            state = {"n": 0}
+
+            async def update(*args, **kw):
+                state["n"] += 1
+                if state["n"] == 1:
+                    raise RuntimeError("Connection closed by peer")
+                return await original(*args, **kw)
+
+            engine.update_weights_from_distributed = update  # type: ignore[method-assign]
+        return engine
+
+    sync.engines._factory = fail_a_once  # type: ignore[union-attr]
+    sync.push(version=2)
+    assert harness.groups[0].aborted
+    assert client.live_servers == [A] and list(sync.engines.dropped) == [B]  # type: ignore[union-attr]
+    sync.close()
+
+
+def test_no_engine_left_raises_even_in_continue_mode(harness, model) -> None:
+    harness.behave[A] = {"flush_cache": "raise"}
+    sync = make(harness, model, ParentClient([A]), on_engine_failure="continue")
+    with pytest.raises(SyncError, match="no engine left"):
+        sync.push(version=1)
+    sync.close()
+
+
+def test_a_client_is_required_on_rank_0(model) -> None:
+    with pytest.raises(ValueError, match="client"):
+        BroadcastSync(model, client=None)
