@@ -147,7 +147,57 @@ def launch(
         except LaunchError as exc:
             raise fail(str(exc)) from None
         raise typer.Exit(code)
-    raise fail("cluster.kind = 'slurm' is not wired into this build yet")
+    from rlvr.launch.slurm import SlurmError
+    from rlvr.launch.slurm import launch as launch_slurm
+
+    try:
+        code = launch_slurm(resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), dashboard=dashboard)
+    except SlurmError as exc:
+        raise fail(str(exc)) from None
+    raise typer.Exit(code=code)
+
+
+@app.command()
+def sbatch(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    out: Annotated[Path | None, typer.Option(help="Write the script here (default: RUN_DIR/job.sbatch).")] = None,
+    submit: Annotated[bool, typer.Option("--submit", help="Also submit it with sbatch.")] = False,
+) -> None:
+    """Write a plain, commented sbatch script (and the resolved recipe) for submitting by hand."""
+    import subprocess
+
+    from rlvr.launch.plan import PlanError, make_plan
+    from rlvr.launch.sbatch import write_sbatch
+    from rlvr.recipe.load import resolved_json
+
+    resolved = load_or_exit(recipe, set_)
+    if resolved.cluster.kind != "slurm":
+        raise fail(
+            f"{recipe}: cluster.kind is {resolved.cluster.kind!r}; rlvr sbatch needs 'slurm' (--set cluster.kind=slurm)"
+        )
+    try:
+        make_plan(resolved)
+    except PlanError as exc:
+        raise fail(f"{recipe}: cluster: {exc}") from None
+    run_dir = (Path(resolved.experiment.output_dir) / resolved.experiment.name).resolve()
+    script = write_sbatch(
+        resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), out=out, python=sys.executable
+    )
+    typer.echo(
+        f"wrote {script} and {run_dir / 'resolved_recipe.json'} (the run dir must be on a filesystem every node sees)"
+    )
+    if not submit:
+        typer.echo(f"submit with: sbatch {script}")
+        return
+    try:
+        result = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise fail("sbatch not found: run this on a SLURM login node") from None
+    if result.returncode != 0:
+        raise fail(f"sbatch failed: {result.stderr.strip()}")
+    job_id = result.stdout.strip().split(";")[0]
+    typer.echo(f"submitted job {job_id}; watch: rlvr monitor {run_dir}   stop: scancel {job_id}")
 
 
 @app.command()

@@ -1,0 +1,68 @@
+"""The command lines every launcher runs: torchrun for trainer ranks, a server per rollout slot.
+
+Local runs, submitit jobs and hand-written sbatch scripts all start the same two kinds
+of process, so the commands are built here once and golden-tested.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from rlvr.launch.plan import LaunchPlan, ServerSpec
+from rlvr.recipe.schema import Recipe
+
+# Tests swap the trainer for a fake one; production always runs rlvr.worker.
+WORKER_MODULE_ENV = "RLVR_WORKER_MODULE"
+
+
+def worker_module() -> str:
+    return os.environ.get(WORKER_MODULE_ENV, "rlvr.worker")
+
+
+def trainer_command(
+    plan: LaunchPlan,
+    *,
+    run_dir: str | Path,
+    node_rank: int = 0,
+    master_addr: str = "127.0.0.1",
+    python: str = sys.executable,
+    resume: str = "auto",
+) -> list[str]:
+    """torchrun for one trainer node (static rendezvous: the first trainer node is master)."""
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={len(plan.trainer_nodes)}",
+        f"--nproc-per-node={plan.trainer_procs_per_node}",
+        f"--node-rank={node_rank}",
+        f"--master-addr={master_addr}",
+        f"--master-port={plan.master_port}",
+        "-m",
+        worker_module(),
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        resume,
+    ]
+
+
+def server_command(
+    recipe: Recipe, spec: ServerSpec, *, host: str = "127.0.0.1", python: str = sys.executable
+) -> list[str]:
+    """The rollout server for one slot: `rlvr serve` (embedded) or SGLang's launcher."""
+    model_path = recipe.model.path
+    if recipe.rollout.engine == "sglang":
+        from rlvr.rollout.sglang import build_sglang_command
+
+        return build_sglang_command(recipe.rollout, model_path=str(model_path), host=host, port=spec.port)
+    if model_path is None:
+        raise ValueError("the embedded rollout server needs model.path (a model folder), not model.config")
+    command = [python, "-m", "rlvr.cli", "serve", str(model_path), "--host", host, "--port", str(spec.port)]
+    command += ["--max-batch", str(recipe.rollout.max_batch)]
+    command += ["--dtype", "float32" if not spec.gpus else recipe.model.dtype]
+    if recipe.rollout.sglang.api_key:
+        command += ["--api-key", recipe.rollout.sglang.api_key]
+    return command

@@ -1,0 +1,205 @@
+"""`rlvr launch` on this machine: rollout servers and torchrun trainer ranks as child processes.
+
+The launcher starts each rollout server (`rlvr serve`, or SGLang on a local GPU box),
+waits for its /health, registers it in the run directory, starts the trainer with
+torchrun, shows the dashboard, and supervises: a child that dies stops the whole run
+with the tail of its log; Ctrl-C (or SIGTERM) asks the trainer to checkpoint and stop,
+then tears every child down. Each child runs in its own process group so nothing is
+left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from rlvr.launch.commands import server_command, trainer_command
+from rlvr.launch.plan import LaunchPlan, ServerSpec, make_plan
+from rlvr.launch.servers import ServerAddress, clear_servers, register_server
+from rlvr.recipe.schema import Recipe
+
+LOG_TAIL_LINES = 25
+
+
+class LaunchError(RuntimeError):
+    """A child failed; the message carries its name, exit code and log tail."""
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    log: IO[bytes]
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        self.log.flush()
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class LocalLauncher:
+    def __init__(self, recipe: Recipe, *, run_dir: Path, resume: str = "auto", env: dict[str, str] | None = None):
+        self.recipe = recipe
+        self.run_dir = run_dir
+        self.resume = resume
+        self.plan: LaunchPlan = make_plan(recipe, master_port=_free_port())
+        self.children: list[Child] = []
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def start(self, *, server_timeout_s: float = 300.0) -> None:
+        clear_servers(self.run_dir)
+        if self.recipe.judge is not None:
+            judge, url = self._start_judge()
+            self._wait_healthy(judge, url, timeout_s=server_timeout_s)
+            self.env["RLVR_JUDGE_URL"] = url  # llm_judge's default judge_url
+        servers = [self._start_server(spec) for spec in self.plan.servers]
+        for spec, (child, url) in zip(self.plan.servers, servers, strict=True):
+            self._wait_healthy(child, url, timeout_s=server_timeout_s)
+            register_server(self.run_dir, ServerAddress(index=spec.index, url=url, engine=spec.engine, gpus=spec.gpus))
+        self._spawn("trainer", trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume))
+
+    def _start_server(self, spec: ServerSpec) -> tuple[Child, str]:
+        """Local servers take free ports: two runs on one machine must not collide."""
+        port = _free_port()
+        spec = ServerSpec(index=spec.index, node=spec.node, port=port, gpus=spec.gpus, engine=spec.engine)
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpus))} if spec.gpus else {}
+        child = self._spawn(f"rollout-{spec.index}", server_command(self.recipe, spec), env=env)
+        return child, f"http://127.0.0.1:{port}"
+
+    def _start_judge(self) -> tuple[Child, str]:
+        assert self.recipe.judge is not None
+        port = _free_port()
+        command = [sys.executable, "-m", "rlvr.cli", "serve", self.recipe.judge.model, "--host", "127.0.0.1"]
+        command += ["--port", str(port), "--max-batch", str(self.recipe.judge.max_batch), "--dtype", "float32"]
+        return self._spawn("judge", command), f"http://127.0.0.1:{port}"
+
+    def _spawn(self, name: str, command: list[str], *, env: dict[str, str] | None = None) -> Child:
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        log = log_path.open("ab")
+        log.write(f"$ {' '.join(command)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**self.env, **(env or {})},
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        child = Child(name=name, proc=proc, log_path=log_path, log=log)
+        self.children.append(child)
+        return child
+
+    def _wait_healthy(self, child: Child, url: str, *, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if child.proc.poll() is not None:
+                raise LaunchError(f"{child.name} exited with code {child.proc.returncode}:\n{child.tail()}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
+        raise LaunchError(f"{child.name} was not healthy at {url} after {timeout_s:.0f}s:\n{child.tail()}")
+
+    @property
+    def trainer(self) -> Child:
+        return next(c for c in self.children if c.name == "trainer")
+
+    def check(self) -> int | None:
+        """None while running; the trainer's exit code when done; raises if a server died."""
+        for child in self.children:
+            code = child.proc.poll()
+            if code is None:
+                continue
+            if child.name == "trainer":
+                if code != 0:
+                    raise LaunchError(
+                        f"trainer exited with code {code}; last lines of {child.log_path}:\n{child.tail()}"
+                    )
+                return 0
+            raise LaunchError(f"{child.name} died with code {code}; last lines of {child.log_path}:\n{child.tail()}")
+        return None
+
+    def wait(self, *, poll_s: float = 0.5) -> int:
+        while True:
+            code = self.check()
+            if code is not None:
+                return code
+            time.sleep(poll_s)
+
+    def request_stop(self) -> None:
+        """Ask the trainer to checkpoint and stop at the end of its step (SIGTERM to torchrun)."""
+        for child in self.children:
+            if child.name == "trainer" and child.proc.poll() is None:
+                _signal_group(child.proc, signal.SIGTERM)
+
+    def shutdown(self, *, grace_s: float = 30.0) -> None:
+        """Trainer first (it may be saving), then the servers; SIGKILL whatever outlives grace."""
+        order = sorted(self.children, key=lambda c: c.name != "trainer")
+        for child in order:
+            if child.proc.poll() is None:
+                _signal_group(child.proc, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.proc.wait(timeout=grace_s if child.name == "trainer" else 5)
+            _signal_group(child.proc, signal.SIGKILL)  # the group may outlive its leader
+            child.proc.wait()
+            child.log.close()
+
+
+def run_local(recipe: Recipe, *, run_dir: Path, resume: str = "auto", dashboard: bool = True) -> int:
+    """Start, watch, and always tear down; returns the trainer's exit code."""
+    launcher = LocalLauncher(recipe, run_dir=run_dir, resume=resume)
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        launcher.start()
+        if dashboard and sys.stdout.isatty():
+            from rlvr.monitor.dashboard import watch
+
+            watch(run_dir, stop=lambda: launcher.check() is not None)
+        return launcher.wait()
+    except KeyboardInterrupt:
+        launcher.request_stop()
+        with contextlib.suppress(subprocess.TimeoutExpired, StopIteration):
+            launcher.trainer.proc.wait(timeout=60)
+        return 130
+    finally:
+        launcher.shutdown()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _die_with_parent() -> None:
+    """Children get SIGTERM if the launcher itself is killed (Linux prctl PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,649 @@
+"""Per-node entry inside a SLURM allocation: `python -m rlvr.launch.node --run-dir RUN`.
+
+One task runs on every node (submitit runs `rlvr.launch.slurm.run_node_task` once per
+task; a hand-written sbatch script runs `srun --ntasks-per-node=1 python -m rlvr.launch.node`).
+Each task reads the resolved recipe from the run directory, computes the same LaunchPlan
+as the login node, finds which node it is, and then:
+
+- trainer nodes run torchrun (`trainer_command`, static rendezvous on the first node);
+- rollout nodes start their servers (`server_command`), wait for `/health`, register them
+  in `RUN/servers/`, and keep them alive until the trainer of this attempt is done.
+
+Why files in the run directory, not sockets: the run directory is the one thing every node
+and the login node share, and a requeued job must not trust anything the previous attempt
+left behind. So the first trainer node clears old server registrations and then writes
+`RUN/slurm/attempt.json` (job id + restart count); rollout nodes register only after they
+see it, and stop their servers when `RUN/slurm/trainer_exit.json` of the same attempt
+appears (or status.json of a run started in this attempt says finished/failed/stopped).
+
+Signals: SIGUSR1/SIGUSR2 (the time-limit warning, `--signal=USR1@120`) go to the trainer's
+worker processes, which checkpoint and exit; with `--self-requeue` the first trainer node
+then runs `scontrol requeue` so the job comes back with SLURM_RESTART_COUNT+1 and resumes.
+SIGTERM/SIGINT (scancel, preemption, `scontrol requeue`) go to every child; whatever is left
+after a grace period is killed, status.json says `stopped`, and the task exits without
+returning to its caller (`os._exit`), so submitit does not record a result for an attempt
+that SLURM may requeue.
+
+Test-only: with `RLVR_FAKE_SERVER=1` rollout nodes start a trivial HTTP stub (`/health`,
+`/get_model_info`) instead of the real server, so launcher tests need no model engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlvr.launch.plan import LaunchPlan, ServerSpec
+
+RECIPE_FILE = "resolved_recipe.json"
+SLURM_DIR = "slurm"
+ATTEMPT_FILE = "attempt.json"
+TRAINER_EXIT_FILE = "trainer_exit.json"
+LOGS_DIR = "logs"
+DONE_STATES = ("finished", "failed", "stopped")
+
+FAKE_SERVER_ENV = "RLVR_FAKE_SERVER"  # test-only: an HTTP stub instead of the rollout server
+MASTER_PORT_ENV = "RLVR_MASTER_PORT"  # force torchrun's rendezvous port
+SERVER_BIND_ENV = "RLVR_SERVER_BIND"  # bind servers here (default: this node's address)
+SERVER_TIMEOUT_ENV = "RLVR_SERVER_START_TIMEOUT_S"
+STOP_GRACE_ENV = "RLVR_STOP_GRACE_S"
+
+EXIT_SIGNALLED = 143  # 128 + SIGTERM: the task was stopped (scancel, preemption, requeue)
+
+TRAINER, ROLLOUT = "trainer", "rollout"
+
+
+# -- pure logic: which node am I, what do I run ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeRole:
+    """What one node of the allocation does; computed from the plan and SLURM's env vars."""
+
+    index: int  # position in the job's node list (the plan's node index)
+    name: str  # SLURM node name (SLURMD_NODENAME)
+    kind: str  # "trainer" or "rollout"
+    node_rank: int  # torchrun --node-rank on trainer nodes; -1 on rollout nodes
+    master_node: str  # node name of the first trainer node (torchrun's master)
+    master_port: int
+    servers: tuple[ServerSpec, ...] = field(default_factory=tuple)
+    job_id: str = ""
+    restart_count: int = 0
+
+    @property
+    def attempt(self) -> str:
+        """Identifies one run of the job: a requeued job keeps its id, its restart count grows."""
+        return f"{self.job_id}.{self.restart_count}"
+
+    @property
+    def is_first_trainer(self) -> bool:
+        return self.kind == TRAINER and self.node_rank == 0
+
+
+class NodeError(RuntimeError):
+    """The allocation does not match the plan (wrong node count, unknown node)."""
+
+
+def node_index(env: Mapping[str, str], hostnames: Sequence[str]) -> int:
+    """This node's position in the job's node list.
+
+    SLURMD_NODENAME is looked up in the list first: it is right for any step, and on the
+    test cluster (several slurmd on one host) it is the only thing that tells nodes apart.
+    SLURM_NODEID (relative to the step) is the fallback; outside SLURM we are node 0.
+    """
+    name = env.get("SLURMD_NODENAME")
+    if name and name in hostnames:
+        return list(hostnames).index(name)
+    if env.get("SLURM_NODEID", "").isdigit():
+        return int(env["SLURM_NODEID"])
+    return 0
+
+
+def master_port_for(plan: LaunchPlan, env: Mapping[str, str]) -> int:
+    """torchrun's port: RLVR_MASTER_PORT, else the plan's port shifted by the job id.
+
+    Jobs that share a node (no --exclusive) would all rendezvous on 29500 otherwise; the
+    shift stays below 30000, where the rollout servers' ports start by default.
+    """
+    if env.get(MASTER_PORT_ENV, "").isdigit():
+        return int(env[MASTER_PORT_ENV])
+    job = env.get("SLURM_JOB_ID", "")
+    return plan.master_port + (int(job) % 500 if job.isdigit() else 0)
+
+
+def node_role(plan: LaunchPlan, *, env: Mapping[str, str], hostnames: Sequence[str]) -> NodeRole:
+    """The role of the node this process runs on (pure: golden-tested with fake env vars)."""
+    if len(hostnames) != plan.nodes:
+        raise NodeError(
+            f"the recipe plans {plan.nodes} nodes but this job has {len(hostnames)} ({','.join(hostnames)}); "
+            "set cluster.nodes to the allocation size"
+        )
+    index = node_index(env, hostnames)
+    if not 0 <= index < plan.nodes:
+        raise NodeError(f"node index {index} is outside the plan's {plan.nodes} nodes")
+    common: dict[str, Any] = {
+        "index": index,
+        "name": env.get("SLURMD_NODENAME") or hostnames[index],
+        "master_node": hostnames[plan.trainer_nodes[0]],
+        "master_port": master_port_for(plan, env),
+        "job_id": env.get("SLURM_JOB_ID", ""),
+        "restart_count": int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+    }
+    if index in plan.trainer_nodes:
+        return NodeRole(kind=TRAINER, node_rank=plan.trainer_nodes.index(index), **common)
+    servers = tuple(s for s in plan.servers if s.node == index)
+    return NodeRole(kind=ROLLOUT, node_rank=-1, servers=servers, **common)
+
+
+def cuda_visible_devices(gpus: Sequence[int], visible: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a server owning plan GPUs `gpus` (indices into the allocation).
+
+    SLURM may give a job physical GPUs 4-7 (CUDA_VISIBLE_DEVICES=4,5,6,7): plan index 0 is
+    then physical GPU 4, so the plan's indices are mapped through the inherited list.
+    """
+    if not visible:
+        return ",".join(str(g) for g in gpus)
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if any(g >= len(ids) for g in gpus):
+        raise NodeError(f"server GPUs {list(gpus)} but this node only sees CUDA_VISIBLE_DEVICES={visible}")
+    return ",".join(ids[g] for g in gpus)
+
+
+# -- SLURM queries ------------------------------------------------------------------------------
+
+
+def job_hostnames(env: Mapping[str, str]) -> list[str]:
+    """The job's node names in allocation order (`scontrol show hostnames $SLURM_JOB_NODELIST`)."""
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        return [env.get("SLURMD_NODENAME") or socket.gethostname()]
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+        names = out.split()
+        if names:
+            return names
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if "[" in nodelist:
+        raise NodeError(f"cannot expand SLURM_JOB_NODELIST={nodelist} without scontrol")
+    return nodelist.split(",")
+
+
+def resolve_address(node: str) -> str:
+    """An address other nodes can reach `node` at: its NodeAddr in SLURM, resolved to an IP.
+
+    Node names need not be DNS names (the test cluster's node1/node2 are not); NodeAddr is
+    what slurmd itself is reached at, so it is the address to trust.
+    """
+    addr = node
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", "--oneliner", node], capture_output=True, text=True, timeout=30
+        ).stdout
+        for token in out.split():
+            if token.startswith("NodeAddr="):
+                addr = token.split("=", 1)[1] or node
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        return socket.gethostbyname(addr)
+    except OSError:
+        return addr
+
+
+# -- child processes ----------------------------------------------------------------------------
+
+
+def _children_of(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc (Linux; SLURM nodes are Linux)."""
+    out = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            out.append(int(entry))
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children_of(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def _child_setup() -> None:
+    """Runs in each child before exec.
+
+    - PR_SET_PDEATHSIG: children die with this process even if it is SIGKILLed.
+    - SIGUSR1/SIGUSR2 ignored: SLURM signals every process of a step, and torchrun (and a
+      server without a handler) would die of the time-limit warning instead of letting the
+      worker checkpoint. The disposition is inherited through exec; a worker that installs
+      its own handler (rlvr.worker does) still gets the signal.
+    """
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+class Children:
+    """The processes this node started; every exit path goes through `kill_all`."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.known: set[int] = set()
+
+    def start(self, argv: list[str], *, env: Mapping[str, str], log: Path | None = None) -> subprocess.Popen:
+        out: Any = None
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            out = log.open("ab")
+        proc = subprocess.Popen(
+            argv,
+            env=dict(env),
+            stdout=out,
+            stderr=subprocess.STDOUT if out is not None else None,
+            start_new_session=True,  # one process group per child: signals reach its whole tree
+            preexec_fn=_child_setup,
+        )
+        if out is not None:
+            out.close()
+        self.procs.append(proc)
+        return proc
+
+    def alive(self) -> list[subprocess.Popen]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def snapshot(self) -> set[int]:
+        """Remember every descendant now: orphans escape a later /proc walk from our pid."""
+        for proc in self.alive():
+            self.known |= {proc.pid, *descendants(proc.pid)}
+        return self.known
+
+    def signal_workers(self, sig: int) -> None:
+        """Send `sig` to the children's own children (torchrun's workers), else to the child.
+
+        torchrun dies on SIGUSR1 without passing it on, so a time-limit warning must reach
+        the worker processes directly; they checkpoint and exit, and torchrun follows.
+        """
+        for proc in self.alive():
+            kids = _children_of(proc.pid)
+            for pid in kids or [proc.pid]:
+                _kill(pid, sig)
+
+    def signal_all(self, sig: int) -> None:
+        self.snapshot()
+        for proc in self.alive():
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, sig)
+        for pid in self.known:
+            _kill(pid, sig)
+
+    def kill_all(self, *, grace_s: float) -> None:
+        """SIGTERM everything, wait up to `grace_s`, then SIGKILL what is left."""
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (self.alive() or any(_exists(p) for p in self.known)):
+            time.sleep(0.1)
+        self.signal_all(signal.SIGKILL)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, sig)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+# -- the node process ---------------------------------------------------------------------------
+
+
+def _log(role: NodeRole | None, message: str) -> None:
+    where = f"{role.name} {role.kind}" if role else socket.gethostname()
+    print(f"[rlvr.node {where}] {message}", file=sys.stderr, flush=True)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    from rlvr.monitor.metrics import write_json_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, data)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class Node:
+    """One node's lifetime: start children, forward signals, clean up on every exit path."""
+
+    def __init__(self, run_dir: Path, *, recipe_path: Path | None = None, self_requeue: bool = False):
+        from rlvr.launch.plan import make_plan
+        from rlvr.recipe.load import recipe_from_json
+
+        self.run_dir = run_dir
+        self.recipe = recipe_from_json((recipe_path or run_dir / RECIPE_FILE).read_text())
+        plan = make_plan(self.recipe)
+        env = os.environ
+        self.role = node_role(plan, env=env, hostnames=job_hostnames(env))
+        self.plan = make_plan(self.recipe, master_port=self.role.master_port)
+        self.self_requeue = self_requeue
+        self.children = Children()
+        self.signals: list[int] = []
+        self.grace_s = float(os.environ.get(STOP_GRACE_ENV, "20"))
+        self.slurm_dir = run_dir / SLURM_DIR
+
+    # signals are only recorded here; the main loop acts on them (no work inside a handler)
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signals.append(signum)
+
+    def install_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, self._on_signal)
+
+    def run(self) -> int:
+        self.install_handlers()
+        _log(self.role, f"node {self.role.index}/{self.plan.nodes} attempt {self.role.attempt}")
+        try:
+            return self.run_trainer() if self.role.kind == TRAINER else self.run_rollout()
+        except BaseException:
+            if self.role.is_first_trainer:  # rollout nodes must not wait for a trainer that is gone
+                self._write_trainer_exit(1)
+            raise
+        finally:
+            self.children.kill_all(grace_s=self.grace_s)
+
+    # -- stopping
+
+    def _stop(self) -> None:
+        """SIGTERM: let the workers save, kill the rest, record `stopped`, leave without a result."""
+        _log(self.role, "SIGTERM: stopping children")
+        self.children.signal_workers(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        while self.children.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.children.kill_all(grace_s=0.5)  # SLURM's SIGKILL follows SIGTERM after KillWait
+        if self.role.is_first_trainer:
+            self._mark_stopped()
+            self._write_trainer_exit(EXIT_SIGNALLED)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_SIGNALLED)
+
+    def _mark_stopped(self) -> None:
+        from rlvr.monitor.metrics import STATUS_FILE, read_status
+
+        status = read_status(self.run_dir)
+        if status is not None and status.get("state") not in DONE_STATES:
+            status.update(state="stopped", ended_at=time.time())
+            _write_json(self.run_dir / STATUS_FILE, status)
+
+    def _pending(self) -> list[int]:
+        out, self.signals = self.signals, []
+        return out
+
+    # -- trainer nodes
+
+    def run_trainer(self) -> int:
+        from rlvr.launch.commands import trainer_command
+        from rlvr.launch.servers import clear_servers
+
+        role = self.role
+        if role.is_first_trainer:
+            clear_servers(self.run_dir)
+            _write_json(self.slurm_dir / ATTEMPT_FILE, {"attempt": role.attempt, "time": time.time()})
+        argv = trainer_command(
+            self.plan, run_dir=self.run_dir, node_rank=role.node_rank, master_addr=resolve_address(role.master_node)
+        )
+        _log(role, " ".join(argv))
+        env = dict(os.environ, RLVR_NODE_ROLE=TRAINER, RLVR_ATTEMPT=role.attempt)
+        proc = self.children.start(argv, env=env)
+        preempted = False
+        while True:
+            running = proc.poll() is None
+            for sig in self._pending():  # drained once more after the exit: a signal may race it
+                if sig in (signal.SIGTERM, signal.SIGINT):
+                    self._stop()
+                _log(role, f"{signal.Signals(sig).name}: asking the trainer to checkpoint and exit")
+                preempted = True
+                self.children.signal_workers(sig)
+            if not running:
+                break
+            time.sleep(0.1)
+        rc = proc.returncode
+        _log(role, f"trainer exited with {rc}")
+        if role.is_first_trainer:
+            self._write_trainer_exit(rc)
+        if preempted and self.self_requeue and role.is_first_trainer and not self._finished():
+            self._requeue()
+        return rc
+
+    def _finished(self) -> bool:
+        from rlvr.monitor.metrics import read_status
+
+        return (read_status(self.run_dir) or {}).get("state") == "finished"
+
+    def _write_trainer_exit(self, rc: int) -> None:
+        _write_json(self.slurm_dir / TRAINER_EXIT_FILE, {"attempt": self.role.attempt, "rc": rc, "time": time.time()})
+
+    def _requeue(self) -> None:
+        """Put the job back in the queue; SLURM then SIGTERMs this attempt (handled by _stop)."""
+        _log(self.role, f"requeueing job {self.role.job_id}")
+        try:
+            subprocess.run(["scontrol", "requeue", self.role.job_id], check=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            _log(self.role, f"scontrol requeue failed: {exc}")
+            return
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(s in (signal.SIGTERM, signal.SIGINT) for s in self._pending()):
+                self._stop()
+            time.sleep(0.1)
+
+    # -- rollout nodes
+
+    def run_rollout(self) -> int:
+        from rlvr.launch.servers import ServerAddress, register_server
+
+        role = self.role
+        for spec in role.servers:  # forget this node's registrations from an earlier attempt
+            (self.run_dir / "servers" / f"{spec.index}.json").unlink(missing_ok=True)
+        address = resolve_address(role.name)
+        bind = os.environ.get(SERVER_BIND_ENV, address)
+        urls = {}
+        for spec in role.servers:
+            argv = self._server_argv(spec, bind)
+            env = dict(os.environ, RLVR_NODE_ROLE=ROLLOUT)
+            if spec.gpus:
+                env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(spec.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            _log(role, f"server {spec.index}: {' '.join(argv)}")
+            self.children.start(argv, env=env, log=self.run_dir / LOGS_DIR / f"server-{spec.index}.log")
+            urls[spec.index] = f"http://{address}:{spec.port}"
+        timeout = float(os.environ.get(SERVER_TIMEOUT_ENV, "1800"))
+        deadline = time.monotonic() + timeout
+        pending = dict(urls)
+        while pending:
+            self._rollout_signals()
+            if self._trainer_done():
+                return 0
+            for index, url in list(pending.items()):
+                if _healthy(url):
+                    _log(role, f"server {index} healthy at {url}")
+                    del pending[index]
+            if len(self.children.alive()) < len(self.children.procs):
+                _log(role, f"a rollout server exited before it was healthy; see {self.run_dir / LOGS_DIR}")
+                return 1
+            if time.monotonic() > deadline:
+                _log(role, f"servers {sorted(pending)} not healthy after {timeout:.0f}s")
+                return 1
+            time.sleep(0.5)
+        attempt = self._wait_for_attempt()
+        if attempt is None:
+            return 0
+        for spec in role.servers:
+            register_server(
+                self.run_dir,
+                ServerAddress(
+                    index=spec.index, url=urls[spec.index], engine=spec.engine, host=role.name, gpus=spec.gpus
+                ),
+            )
+        _log(role, f"registered servers {[s.index for s in role.servers]}; serving until the trainer is done")
+        warned = False
+        while not self._trainer_done(since=attempt.get("time")):
+            self._rollout_signals()
+            if not warned and len(self.children.alive()) < len(self.children.procs):
+                _log(role, f"a rollout server died; see {self.run_dir / LOGS_DIR}")
+                warned = True
+            time.sleep(0.5)
+        _log(role, "trainer done: stopping servers")
+        return 0
+
+    def _server_argv(self, spec: ServerSpec, host: str) -> list[str]:
+        if os.environ.get(FAKE_SERVER_ENV) == "1":
+            return [sys.executable, "-m", "rlvr.launch.node", "--fake-server", "--host", host, "--port", str(spec.port)]
+        from rlvr.launch.commands import server_command
+
+        if self.recipe.rollout.engine == "sglang":
+            return server_command(self.recipe, spec, host=host, python=self.recipe.rollout.sglang.python)
+        return server_command(self.recipe, spec, host=host)
+
+    def _rollout_signals(self) -> None:
+        for sig in self._pending():
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                self._stop()
+            # USR1/USR2: nothing to save on a rollout node; the trainer decides about requeue
+
+    def _wait_for_attempt(self) -> dict[str, Any] | None:
+        """Register only once the first trainer node has cleared the previous attempt's files."""
+        while True:
+            self._rollout_signals()
+            if self._trainer_done():
+                return None
+            data = _read_json(self.slurm_dir / ATTEMPT_FILE)
+            if data and data.get("attempt") == self.role.attempt:
+                return data
+            time.sleep(0.2)
+
+    def _trainer_done(self, *, since: float | None = None) -> bool:
+        """The trainer node's exit marker for this attempt, or a final status of a run started since."""
+        marker = _read_json(self.slurm_dir / TRAINER_EXIT_FILE)
+        if marker and marker.get("attempt") == self.role.attempt:
+            return True
+        if since is None:
+            return False
+        from rlvr.monitor.metrics import read_status
+
+        status = read_status(self.run_dir) or {}
+        return status.get("state") in DONE_STATES and float(status.get("started_at", 0)) >= since
+
+
+def run(run_dir: str | Path, *, recipe_path: str | Path | None = None, self_requeue: bool = False) -> int:
+    """Run this node's part of the job; returns the trainer's exit code (0 on rollout nodes)."""
+    node = Node(
+        Path(run_dir).resolve(), recipe_path=Path(recipe_path) if recipe_path else None, self_requeue=self_requeue
+    )
+    return node.run()
+
+
+# -- test-only HTTP stub --------------------------------------------------------------------------
+
+
+def fake_server(*, host: str, port: int) -> None:
+    """Test-only stand-in for a rollout server: answers /health and /get_model_info."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if self.path.startswith("/health"):
+                body = b""
+            elif self.path == "/get_model_info":
+                body = json.dumps({"model_path": "fake", "is_generation": True}).encode()
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with ThreadingHTTPServer((host, port), Handler) as server:
+        print(f"fake rollout server on http://{host}:{port}", flush=True)
+        server.serve_forever(poll_interval=0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rlvr.launch.node", description="Per-node entry inside a SLURM allocation."
+    )
+    parser.add_argument("--run-dir", type=Path, help="The run directory (shared by every node).")
+    parser.add_argument(
+        "--recipe", type=Path, default=None, help="Resolved recipe JSON (default: RUN/resolved_recipe.json)."
+    )
+    parser.add_argument(
+        "--self-requeue", action="store_true", help="On SIGUSR1/2, requeue the job after the trainer checkpointed."
+    )
+    parser.add_argument("--fake-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=30000, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.fake_server:
+        fake_server(host=args.host, port=args.port)
+        return 0
+    if args.run_dir is None:
+        parser.error("--run-dir is required")
+    return run(args.run_dir, recipe_path=args.recipe, self_requeue=args.self_requeue)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

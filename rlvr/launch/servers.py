@@ -1,0 +1,77 @@
+"""Rollout servers announce themselves in the run directory; the trainer waits for them there.
+
+The run directory is the one thing every node of a job (and the login node) can see, so
+it doubles as the rendezvous: a server that is healthy writes `servers/<index>.json`
+(`url`, `engine`, `host`, `gpus`) atomically, and trainer rank 0 waits until the plan's
+count is there, with a timeout and an error that names the missing servers. The local
+launcher and the SLURM node script both use this, so the worker never needs to know how
+its servers were started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SERVERS_DIR = "servers"
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    index: int
+    url: str
+    engine: str = "embedded"
+    host: str = field(default_factory=socket.gethostname)
+    gpus: list[int] = field(default_factory=list)
+
+
+class ServerWaitError(TimeoutError):
+    """Not every planned rollout server registered in time."""
+
+
+def register_server(run_dir: str | Path, address: ServerAddress) -> Path:
+    folder = Path(run_dir) / SERVERS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{address.index}.json"
+    tmp = folder / f".{address.index}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(asdict(address)))
+    os.replace(tmp, path)
+    return path
+
+
+def clear_servers(run_dir: str | Path) -> None:
+    """Forget a previous attempt's addresses (a requeued job gets new nodes and ports)."""
+    folder = Path(run_dir) / SERVERS_DIR
+    for path in folder.glob("*.json") if folder.exists() else []:
+        path.unlink(missing_ok=True)
+
+
+def read_servers(run_dir: str | Path) -> list[ServerAddress]:
+    folder = Path(run_dir) / SERVERS_DIR
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.exists() else []:
+        try:
+            out.append(ServerAddress(**json.loads(path.read_text())))
+        except (json.JSONDecodeError, TypeError):
+            continue
+    return sorted(out, key=lambda a: a.index)
+
+
+def wait_for_servers(run_dir: str | Path, *, count: int, timeout_s: float, poll_s: float = 0.5) -> list[ServerAddress]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        servers = read_servers(run_dir)
+        if len(servers) >= count:
+            return servers[:count]
+        if time.monotonic() > deadline:
+            have = {s.index for s in servers}
+            missing = [i for i in range(count) if i not in have]
+            raise ServerWaitError(
+                f"rollout servers {missing} did not register in {Path(run_dir) / SERVERS_DIR} within {timeout_s:.0f}s; "
+                "check their logs in the run directory"
+            )
+        time.sleep(poll_s)
