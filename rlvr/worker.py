@@ -1,0 +1,116 @@
+"""torchrun entry of a trainer rank: `python -m rlvr.worker --run-dir RUN [--resume auto|none|PATH]`.
+
+Reads the resolved recipe the launcher wrote into the run directory, joins the process
+group, builds the actor (and critic), and on rank 0 the controller (data, rollout
+client, rewards) and the recorder; then runs the loop. Reads like the list of parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+RESOLVED = "resolved_recipe.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlvr.worker")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--resume", default="auto", help="auto (latest checkpoint), none, or a checkpoint path")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    import torch
+
+    from rlvr.launch.plan import make_plan
+    from rlvr.launch.servers import wait_for_servers
+    from rlvr.loop import RLLoop
+    from rlvr.recipe.load import recipe_from_json
+    from rlvr.sync import make_weight_sync
+    from rlvr.trainer import dist as d
+    from rlvr.trainer.actor import Actor
+    from rlvr.trainer.model import load_tokenizer
+
+    recipe = recipe_from_json((args.run_dir / RESOLVED).read_text())
+    exp, algo = recipe.experiment, recipe.algorithm
+    torch.manual_seed(exp.seed)
+    info = d.init_distributed(force=recipe.trainer.strategy == "fsdp2")
+    updates = exp.max_steps * (algo.ppo_epochs or 1) * (algo.mini_batches or 1)
+    actor = Actor.build(
+        recipe.model, recipe.trainer, algo,
+        total_steps=updates, device=info.device, seed=exp.seed,
+        temperature=recipe.rollout.temperature or 1.0, max_response_len=recipe.rollout.max_new_tokens,
+    )  # fmt: skip
+    critic = build_critic(recipe, total_steps=updates, device=info.device) if algo.critic else None
+    tokenizer = load_tokenizer(recipe.model)
+
+    planned = len(make_plan(recipe).servers)
+    servers = wait_for_servers(args.run_dir, count=planned, timeout_s=recipe.rollout.timeout_s)
+    controller = recorder = None
+    if info.is_main:
+        controller = build_controller(recipe, tokenizer=tokenizer, urls=[s.url for s in servers])
+        recorder = build_recorder(recipe, run_dir=args.run_dir)
+    client = controller.engine if controller is not None else None
+    sync = make_weight_sync(recipe.sync, model=actor.model, client=client, run_dir=args.run_dir, tokenizer=tokenizer)
+
+    loop = RLLoop(
+        recipe, run_dir=args.run_dir, actor=actor, critic=critic, controller=controller, sync=sync,
+        recorder=recorder, pad_id=tokenizer.pad_token_id or 0,
+    )  # fmt: skip
+    if loop.resume(args.resume) and sync is not None:
+        sync.push(version=loop.step)  # fresh servers hold the base weights: bring them up to date
+    state = "failed"
+    try:
+        code = loop.run()
+        state = "finished" if code == 0 else "stopped"
+        return code
+    finally:
+        if sync is not None:
+            sync.close()
+        if controller is not None:
+            controller.close()
+        if recorder is not None:
+            recorder.close(state)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def build_controller(recipe, *, tokenizer, urls):
+    from rlvr.cli import load_all_domains
+    from rlvr.controller import Controller
+    from rlvr.rewards.pool import RewardPool
+    from rlvr.rollout.sglang import SGLangClient
+
+    train, _ = load_all_domains(recipe)
+    evals, _ = load_all_domains(recipe, eval_files=True)
+    client = SGLangClient(urls, api_key=recipe.rollout.sglang.api_key, timeout_s=recipe.rollout.timeout_s)
+    rewards = RewardPool.from_domains(
+        {name: (d.reward, d.reward_args) for name, d in recipe.domains.items()},
+        max_workers=max(1, (os.cpu_count() or 2) // 2),
+    )
+    return Controller(recipe, train=train, evals=evals, tokenizer=tokenizer, engine=client, rewards=rewards)
+
+
+def build_recorder(recipe, *, run_dir: Path):
+    from rlvr.monitor.metrics import RunRecorder
+    from rlvr.monitor.sinks import make_sinks
+
+    sinks = make_sinks(
+        recipe.monitor, run_dir=run_dir, name=recipe.experiment.name, config=recipe.model_dump(mode="json")
+    )
+    return RunRecorder(run_dir, max_steps=recipe.experiment.max_steps, name=recipe.experiment.name, sinks=sinks)
+
+
+def build_critic(recipe, *, total_steps: int, device):
+    from rlvr.trainer.critic import Critic
+
+    return Critic.build(
+        recipe.model, recipe.trainer, recipe.algorithm,
+        total_steps=total_steps, device=device, seed=recipe.experiment.seed, max_response_len=recipe.rollout.max_new_tokens,
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
