@@ -53,7 +53,10 @@ class RunView:
         return self.status.get("state") in DONE_STATES
 
     def domains(self) -> list[str]:
-        return sorted(k.split("/", 1)[1] for k in self.last if k.startswith("reward/") and k != "reward/mean")
+        """Domains as named by the reward pool's `reward/<domain>/mean` scalars."""
+        return sorted(
+            k.split("/")[1] for k in self.last if k.startswith("reward/") and k.count("/") == 2 and k.endswith("/mean")
+        )
 
     def render(self) -> Group:
         return Group(self._header(), self._domain_table(), self._throughput(), self._events())
@@ -78,16 +81,16 @@ class RunView:
         for column in ("domain", "reward", "first", "change", "accuracy", "resp len", "eval"):
             table.add_column(column, justify="left" if column == "domain" else "right")
         for name in self.domains():
-            now, first = self.last.get(f"reward/{name}"), self.first.get(f"reward/{name}")
+            now, first = self.last.get(f"reward/{name}/mean"), self.first.get(f"reward/{name}/mean")
             change = now - first if now is not None and first is not None else None
             table.add_row(
                 name,
                 _num(now),
                 _num(first),
                 Text(f"{change:+.3f}", style="green" if change >= 0 else "red") if change is not None else "-",
-                _num(self.last.get(f"accuracy/{name}")),
+                _num(self.last.get(f"reward/{name}/accuracy")),
                 _num(self.last.get(f"response_len/{name}"), digits=1),
-                _num(self.last.get(f"eval/reward/{name}")),
+                _num(self.last.get(f"eval/reward/{name}/mean")),
             )
         return table
 

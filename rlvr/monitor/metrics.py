@@ -4,8 +4,10 @@ The trainer (rank 0) writes three files; the dashboard in the launching terminal
 `rlvr monitor RUN_DIR` in another terminal, and a login node watching a SLURM job all
 read the same files, so nobody needs a socket to the job:
 
-- `metrics.jsonl`: one JSON object per step (`step`, `time`, then flat scalar names such
-  as `reward/math`, `time/rollout`, `throughput/tokens_per_s`);
+- `metrics.jsonl`: one JSON object per step (`step`, `time`, then flat scalar names:
+  `reward/<domain>/mean|accuracy|timeouts|...` from the reward pool, `response_len/<domain>`,
+  `eval/reward/<domain>/mean`, `time/step|rollout|reward|train|sync`,
+  `throughput/tokens_per_s`, and the trainer's `loss`, `kl`, `entropy`, `clip_frac`, ...);
 - `events.jsonl`: warnings and errors worth showing (`time`, `level`, `message`);
 - `status.json`: the run's state (`running`, `finished`, `failed`, ...), step, max_steps,
   start time and pid; replaced atomically so a reader never sees half a file.

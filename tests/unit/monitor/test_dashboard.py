@@ -19,9 +19,9 @@ def record(run_dir: Path, steps: int = 3) -> RunRecorder:
         recorder.log(
             step,
             {
-                "reward/math": 0.1 * step,
-                "reward/code": 0.5,
-                "accuracy/math": 0.1 * step,
+                "reward/math/mean": 0.1 * step,
+                "reward/code/mean": 0.5,
+                "reward/math/accuracy": 0.1 * step,
                 "response_len/math": 20.0,
                 "time/step": 2.0,
                 "time/rollout": 1.0,
