@@ -200,6 +200,99 @@ def sbatch(
     typer.echo(f"submitted job {job_id}; watch: rlvr monitor {run_dir}   stop: scancel {job_id}")
 
 
+@app.command("eval")
+def eval_(
+    model: Annotated[Path, typer.Argument(help="A HF model folder or a checkpoint (RUN/checkpoints/step_N).")],
+    data: Annotated[list[Path], typer.Option("--data", help="Rows to score (jsonl/parquet; repeatable).")],
+    reward: Annotated[
+        str | None,
+        typer.Option(help="Reward for every row (else each row's tag picks its domain's reward from --recipe)."),
+    ] = None,
+    recipe: Annotated[
+        Path | None, typer.Option(help="Recipe whose domains map tags to rewards (default: the checkpoint's run).")
+    ] = None,
+    args: Annotated[str, typer.Option(help="reward_args as JSON (with --reward).")] = "{}",
+    n: Annotated[int, typer.Option(help="Samples per prompt.")] = 1,
+    temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Response length limit.")] = 256,
+    out: Annotated[Path | None, typer.Option(help="Write per-row results (jsonl) here.")] = None,
+) -> None:
+    """Score a model or checkpoint on held-out rows with the reward registry."""
+    import json
+
+    for file in data:
+        if not file.exists():
+            raise fail(f"{file}: no such data file")
+    if not model.exists():
+        raise fail(f"{model}: no such model folder or checkpoint")
+    try:
+        reward_args = json.loads(args)
+    except json.JSONDecodeError as exc:
+        raise fail(f"--args: not JSON: {exc.msg}") from None
+    from rlvr.data.sources import DataError
+    from rlvr.evaluation import evaluate, export_checkpoint, is_checkpoint, load_rows, summarize, write_rows
+
+    tag_rewards: dict[str, tuple[str, dict]] = {}
+    template = "auto"
+    source = recipe or (model.resolve().parent.parent / "resolved_recipe.json" if is_checkpoint(model) else None)
+    if source is not None and source.exists():
+        from rlvr.recipe.load import RecipeError, load_recipe, recipe_from_json
+
+        try:
+            parsed = (
+                recipe_from_json(source.read_text())
+                if source.suffix == ".json"
+                else load_recipe(source, check_files=False)
+            )
+        except RecipeError as exc:
+            raise fail(str(exc)) from None
+        template = parsed.model.chat_template
+        tag_rewards = {tag: (d.reward, d.reward_args) for d in parsed.domains.values() for tag in d.tags}
+    if reward is None and not tag_rewards:
+        raise fail("pass --reward NAME or --recipe R.toml (to map row tags to rewards)")
+    try:
+        samples = load_rows(data, reward=reward, tag_rewards=tag_rewards)
+    except DataError as exc:
+        raise fail(str(exc)) from None
+    if is_checkpoint(model):
+        exported = model / "hf"
+        model = exported if (exported / "config.json").exists() else export_checkpoint(model, exported)
+    rewards = {s.tag: ((reward, reward_args) if reward else tag_rewards[s.tag]) for s in samples}
+    rows = evaluate(
+        model,
+        samples,
+        rewards=rewards,
+        chat_template=template,
+        n=n,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+    )
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="eval", caption=str(model))
+    for column in ("tag", "count", "mean", "accuracy"):
+        table.add_column(column, justify="left" if column == "tag" else "right")
+    for tag, stats in summarize(rows).items():
+        table.add_row(tag, str(stats["count"]), f"{stats['mean']:.3f}", f"{stats['accuracy']:.3f}")
+    Console().print(table)
+    if out is not None:
+        write_rows(rows, out)
+
+
+@app.command()
+def export(
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint folder (RUN/checkpoints/step_N).")],
+    out_dir: Annotated[Path, typer.Argument(help="Where to write the safetensors HF folder.")],
+) -> None:
+    """Export a checkpoint to a safetensors folder that transformers' from_pretrained loads."""
+    from rlvr.evaluation import export_checkpoint, is_checkpoint
+
+    if not is_checkpoint(checkpoint):
+        raise fail(f"{checkpoint}: not a complete checkpoint (no meta.json)")
+    typer.echo(f"exported {export_checkpoint(checkpoint, out_dir)}")
+
+
 @app.command()
 def monitor(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (output_dir/name).")],

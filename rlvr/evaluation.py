@@ -1,0 +1,151 @@
+"""`rlvr eval` and `rlvr export`: score a model on held-out rows; turn a checkpoint into a HF folder.
+
+A checkpoint (`RUN/checkpoints/step_N`) is DCP shards; evaluation and serving want a plain
+transformers folder, so `export_checkpoint` rebuilds the model from the run's resolved recipe,
+loads the shards on one CPU process and writes safetensors that `from_pretrained` loads.
+Evaluation then runs the embedded engine in-process (greedy by default) and scores with
+the same reward registry the training run used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from rlvr.types import Group, Sample
+
+
+def is_checkpoint(path: Path) -> bool:
+    return (path / "meta.json").exists()
+
+
+def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
+    """DCP checkpoint -> safetensors HF folder (model weights, config and tokenizer)."""
+    import torch
+
+    from rlvr.recipe.load import recipe_from_json
+    from rlvr.trainer.checkpoint import export_hf, load_checkpoint
+    from rlvr.trainer.model import build_model, load_tokenizer
+
+    run_dir = checkpoint.resolve().parent.parent
+    recipe = recipe_from_json((run_dir / "resolved_recipe.json").read_text())
+    trainer = recipe.trainer.model_copy(update={"strategy": "none"})
+    model = build_model(recipe.model, trainer, device=torch.device("cpu"), seed=recipe.experiment.seed, trainable=False)
+    load_checkpoint(checkpoint, {"actor": SimpleNamespace(model=model, optimizer=None, scheduler=None)})
+    exported = export_hf(model, load_tokenizer(recipe.model), out_dir)
+    assert exported is not None
+    return exported
+
+
+@dataclass
+class EvalRow:
+    sample: Sample
+    completion: str
+    score: float
+    reason: str
+
+
+def load_rows(files: list[Path], *, reward: str | None, tag_rewards: dict[str, tuple[str, dict]]) -> list[Sample]:
+    """Rows from eval files (bad rows are errors); with a recipe, each tag picks its domain's reward."""
+    from rlvr.data.sources import DataError, read_rows, row_to_sample
+
+    samples = []
+    for file in files:
+        for number, row in read_rows(file):
+            where = f"{file}:{number}"
+            tag = row.get("tag") if isinstance(row, dict) else None
+            name = reward or (tag_rewards.get(tag, ("", {}))[0] if isinstance(tag, str) else "")
+            if not name:
+                raise DataError(f"{where}: tag {tag!r} has no reward (pass --reward or a recipe whose domains own it)")
+            try:
+                sample = row_to_sample(row, where=where, default_tag="eval", reward=name)
+            except ValueError as exc:
+                raise DataError(f"{where}: {exc}") from None
+            sample.domain = sample.tag
+            samples.append(sample)
+    return samples
+
+
+def evaluate(
+    model_dir: Path,
+    samples: list[Sample],
+    *,
+    rewards: dict[str, tuple[str, dict[str, Any]]],
+    chat_template: str = "auto",
+    n: int = 1,
+    temperature: float = 0.0,
+    max_new_tokens: int = 256,
+    max_batch: int = 64,
+) -> list[EvalRow]:
+    """Generate with the embedded engine and score each sample with its tag's reward."""
+    from rlvr.data.chat import encode_prompt
+    from rlvr.rewards.pool import RewardPool
+    from rlvr.rollout.embedded import EmbeddedEngine
+    from rlvr.rollout.engine import GenerateRequest, SamplingParams
+
+    engine = EmbeddedEngine(model_dir, max_batch=max_batch)
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=0)
+    requests = [
+        GenerateRequest(
+            input_ids=encode_prompt(s.messages, tokenizer=engine.tokenizer, template=chat_template), params=params, n=n
+        )
+        for s in samples
+    ]
+    pool = RewardPool.from_domains(rewards)
+
+    async def run() -> list[Group]:
+        completions = await engine.generate(requests)
+        groups = [Group(sample=s, completions=completions[i * n : (i + 1) * n]) for i, s in enumerate(samples)]
+        await pool.score_groups(groups)
+        return groups
+
+    try:
+        groups = asyncio.run(run())
+    finally:
+        pool.close()
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+    return [
+        EvalRow(sample=g.sample, completion=c.text, score=r.score, reason=str(r.info.get("reason", "")))
+        for g in groups
+        for c, r in zip(g.completions, g.rewards, strict=True)
+    ]
+
+
+def summarize(rows: list[EvalRow]) -> dict[str, dict[str, float]]:
+    by_tag: dict[str, list[float]] = {}
+    for row in rows:
+        by_tag.setdefault(row.sample.tag, []).append(row.score)
+    summary = {
+        tag: {"count": len(s), "mean": sum(s) / len(s), "accuracy": sum(x >= 1 for x in s) / len(s)}
+        for tag, s in by_tag.items()
+    }
+    scores = [row.score for row in rows]
+    summary["all"] = {
+        "count": len(scores),
+        "mean": sum(scores) / max(len(scores), 1),
+        "accuracy": sum(x >= 1 for x in scores) / max(len(scores), 1),
+    }
+    return summary
+
+
+def write_rows(rows: list[EvalRow], path: Path) -> None:
+    with path.open("w") as handle:
+        for row in rows:
+            handle.write(
+                json.dumps(
+                    {
+                        "id": row.sample.id,
+                        "tag": row.sample.tag,
+                        "completion": row.completion,
+                        "score": row.score,
+                        "reason": row.reason,
+                    }
+                )
+                + "\n"
+            )
