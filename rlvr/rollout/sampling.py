@@ -35,7 +35,9 @@ class RowSampling:
         return self.temperature <= 1e-6 or self.top_k == 1
 
 
-def sample_rows(logits: torch.Tensor, rows: list[RowSampling], *, original: bool = False) -> tuple[list[int], list[float]]:
+def sample_rows(
+    logits: torch.Tensor, rows: list[RowSampling], *, original: bool = False
+) -> tuple[list[int], list[float]]:
     """Pick one token per row of `logits` [B, V]; return (token ids, their logprobs)."""
     logits = logits.float()
     greedy = [r.greedy for r in rows]
@@ -50,24 +52,26 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling], *, original: bool
     probs = logp.exp()
     uniforms = torch.tensor([r.uniform for r in rows], device=device, dtype=probs.dtype)
 
-    needs_filter = any(r.top_p < 1.0 or r.top_k > 0 or r.min_p > 0.0 for r in rows)
-    if needs_filter:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
+    # Plain rows sample from the full distribution; rows with top-k/top-p/min-p from the sorted,
+    # truncated one. Each row always takes the same path, whatever else shares the batch.
+    vocab = logits.shape[-1]
+    cdf = probs.cumsum(dim=-1)
+    tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).clamp_(max=vocab - 1).squeeze(1)
+    filtered = [i for i, r in enumerate(rows) if r.top_p < 1.0 or r.top_k > 0 or r.min_p > 0.0]
+    if filtered:
+        sub = [rows[i] for i in filtered]
+        index = torch.tensor(filtered, device=device)
+        sorted_probs, order = probs[index].sort(dim=-1, descending=True)
         cum = sorted_probs.cumsum(dim=-1)
-        top_p = torch.tensor([r.top_p for r in rows], device=device, dtype=probs.dtype)
+        top_p = torch.tensor([r.top_p for r in sub], device=device, dtype=probs.dtype)
         keep = (cum - sorted_probs) < top_p[:, None]  # the most likely token is always kept
-        vocab = logits.shape[-1]
-        top_k = torch.tensor([r.top_k if r.top_k > 0 else vocab for r in rows], device=device)
+        top_k = torch.tensor([r.top_k if r.top_k > 0 else vocab for r in sub], device=device)
         keep &= torch.arange(vocab, device=device)[None, :] < top_k[:, None]
-        min_p = torch.tensor([r.min_p for r in rows], device=device, dtype=probs.dtype)
+        min_p = torch.tensor([r.min_p for r in sub], device=device, dtype=probs.dtype)
         keep &= sorted_probs >= min_p[:, None] * sorted_probs[:, :1]
-        cdf = (sorted_probs * keep).cumsum(dim=-1)
-        pick = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).clamp_(max=vocab - 1)
-        tokens = order.gather(1, pick).squeeze(1)
-    else:
-        cdf = probs.cumsum(dim=-1)
-        pick = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)
-        tokens = pick.clamp_(max=logits.shape[-1] - 1).squeeze(1)
+        sub_cdf = (sorted_probs * keep).cumsum(dim=-1)
+        pick = torch.searchsorted(sub_cdf, (uniforms[index] * sub_cdf[:, -1])[:, None], right=True)
+        tokens[index] = order.gather(1, pick.clamp_(max=vocab - 1)).squeeze(1)
 
     if any(greedy):
         greedy_mask = torch.tensor(greedy, device=device)

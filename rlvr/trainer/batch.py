@@ -16,8 +16,15 @@ from dataclasses import dataclass
 import torch
 
 # Per-token fields in response space ([B, T]); per-sequence fields ([B]).
-TOKEN_FIELDS = ("response_mask", "advantages", "returns", "old_logprobs", "rollout_logprobs", "ref_logprobs",
-                "old_values")
+TOKEN_FIELDS = (
+    "response_mask",
+    "advantages",
+    "returns",
+    "old_logprobs",
+    "rollout_logprobs",
+    "ref_logprobs",
+    "old_values",
+)
 SEQ_FIELDS = ("prompt_lens", "response_lens", "group_ids", "rewards")
 
 

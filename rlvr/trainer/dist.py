@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from rlvr.trainer.batch import TrainBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +48,8 @@ def init_distributed(*, backend: str | None = None, force: bool = False) -> Dist
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend=backend, device_id=device if cuda else None)
         elif force:
-            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+            store = dist.HashStore()  # pyright: ignore[reportPrivateImportUsage]
+            dist.init_process_group(backend=backend, store=store, rank=0, world_size=1)
     return DistInfo(rank=rank(), world_size=world_size(), local_rank=local_rank, device=device)
 
 
@@ -89,6 +94,18 @@ def broadcast_object(obj: object, *, src: int = 0) -> object:
     holder = [obj]
     dist.broadcast_object_list(holder, src=src)
     return holder[0]
+
+
+def broadcast_batch(batch: TrainBatch | None, *, src: int = 0) -> TrainBatch:
+    """Give every rank the global batch the controller (rank `src`) built; others pass None.
+
+    The trainer wants the whole batch on every rank (see `rlvr.trainer.engine`); it is token
+    ids and a few floats per token, so one pickled broadcast is cheap next to a step.
+    """
+    out = broadcast_object(batch, src=src)
+    if out is None:
+        raise ValueError(f"rank {src} broadcast no batch")
+    return out  # pyright: ignore[reportReturnType]
 
 
 def _comm_device() -> torch.device:

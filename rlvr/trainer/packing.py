@@ -8,8 +8,10 @@ attention to each sequence:
 - sdpa / eager attention (CPU, or GPU without flash-attn): a 4D block-diagonal causal mask,
   boolean for sdpa (4x smaller than additive), additive (0 / -inf) for eager; transformers
   passes any 4D mask through unchanged.
-- flash-attention implementations: no mask at all; transformers derives the per-sequence
-  boundaries (cu_seqlens) from the `position_ids` resets.
+- varlen implementations (flash-attention, and `rlvr_packed_sdpa` from
+  `rlvr.trainer.attention`, the default without flash-attn): no mask at all; the sequence
+  boundaries travel as `cu_seq_lens_q/k` + `max_length_q/k` (flash-attn's varlen arguments),
+  so attention costs sum(len_i^2) instead of N^2.
 
 Logits are only projected where they are needed: `predict_mask` marks the positions whose
 next token is a response token and goes to the model as a boolean `logits_to_keep`, so the
@@ -26,7 +28,13 @@ import torch
 
 from rlvr.trainer.batch import TrainBatch
 
-FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn")
+VARLEN_IMPLEMENTATIONS = (
+    "rlvr_packed_sdpa",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention_4",
+    "kernels-community/flash-attn",
+)
 
 
 @dataclass(slots=True)
@@ -47,17 +55,13 @@ class MicroBatch:
     seq_index: torch.Tensor  # [b] rows of the source batch
     width: int  # T of this micro-batch: its longest response
     packed: bool
+    num_tokens: int  # real (non-padding) tokens: what tokens/s counts
+    cu_seqlens: torch.Tensor | None = None  # [n+1] int32 sequence starts (varlen attention)
+    max_seqlen: int = 0
 
     @property
     def num_seqs(self) -> int:
         return int(self.seq_index.numel())
-
-    @property
-    def num_tokens(self) -> int:
-        """Real (non-padding) tokens: what tokens/s counts."""
-        return int((self.position_ids >= 0).sum()) if self.packed else int(self._real_tokens)
-
-    _real_tokens: int = 0
 
     def to(self, device: torch.device) -> MicroBatch:
         def mv(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -74,8 +78,26 @@ class MicroBatch:
             seq_index=self.seq_index,
             width=self.width,
             packed=self.packed,
-            _real_tokens=self._real_tokens,
+            num_tokens=self.num_tokens,
+            cu_seqlens=mv(self.cu_seqlens),
+            max_seqlen=self.max_seqlen,
         )
+
+    def model_kwargs(self) -> dict[str, torch.Tensor | int | None]:
+        """What a transformers forward takes for this layout (varlen arguments when packed)."""
+        kwargs: dict[str, torch.Tensor | int | None] = {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "attention_mask": self.attention_mask,
+        }
+        if self.cu_seqlens is not None:
+            kwargs |= {
+                "cu_seq_lens_q": self.cu_seqlens,
+                "cu_seq_lens_k": self.cu_seqlens,
+                "max_length_q": self.max_seqlen,
+                "max_length_k": self.max_seqlen,
+            }
+        return kwargs
 
 
 def first_fit_decreasing(lengths: Sequence[int], *, budget: int) -> list[list[int]]:
@@ -149,12 +171,14 @@ def pack_sequences(
         seq_of[0, start + p - 1 : start + p - 1 + r] = k
         col_of[0, start + p - 1 : start + p - 1 + r] = torch.arange(r)
         start += lens[k]
-    if attn_implementation in FLASH_IMPLEMENTATIONS:
-        mask = None  # cu_seqlens come from the position_ids resets
+    mb = _finish(batch, idx, ids, pos, None, seq_of, col_of, packed=True, real=sum(lens))
+    if attn_implementation in VARLEN_IMPLEMENTATIONS:
+        mb.cu_seqlens = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        mb.max_seqlen = max(lens)
     else:
         dtype = mask_dtype or (torch.bool if attn_implementation == "sdpa" else torch.float32)
-        mask = block_causal_mask(lens, dtype=dtype)
-    return _finish(batch, idx, ids, pos, mask, seq_of, col_of, packed=True, real=sum(lens))
+        mb.attention_mask = block_causal_mask(lens, dtype=dtype)
+    return mb
 
 
 def pad_sequences(batch: TrainBatch, index: Sequence[int]) -> MicroBatch:
@@ -178,8 +202,18 @@ def pad_sequences(batch: TrainBatch, index: Sequence[int]) -> MicroBatch:
     return _finish(batch, idx, ids, pos, None, seq_of, col_of, packed=False, real=sum(lens))
 
 
-def _finish(batch: TrainBatch, idx: list[int], ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
-            seq_of: torch.Tensor, col_of: torch.Tensor, *, packed: bool, real: int) -> MicroBatch:
+def _finish(
+    batch: TrainBatch,
+    idx: list[int],
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    mask: torch.Tensor | None,
+    seq_of: torch.Tensor,
+    col_of: torch.Tensor,
+    *,
+    packed: bool,
+    real: int,
+) -> MicroBatch:
     predict = seq_of >= 0
     next_ids = torch.roll(ids, shifts=-1, dims=1)
     width = max([1, *(int(batch.response_lens[i]) for i in idx)])
@@ -194,7 +228,7 @@ def _finish(batch: TrainBatch, idx: list[int], ids: torch.Tensor, pos: torch.Ten
         seq_index=torch.tensor(idx, dtype=torch.long),
         width=width,
         packed=packed,
-        _real_tokens=real,
+        num_tokens=real,
     )
 
 

@@ -1,0 +1,322 @@
+"""Model backends of the embedded engine: a fast static-KV decoder and a generic HF fallback.
+
+Both hold sequences in *slots* 0..B-1 (the engine keeps live sequences packed at the
+front), and expose the same three calls: `prefill` (new prompts into slots), `decode`
+(one token for every live slot) and `move` (compaction when a sequence finishes).
+
+`StaticKVDecoder` runs Llama-family decoders (Llama, Mistral without sliding window,
+Qwen2, Qwen3) directly in torch from the HF module's own weights, because the HF
+forward costs more in per-step Python/mask work than the matmuls on small batches:
+
+- one preallocated K/V tensor per layer ([slots, kv_heads, max_len, head_dim]); new
+  keys are written in place at each row's own length, so rows never need padding
+  and finished rows are replaced by copying the last live row into their slot;
+- Q/K/V and gate/up projections are fused into one matmul each. The fused tensors
+  *are* the weights: the HF parameters are re-pointed to views of them, so any
+  in-place weight update (disk or broadcast) reaches the fast path with no copy;
+- RoPE cos/sin are tabulated once for every position (by the model's own rotary
+  module, so rope scaling variants come for free);
+- decode attention treats the GQA group as the query-length axis of SDPA, so grouped
+  heads share K/V without `repeat_interleave`.
+
+`RecomputeDecoder` works with any `AutoModelForCausalLM`: it recomputes the full padded
+forward each step (no cache). Slow, but exact; it is the fallback for architectures the
+fast path does not know.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def fast_path_supported(model: nn.Module) -> tuple[bool, str]:
+    """Whether `StaticKVDecoder` can run `model` exactly, and if not, why."""
+    config: Any = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAST_MODEL_TYPES:
+        return False, f"model_type {model_type!r} is not one of {FAST_MODEL_TYPES}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return False, f"hidden_act {config.hidden_act!r} is not silu"
+    if getattr(config, "use_sliding_window", False) or (
+        model_type == "mistral" and getattr(config, "sliding_window", None)
+    ):
+        return False, "sliding-window attention"
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return False, f"layer types {sorted(set(layer_types))}"
+    if getattr(config, "mlp_bias", False):
+        return False, "MLP biases"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return False, "no model.layers / model.rotary_emb"
+    return True, ""
+
+
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the linears' weights (and biases) and make each linear a view into the result."""
+    weight = torch.cat([lin.weight.data for lin in linears], dim=0)
+    has_bias = [lin.bias is not None for lin in linears]
+    bias = torch.cat([lin.bias.data for lin in linears], dim=0) if all(has_bias) else None  # type: ignore[union-attr]
+    if any(has_bias) and bias is None:
+        raise ValueError("cannot fuse linears where only some have a bias")
+    offset = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[offset : offset + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[offset : offset + rows], requires_grad=False)
+        offset += rows
+    return weight, bias
+
+
+class _Layer:
+    """The tensors of one decoder layer that the fast path reads (views of the HF parameters)."""
+
+    def __init__(self, layer: Any):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv_w, self.qkv_b = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o_w, self.o_b = attn.o_proj.weight, attn.o_proj.bias
+        self.gate_up_w, _ = _fuse([mlp.gate_proj, mlp.up_proj])
+        self.down_w = mlp.down_proj.weight
+        self.ln1_w, self.ln1_eps = layer.input_layernorm.weight, _eps(layer.input_layernorm)
+        self.ln2_w, self.ln2_eps = layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)
+        self.q_norm = getattr(attn, "q_norm", None)
+        self.k_norm = getattr(attn, "k_norm", None)
+        if (self.q_norm is None) != (self.k_norm is None):
+            raise ValueError("q_norm without k_norm (or the reverse) is not a Llama-family layout")
+        self.qk_norm_eps = 0.0 if self.q_norm is None else _eps(self.q_norm)
+        if self.k_norm is not None and _eps(self.k_norm) != self.qk_norm_eps:
+            raise ValueError("q_norm and k_norm epsilons differ")
+        self.qk_norm_w: torch.Tensor | None = None
+        self.scaling = float(getattr(attn, "scaling", attn.head_dim**-0.5))
+
+    def refresh(self, heads: int, kv_heads: int) -> None:
+        """Rebuild tensors derived from weights (call after loading new weights)."""
+        if self.q_norm is not None and self.k_norm is not None:
+            # Q and K heads are normalised in one call: one weight row per head.
+            head_dim = self.q_norm.weight.shape[0]
+            self.qk_norm_w = torch.cat(
+                [self.q_norm.weight.expand(heads, head_dim), self.k_norm.weight.expand(kv_heads, head_dim)]
+            )
+
+
+def _eps(norm: nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same op order as the HF RMSNorm (fp32 statistics, scale after casting back).
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """HF's `x * cos + rotate_half(x) * sin`, with rotate_half's sign folded into the sin table."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
+
+
+class StaticKVDecoder:
+    """The fast path: a Llama-family forward over a preallocated, slot-indexed KV cache."""
+
+    def __init__(self, model: nn.Module, *, max_slots: int, max_len: int):
+        ok, why = fast_path_supported(model)
+        if not ok:
+            raise ValueError(f"fast path unsupported: {why}")
+        config: Any = model.config
+        inner: Any = model.model
+        self.model = model
+        self.max_slots = max_slots
+        self.max_len = max_len
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.group = self.heads // self.kv_heads
+        self.q_dim = self.heads * self.head_dim
+        self.kv_dim = self.kv_heads * self.head_dim
+        weight = inner.embed_tokens.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.embed = weight
+        self.norm_w, self.norm_eps = inner.norm.weight, _eps(inner.norm)
+        lm_head = model.get_output_embeddings()  # type: ignore[operator]
+        self.lm_head_w = lm_head.weight
+        self.lm_head_b = getattr(lm_head, "bias", None)
+        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.refresh()
+        with torch.inference_mode():
+            positions = torch.arange(max_len, device=self.device)[None]
+            probe = torch.zeros(1, dtype=self.dtype, device=self.device)
+            cos, sin = inner.rotary_emb(probe, positions)
+        half = self.head_dim // 2
+        sin = sin[0].to(self.dtype)
+        self.cos = cos[0].to(self.dtype)  # [max_len, head_dim]
+        self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # rotate_half's sign folded in
+        shape = (len(self.layers), max_slots, self.kv_heads, max_len, self.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._slot_index = torch.arange(max_slots, device=self.device)
+
+    # -- shared per-layer pieces ------------------------------------------------------------
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
+
+    def refresh(self) -> None:
+        """Rebuild weight-derived tensors; the engine calls it after every weight load."""
+        for layer in self.layers:
+            layer.refresh(self.heads, self.kv_heads)
+
+    def _qkv(
+        self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [N, D] -> q [N, H, hd], k/v [N, KVH, hd], with q/k norms and rope applied to q and k at once."""
+        qkv = F.linear(_rms(x, layer.ln1_w, layer.ln1_eps), layer.qkv_w, layer.qkv_b)
+        rows = x.shape[0]
+        qk = qkv[:, : self.q_dim + self.kv_dim].view(rows, self.heads + self.kv_heads, self.head_dim)
+        v = qkv[:, self.q_dim + self.kv_dim :].view(rows, self.kv_heads, self.head_dim)
+        if layer.qk_norm_w is not None:
+            qk = F.rms_norm(qk, (self.head_dim,), None, layer.qk_norm_eps) * layer.qk_norm_w
+        qk = _rope(qk, cos, sin)
+        return qk[:, : self.heads], qk[:, self.heads :], v
+
+    def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        x = x + F.linear(attn, layer.o_w, layer.o_b)
+        gate, up = F.linear(_rms(x, layer.ln2_w, layer.ln2_eps), layer.gate_up_w).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, layer.down_w)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(_rms(x, self.norm_w, self.norm_eps), self.lm_head_w, self.lm_head_b)
+
+    # -- engine calls -----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:
+        """Run prompts into slots first_slot..; return each prompt's last-token logits [k, V].
+
+        The projections and MLPs run on the prompts *packed* (no padding tokens: they are
+        most of a prefill's FLOPs); only attention sees a padded [k, T] layout, gathered
+        from the cache the keys were just written to.
+        """
+        k_rows = len(prompts)
+        lengths = [len(p) for p in prompts]
+        span = max(lengths)
+        ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=self.device)
+        row = torch.repeat_interleave(torch.arange(k_rows), torch.tensor(lengths)).to(self.device)
+        pos = torch.cat([torch.arange(n) for n in lengths]).to(self.device)
+        slot = row + first_slot
+        lens = torch.tensor(lengths, device=self.device)
+        keys = torch.arange(span, device=self.device)
+        # causal and inside the row's own length: [k, 1, T, T]
+        allowed = ((keys[None, :] <= keys[:, None])[None] & (keys[None, None, :] < lens[:, None, None]))[:, None]
+        mask = self._additive(allowed)  # built once, not converted again by every layer's SDPA
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [N, 1, hd]
+        rows = slice(first_slot, first_slot + k_rows)
+        x = F.embedding(ids, self.embed)  # [N, D]
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)  # [N, H|KVH, hd]
+            self.k_cache[li][slot, :, pos] = k
+            self.v_cache[li][slot, :, pos] = v
+            padded_q = q.new_zeros(k_rows, span, self.heads, self.head_dim)
+            padded_q[row, pos] = q
+            attn = F.scaled_dot_product_attention(
+                padded_q.transpose(1, 2),
+                self.k_cache[li, rows, :, :span],
+                self.v_cache[li, rows, :, :span],
+                attn_mask=mask,
+                scale=layer.scaling,
+                enable_gqa=self.group > 1,
+            )  # [k, H, T, hd]
+            x = self._mlp_residual(layer, x, attn.transpose(1, 2)[row, pos].reshape(-1, self.q_dim))
+        last = torch.cumsum(lens, 0) - 1
+        return self._logits(x[last])
+
+    @torch.inference_mode()
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """Feed one token per live slot (slot i gets tokens[i] at positions[i]); return logits [B, V]."""
+        batch = len(tokens)
+        span = max(positions) + 1
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        slots = self._slot_index[:batch]
+        keys = torch.arange(span, device=self.device)
+        mask = self._additive((keys[None, :] <= pos[:, None])[:, None, None, :])  # [B, 1, 1, L]
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
+        x = F.embedding(ids, self.embed)  # [B, D]
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)  # q [B, H, hd]; k, v [B, KVH, hd]
+            k_cache, v_cache = self.k_cache[li], self.v_cache[li]
+            k_cache[slots, :, pos] = k
+            v_cache[slots, :, pos] = v
+            # The GQA group rides on SDPA's query-length axis: q [B, KVH, G, hd] vs K [B, KVH, L, hd].
+            attn = F.scaled_dot_product_attention(
+                q.reshape(batch, self.kv_heads, self.group, self.head_dim),
+                k_cache[:batch, :, :span],
+                v_cache[:batch, :, :span],
+                attn_mask=mask,
+                scale=layer.scaling,
+            )
+            x = self._mlp_residual(layer, x, attn.reshape(batch, self.q_dim))
+        return self._logits(x)
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy slot src's first `length` cached positions into slot dst (compaction or n-way fan-out)."""
+        self.k_cache[:, dst, :, :length] = self.k_cache[:, src, :, :length]
+        self.v_cache[:, dst, :, :length] = self.v_cache[:, src, :, :length]
+
+
+class RecomputeDecoder:
+    """Any HF causal LM: each step is a full forward of every live sequence (exact, no cache)."""
+
+    def __init__(self, model: nn.Module, *, max_slots: int, max_len: int):
+        self.model = model
+        self.max_slots = max_slots
+        self.max_len = max_len
+        param = next(model.parameters())
+        self.device = param.device
+        self.slots: list[list[int]] = [[] for _ in range(max_slots)]
+
+    @torch.inference_mode()
+    def _forward_last(self, seqs: list[list[int]]) -> torch.Tensor:
+        span = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), span, dtype=torch.long)
+        attention = torch.zeros(len(seqs), span, dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, : len(seq)] = torch.tensor(seq)
+            attention[i, : len(seq)] = 1
+        positions = torch.arange(span)[None].expand(len(seqs), -1)
+        out: Any = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            position_ids=positions.to(self.device),
+            use_cache=False,
+        )
+        last = torch.tensor([len(s) - 1 for s in seqs], device=self.device)
+        return out.logits[torch.arange(len(seqs), device=self.device), last]
+
+    def refresh(self) -> None:
+        """Nothing derived from weights is cached here."""
+
+    def prefill(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:
+        for i, prompt in enumerate(prompts):
+            self.slots[first_slot + i] = list(prompt)
+        return self._forward_last(prompts)
+
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        seqs = []
+        for i, (token, position) in enumerate(zip(tokens, positions, strict=True)):
+            seq = self.slots[i][:position]
+            seq.append(token)
+            self.slots[i] = seq
+            seqs.append(seq)
+        return self._forward_last(seqs)
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.slots[dst] = list(self.slots[src][:length])

@@ -1,0 +1,592 @@
+"""The embedded engine: continuous-batching generation in this process, CPU or CUDA.
+
+One worker thread owns the model and runs the scheduling loop; `generate` (async) and
+`generate_sync` only enqueue sequences and wait. Each loop iteration holds the step lock
+for one prefill-or-decode step, so control calls (pause, weight updates) land between
+steps and never see half-updated state.
+
+Scheduling: live sequences sit packed in slots 0..B-1 of the backend's KV cache. Each
+iteration admits waiting sequences while B < max_batch (prefilling the new prompts in
+one batch; the n samples of one prompt share a single prefill and copy its KV), then
+decodes one token for all B. A finished sequence leaves at once: the last live slot is
+copied into its place, so the batch never carries dead rows.
+
+Stops mirror SGLang: an EOS or `stop_token_ids` token ends the sequence and *is* kept in
+`token_ids` (the trainer learns to emit it); a stop string ends it and is cut from the
+returned text, while the tokens that spelled it stay in `token_ids`.
+
+Pause modes mirror SGLang's /pause_generation: `abort` returns every in-flight sequence
+at once with finish_reason "abort" (partial tokens kept); `retract` moves live sequences
+back to the queue and re-prefills prompt + tokens so far on resume; `in_place` just stops
+stepping (KV kept). In every mode, sequences submitted while paused wait for `resume`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlvr.rollout.engine import GenerateRequest, PauseMode, SamplingParams, parse_version
+from rlvr.types import Completion
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(slots=True, eq=False)
+class _Seq:
+    """One sequence being generated (one of a request's n samples)."""
+
+    prompt: list[int]
+    params: SamplingParams
+    rng: random.Random
+    on_done: Callable[[_Seq], None]
+    stop_ids: frozenset[int]
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    cached: int = 0  # tokens whose K/V are in the slot's cache
+    finish: dict[str, Any] | None = None
+    text: str = ""
+    version: str = "0"
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def pending(self) -> int:
+        return self.out[-1]
+
+
+class EmbeddedEngine:
+    """A `RolloutEngine` that runs a HF causal LM itself (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        max_batch: int = 64,
+        dtype: str = "float32",
+        device: str | None = None,
+        max_seq_len: int | None = 2048,
+        weight_version: str = "0",
+        original_logprobs: bool | None = None,
+        fast: bool = True,
+        max_prefill_tokens: int = 8192,
+    ):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        self.model_path = str(model_path)
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(self.model_path)
+        model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype))
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.max_batch = max_batch
+        self.max_prefill_tokens = max_prefill_tokens
+        positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or (max_seq_len or 2048)
+        self.max_len = min(positions, max_seq_len) if max_seq_len else positions
+        if original_logprobs is None:
+            original_logprobs = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true")
+        self.original_logprobs = original_logprobs
+        self.weight_version = str(weight_version)
+        self.eos_ids = self._eos_ids()
+        self.backend = self._make_backend(fast)
+
+        self._lock = threading.RLock()  # held for one step; control calls take it between steps
+        self._wakeup = threading.Condition(threading.Lock())
+        self._waiting: deque[_Seq] = deque()
+        self._live: list[_Seq] = []
+        self._to_abort: list[_Seq] = []
+        self._paused = False
+        self._closed = False
+        self._error: BaseException | None = None
+        self._weight_groups: dict[str, Any] = {}
+        # OpenMP thread counts are per thread: give the worker the creator's setting.
+        self._threads = torch.get_num_threads()
+        self._thread = threading.Thread(target=self._run, name="rlvr-embedded-engine", daemon=True)
+        self._thread.start()
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list | tuple):
+                ids.update(int(v) for v in value)
+        return frozenset(ids)
+
+    def _make_backend(self, fast: bool) -> Any:
+        from rlvr.rollout.decoders import RecomputeDecoder, StaticKVDecoder, fast_path_supported
+
+        ok, why = fast_path_supported(self.model)
+        if fast and ok:
+            return StaticKVDecoder(self.model, max_slots=self.max_batch, max_len=self.max_len)
+        if fast:
+            log.warning("embedded engine: generic (slow) HF path: %s", why)
+        return RecomputeDecoder(self.model, max_slots=self.max_batch, max_len=self.max_len)
+
+    @property
+    def policy_version(self) -> int:
+        return parse_version(self.weight_version)
+
+    # -- submitting -------------------------------------------------------------------------
+
+    def _make_seqs(self, request: GenerateRequest, on_done: Callable[[_Seq], None]) -> list[_Seq]:
+        if not request.input_ids:
+            raise ValueError("empty prompt")
+        if len(request.input_ids) >= self.max_len:
+            raise ValueError(f"prompt has {len(request.input_ids)} tokens; the engine's max_len is {self.max_len}")
+        params = request.params
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
+        seqs = []
+        for j in range(request.n):
+            seed = params.seed + j if params.seed is not None else random.getrandbits(63)
+            seqs.append(_Seq(list(request.input_ids), params, random.Random(seed), on_done, stop_ids))
+        return seqs
+
+    def _submit(self, seqs: list[_Seq]) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"embedded engine worker died: {self._error!r}")
+        with self._wakeup:
+            self._waiting.extend(seqs)
+            self._wakeup.notify()
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+        """Sample every request's n completions; the flat result keeps request order."""
+        return [d["completion"] for d in await self.generate_detailed(requests)]
+
+    async def generate_detailed(self, requests: Sequence[GenerateRequest]) -> list[dict[str, Any]]:
+        """Like `generate`, plus SGLang's finish_reason dict and the weight version string (for the server)."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[dict[str, Any]]] = []
+        seqs: list[_Seq] = []
+        for request in requests:
+            for seq in self._make_seqs(request, lambda s: None):
+                future: asyncio.Future[dict[str, Any]] = loop.create_future()
+                seq.on_done = self._resolver(loop, future)
+                futures.append(future)
+                seqs.append(seq)
+        self._submit(seqs)
+        try:
+            return list(await asyncio.gather(*futures))
+        except asyncio.CancelledError:
+            # The caller gave up (an HTTP client disconnected or timed out): stop spending steps on it.
+            self.abort(seqs)
+            raise
+
+    def _resolver(
+        self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[dict[str, Any]]
+    ) -> Callable[[_Seq], None]:
+        def done(seq: _Seq) -> None:
+            result = {"completion": self.to_completion(seq), "finish": dict(seq.finish or {}), "version": seq.version}
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+        return done
+
+    def generate_sync(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+        """Blocking `generate`, for benches and scripts without an event loop."""
+        results: list[Completion | None] = []
+        events: list[threading.Event] = []
+        seqs: list[_Seq] = []
+
+        def bind(index: int, event: threading.Event) -> Callable[[_Seq], None]:
+            def done(seq: _Seq) -> None:
+                results[index] = self.to_completion(seq)
+                event.set()
+
+            return done
+
+        for request in requests:
+            for seq in self._make_seqs(request, lambda s: None):
+                event = threading.Event()
+                results.append(None)
+                seq.on_done = bind(len(events), event)
+                events.append(event)
+                seqs.append(seq)
+        self._submit(seqs)
+        for event in events:
+            while not event.wait(1.0):
+                if self._error is not None:
+                    raise RuntimeError(f"embedded engine worker died: {self._error!r}")
+        return [r for r in results if r is not None]
+
+    def to_completion(self, seq: _Seq) -> Completion:
+        finish = seq.finish or {"type": "abort"}
+        return Completion(
+            text=seq.text,
+            token_ids=list(seq.out),
+            logprobs=list(seq.logprobs),
+            finish_reason=str(finish["type"]),
+            prompt_token_ids=list(seq.prompt),
+            policy_version=parse_version(seq.version),
+        )
+
+    # -- the worker loop --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        import torch
+
+        torch.set_num_threads(self._threads)
+        try:
+            while True:
+                with self._wakeup:
+                    while (
+                        not self._closed and not self._to_abort and (self._paused or not (self._waiting or self._live))
+                    ):
+                        self._wakeup.wait()
+                    if self._closed:
+                        return
+                with self._lock:
+                    self._drop_aborted()  # even while paused: a cancelled request frees its slot now
+                    if not self._paused:
+                        self._step()
+        except BaseException as exc:  # noqa: BLE001 - a dead worker must fail every waiter, not hang them
+            log.exception("embedded engine worker died")
+            self._error = exc
+            with self._lock:
+                for seq in [*self._live, *self._waiting]:
+                    self._finish(seq, {"type": "abort", "message": f"engine error: {exc!r}"})
+                self._live.clear()
+                self._waiting.clear()
+
+    def abort(self, seqs: Sequence[_Seq]) -> None:
+        """Ask the worker to drop these sequences at its next step (they finish with "abort")."""
+        with self._wakeup:
+            self._to_abort.extend(seqs)
+            self._wakeup.notify()
+
+    def _drop_aborted(self) -> None:
+        with self._wakeup:
+            doomed = {id(s) for s in self._to_abort}
+            self._to_abort.clear()
+            if not doomed:
+                return
+            waiting = [s for s in self._waiting if id(s) in doomed]
+            self._waiting = deque(s for s in self._waiting if id(s) not in doomed)
+        live = [s for s in self._live if id(s) in doomed]
+        for seq in live:
+            seq.finish = {"type": "abort", "message": "Abort by the client."}
+        if live:
+            self._remove(live)
+        for seq in waiting:
+            self._finish(seq, {"type": "abort", "message": "Abort by the client."})
+
+    def _step(self) -> None:
+        """Admit what fits, else decode one token for every live sequence."""
+        admitted = self._admit()
+        if admitted:
+            return  # finishing right after prefill may have freed slots: admit again before decoding
+        if self._live:
+            self._decode()
+
+    def _admit(self) -> bool:
+        free = self.max_batch - len(self._live)
+        if free <= 0:
+            return False
+        with self._wakeup:
+            batch: list[_Seq] = []
+            seen: set[tuple[int, ...]] = set()
+            tokens = 0
+            while self._waiting and len(batch) < free:
+                seq = self._waiting[0]
+                key = tuple(seq.prompt + seq.out)
+                cost = 0 if key in seen else len(key)  # copies of a prompt in this batch cost nothing
+                if batch and tokens + cost > self.max_prefill_tokens:
+                    break
+                batch.append(self._waiting.popleft())
+                seen.add(key)
+                tokens += cost
+        if not batch:
+            return False
+        # The n samples of one prompt (and any identical prompts) share one prefill.
+        unique: dict[tuple[int, ...], int] = {}
+        inputs: list[list[int]] = []
+        source: list[int] = []
+        for seq in batch:
+            key = tuple(seq.prompt + seq.out)
+            if key not in unique:
+                unique[key] = len(inputs)
+                inputs.append(list(key))
+            source.append(unique[key])
+        first = len(self._live)
+        logits = self.backend.prefill(first, inputs)  # unique input u lands in slot first + u
+        placed: list[_Seq] = [batch[0]] * len(batch)
+        rows = [0] * len(batch)
+        taken: set[int] = set()
+        next_copy = first + len(inputs)
+        for seq, src in zip(batch, source, strict=True):
+            if src not in taken:
+                taken.add(src)
+                slot = first + src
+            else:
+                slot = next_copy
+                next_copy += 1
+                self.backend.move(first + src, slot, len(inputs[src]))
+            placed[slot - first] = seq
+            rows[slot - first] = src
+            seq.cached = len(inputs[src])
+        self._live.extend(placed)
+        import torch
+
+        self._sample_and_check(placed, logits[torch.tensor(rows, device=logits.device)])
+        return True
+
+    def _decode(self) -> None:
+        live = self._live
+        logits = self.backend.decode([s.pending for s in live], [s.cached for s in live])
+        for seq in live:
+            seq.cached += 1
+        self._sample_and_check(list(live), logits)
+
+    def _sample_and_check(self, seqs: list[_Seq], logits: Any) -> None:
+        from rlvr.rollout.sampling import RowSampling, sample_rows
+
+        rows = [
+            RowSampling(s.params.temperature, s.params.top_p, s.params.top_k, s.params.min_p, s.rng.random())
+            for s in seqs
+        ]
+        tokens, logprobs = sample_rows(logits, rows, original=self.original_logprobs)
+        done: list[_Seq] = []
+        for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
+            seq.out.append(token)
+            seq.logprobs.append(logprob)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                seq.finish = reason
+                done.append(seq)
+        if done:
+            self._remove(done)
+
+    def _stop_reason(self, seq: _Seq, token: int) -> dict[str, Any] | None:
+        if token in seq.stop_ids:
+            return {"type": "stop", "matched": token}
+        if seq.params.stop:
+            window = max(len(s) for s in seq.params.stop) + 8
+            tail = self.tokenizer.decode(seq.out[-window:], skip_special_tokens=seq.params.skip_special_tokens)
+            for stop in seq.params.stop:
+                if stop and stop in tail:
+                    return {"type": "stop", "matched": stop}
+        if len(seq.out) >= seq.params.max_new_tokens:
+            return {"type": "length", "length": len(seq.out)}
+        if seq.cached + 1 >= self.max_len:  # prompt + output fill the context (SGLang's context_length)
+            return {"type": "length", "length": len(seq.out)}
+        return None
+
+    def _remove(self, done: list[_Seq]) -> None:
+        """Drop finished sequences from the live slots, filling holes with the last live slot."""
+        gone = {id(s) for s in done}
+        index = {id(s): i for i, s in enumerate(self._live)}
+        for slot in sorted((index[id(s)] for s in done), reverse=True):
+            last = len(self._live) - 1
+            if slot != last:
+                mover = self._live[last]
+                self.backend.move(last, slot, mover.cached)
+                self._live[slot] = mover
+            self._live.pop()
+        assert not any(id(s) in gone for s in self._live)
+        for seq in done:
+            self._finish(seq, seq.finish or {"type": "stop"})
+
+    def _finish(self, seq: _Seq, reason: dict[str, Any]) -> None:
+        seq.finish = reason
+        seq.version = self.weight_version
+        text = self.tokenizer.decode(seq.out, skip_special_tokens=seq.params.skip_special_tokens)
+        if isinstance(reason.get("matched"), str):
+            cut = text.find(reason["matched"])
+            if cut >= 0:
+                text = text[:cut]
+        seq.text = text
+        try:
+            seq.on_done(seq)
+        except Exception:  # noqa: BLE001 - a closed event loop must not kill the worker
+            log.exception("delivering a completion failed")
+
+    # -- control ----------------------------------------------------------------------------
+
+    def pause_sync(self, mode: PauseMode = "abort") -> int:
+        """Pause generation; returns how many sequences were aborted or retracted."""
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"unknown pause mode {mode!r}")
+        with self._lock:
+            self._paused = True
+            affected = 0
+            if mode == "abort":
+                with self._wakeup:
+                    victims = [*self._live, *self._waiting]
+                    self._live.clear()
+                    self._waiting.clear()
+                for seq in victims:
+                    self._finish(seq, {"type": "abort", "message": "Abort by pause_generation."})
+                affected = len(victims)
+            elif mode == "retract":
+                with self._wakeup:
+                    retracted = list(self._live)
+                    self._live.clear()
+                    for seq in reversed(retracted):
+                        seq.cached = 0
+                        self._waiting.appendleft(seq)
+                affected = len(retracted)
+            return affected
+
+    def resume_sync(self) -> None:
+        with self._wakeup:
+            self._paused = False
+            self._wakeup.notify()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def num_running(self) -> int:
+        return len(self._live) + len(self._waiting)
+
+    def load_state_dict(self, tensors: dict[str, Any] | list[tuple[str, Any]], *, version: str | None) -> None:
+        """Copy named HF tensors into the model in place (the fast path reads the same storage)."""
+        import torch
+
+        items = tensors.items() if isinstance(tensors, dict) else tensors
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        params.update(dict(self.model.named_buffers(remove_duplicate=False)))
+        with self._lock, torch.no_grad():
+            unknown = [name for name, _ in items if name not in params]
+            if unknown:
+                raise KeyError(f"unknown parameter names: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+            for name, tensor in items:
+                target = params[name]
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(f"{name}: shape {tuple(tensor.shape)} != model's {tuple(target.shape)}")
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+            self.backend.refresh()
+            if version is not None:
+                self.weight_version = str(version)
+
+    def update_weights_from_disk_sync(self, path: str | Path, *, version: str | None = None) -> None:
+        """Load every *.safetensors file of a HF folder (same architecture) into the running model."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {path}")
+        tensors: dict[str, Any] = {}
+        for file in files:
+            tensors.update(load_file(str(file)))
+        self.load_state_dict(tensors, version=version)
+
+    def init_weights_update_group_sync(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        timeout_s: float = 600.0,
+    ) -> None:
+        from rlvr.rollout.dist import join_group
+
+        self._weight_groups[group_name] = join_group(
+            master_address=master_address,
+            master_port=master_port,
+            rank=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+            timeout_s=timeout_s,
+        )
+
+    def update_weights_from_distributed_sync(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        group_name: str = "weight_update_group",
+        version: str | None = None,
+    ) -> None:
+        from rlvr.rollout.dist import receive_broadcast
+
+        group = self._weight_groups.get(group_name)
+        if group is None:
+            raise KeyError(f"no weight update group {group_name!r}; call init_weights_update_group first")
+        with self._lock:  # no step runs while half the weights are new
+            tensors = receive_broadcast(group, names, dtypes, shapes, device=self.device)
+            self.load_state_dict(tensors, version=version)
+
+    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        self._weight_groups.pop(group_name, None)
+
+    def close(self) -> None:
+        with self._wakeup:
+            self._closed = True
+            self._wakeup.notify()
+        self._thread.join(timeout=10)
+
+    # -- the async Protocol -----------------------------------------------------------------
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        await asyncio.to_thread(self.pause_sync, mode)
+
+    async def resume(self) -> None:
+        self.resume_sync()
+
+    async def update_weights_from_disk(self, path: str, *, version: int | None = None) -> None:
+        await asyncio.to_thread(
+            self.update_weights_from_disk_sync, path, version=None if version is None else str(version)
+        )
+
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+    ) -> None:
+        await asyncio.to_thread(
+            self.init_weights_update_group_sync,
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+        )
+
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        group_name: str = "weight_update_group",
+        version: int | None = None,
+        flush_cache: bool = True,
+    ) -> None:
+        del flush_cache  # no prefix cache to flush: every prefill is fresh
+        await asyncio.to_thread(
+            self.update_weights_from_distributed_sync,
+            names,
+            dtypes,
+            shapes,
+            group_name=group_name,
+            version=None if version is None else str(version),
+        )
+
+    async def health(self) -> bool:
+        return self._thread.is_alive() and self._error is None

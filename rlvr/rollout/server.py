@@ -1,0 +1,418 @@
+"""The embedded engine behind SGLang's native HTTP routes, plus an OpenAI chat route.
+
+Why SGLang's own protocol: the RL loop's HTTP client (`rlvr.rollout.sglang.SGLangClient`)
+then drives this server and real SGLang servers alike, so CI exercises the exact client
+code that runs against GPUs. Field names follow SGLang 0.5.23 (`GenerateReqInput`,
+`UpdateWeightsFromDiskReqInput`, ...); unknown request fields are ignored as SGLang does.
+
+Routes: /generate, /health, /health_generate, /get_model_info, /get_server_info,
+/get_weight_version, /flush_cache, /init_weights_update_group, /update_weights_from_distributed,
+/update_weights_from_disk, /pause_generation, /continue_generation (and /resume_generation,
+an rlvr alias), /v1/models, /v1/chat/completions.
+
+Auth: with an API key, every route but /health* needs `Authorization: Bearer KEY`
+(SGLang exempts its health routes the same way, so probes need no secret).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from rlvr.rollout.engine import GenerateRequest, SamplingParams
+
+log = logging.getLogger(__name__)
+
+ENGINE_KEY: web.AppKey[Any] = web.AppKey("engine", object)
+INFO_KEY: web.AppKey[dict[str, Any]] = web.AppKey("info", dict)
+
+
+def create_app(engine: Any, *, api_key: str | None = None, served_model_name: str | None = None) -> web.Application:
+    """An aiohttp app serving `engine` (an `EmbeddedEngine`)."""
+    middlewares = [_auth_middleware(api_key)] if api_key else []
+    app = web.Application(middlewares=middlewares, client_max_size=1024**3)
+    app[ENGINE_KEY] = engine
+    app[INFO_KEY] = {"served_model_name": served_model_name or engine.model_path}
+    routes = [
+        ("POST", "/generate", generate),
+        ("PUT", "/generate", generate),
+        ("GET", "/health", health),
+        ("GET", "/health_generate", health_generate),
+        ("GET", "/get_model_info", model_info),
+        ("GET", "/model_info", model_info),
+        ("GET", "/get_server_info", server_info),
+        ("GET", "/server_info", server_info),
+        ("GET", "/get_weight_version", weight_version),
+        ("POST", "/flush_cache", flush_cache),
+        ("GET", "/flush_cache", flush_cache),
+        ("POST", "/init_weights_update_group", init_weights_update_group),
+        ("POST", "/update_weights_from_distributed", update_weights_from_distributed),
+        ("POST", "/update_weights_from_disk", update_weights_from_disk),
+        ("POST", "/pause_generation", pause_generation),
+        ("POST", "/continue_generation", continue_generation),
+        ("POST", "/resume_generation", continue_generation),
+        ("GET", "/v1/models", openai_models),
+        ("POST", "/v1/chat/completions", openai_chat),
+    ]
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    return app
+
+
+def _auth_middleware(api_key: str) -> Any:
+    expected = f"Bearer {api_key}"
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "OPTIONS" or request.path.startswith("/health"):
+            return await handler(request)
+        if request.headers.get("Authorization", "") != expected:
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return check
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except json.JSONDecodeError as exc:
+        message = json.dumps({"error": f"invalid JSON: {exc}"})
+        raise web.HTTPBadRequest(text=message, content_type="application/json") from exc
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text=json.dumps({"error": "expected a JSON object"}), content_type="application/json")
+    return body
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+# -- /generate ------------------------------------------------------------------------------
+
+
+def _per_item(value: Any, count: int, batched: bool, default: Any) -> list[Any]:
+    """SGLang lets most fields be one value or one per batch item."""
+    if value is None:
+        return [default] * count
+    if batched and isinstance(value, list):
+        if len(value) != count:
+            raise ValueError(f"expected {count} values, got {len(value)}")
+        return value
+    return [value] * count
+
+
+def _parse_generate(body: dict[str, Any], tokenizer: Any) -> tuple[list[GenerateRequest], list[bool], bool]:
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if text is None and input_ids is None:
+        text = body.get("prompt")
+    if (text is None) == (input_ids is None):
+        raise ValueError("give exactly one of text or input_ids")
+    if body.get("stream"):
+        raise ValueError("stream is not supported by the embedded server")
+    if text is not None:
+        batched = isinstance(text, list)
+        prompts = [tokenizer.encode(t) for t in (text if batched else [text])]
+    else:
+        assert input_ids is not None
+        batched = bool(input_ids) and isinstance(input_ids[0], list)
+        prompts = [[int(t) for t in ids] for ids in (input_ids if batched else [input_ids])]
+    count = len(prompts)
+    params_list = _per_item(body.get("sampling_params"), count, batched, {})
+    return_logprob = _per_item(body.get("return_logprob"), count, batched, False)
+    rids = _per_item(body.get("rid"), count, batched, None)
+    requests = []
+    logprob_flags = []
+    for prompt, params, want_lp, rid in zip(prompts, params_list, return_logprob, rids, strict=True):
+        parsed = SamplingParams.from_sglang(params)
+        n = int((params or {}).get("n", 1))
+        requests.append(GenerateRequest(prompt, parsed, n=n, rid=rid))
+        logprob_flags.extend([bool(want_lp)] * n)
+    many = batched or any(r.n > 1 for r in requests)
+    return requests, logprob_flags, many
+
+
+def _sglang_output(seq: Any, *, rid: str, want_logprob: bool, latency: float) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": seq["finish"],
+        "prompt_tokens": len(seq["completion"].prompt_token_ids),
+        "completion_tokens": len(seq["completion"].token_ids),
+        "cached_tokens": 0,
+        "weight_version": seq["version"],
+        "e2e_latency": latency,
+    }
+    completion = seq["completion"]
+    if want_logprob:
+        meta["output_token_logprobs"] = [
+            [lp, tok, None] for lp, tok in zip(completion.logprobs, completion.token_ids, strict=True)
+        ]
+        meta["input_token_logprobs"] = []
+    return {"text": completion.text, "output_ids": list(completion.token_ids), "meta_info": meta}
+
+
+async def _run(engine: Any, requests: list[GenerateRequest]) -> list[dict[str, Any]]:
+    """Generate and keep SGLang's finish_reason dicts (the Completion only has the type)."""
+    results = await engine.generate_detailed(requests)
+    return results
+
+
+async def generate(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    try:
+        body = await _body(request)
+        requests, logprob_flags, many = _parse_generate(body, engine.tokenizer)
+    except (ValueError, TypeError) as exc:
+        return _error(str(exc))
+    start = time.monotonic()
+    try:
+        results = await _run(engine, requests)
+    except ValueError as exc:
+        return _error(str(exc))
+    latency = time.monotonic() - start
+    outputs = []
+    index = 0
+    for req in requests:
+        base = req.rid or uuid.uuid4().hex
+        for j in range(req.n):
+            rid = base if req.n == 1 else f"{base}-{j}"
+            outputs.append(_sglang_output(results[index], rid=rid, want_logprob=logprob_flags[index], latency=latency))
+            index += 1
+    return web.json_response(outputs if many else outputs[0])
+
+
+# -- health and info ------------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    ok = await request.app[ENGINE_KEY].health()
+    return web.Response(status=200 if ok else 503)
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    """One greedy token end to end, as SGLang's /health_generate (waits if generation is paused)."""
+    engine = request.app[ENGINE_KEY]
+    if not await engine.health():
+        return web.Response(status=503)
+    prompt = engine.tokenizer.encode("hi") or [0]
+    try:
+        await asyncio.wait_for(
+            engine.generate([GenerateRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=1))]), timeout=20
+        )
+    except TimeoutError:
+        return web.Response(status=503)
+    return web.Response(status=200)
+
+
+async def model_info(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return web.json_response(
+        {
+            "model_path": engine.model_path,
+            "tokenizer_path": engine.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": engine.weight_version,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": getattr(engine.model.config, "model_type", None),
+            "architectures": getattr(engine.model.config, "architectures", None),
+        }
+    )
+
+
+async def server_info(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return web.json_response(
+        {
+            "model_path": engine.model_path,
+            "engine": "rlvr-embedded",
+            "backend": type(engine.backend).__name__,
+            "device": engine.device,
+            "max_batch": engine.max_batch,
+            "max_total_num_tokens": engine.max_len * engine.max_batch,
+            "context_length": engine.max_len,
+            "weight_version": engine.weight_version,
+            "paused": engine.paused,
+            "running": engine.num_running(),
+        }
+    )
+
+
+async def weight_version(request: web.Request) -> web.Response:
+    return web.json_response({"weight_version": request.app[ENGINE_KEY].weight_version})
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    # No prefix cache exists: every prefill is fresh, so flushing always succeeds.
+    return web.Response(text="Cache flushed.\n", status=200)
+
+
+# -- weights ---------------------------------------------------------------------------------
+
+
+async def update_weights_from_disk(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await _body(request)
+    path = body.get("model_path")
+    if not path:
+        return web.json_response({"success": False, "message": "model_path is required"}, status=400)
+    paused = 0
+    if body.get("abort_all_requests"):
+        paused = await asyncio.to_thread(engine.pause_sync, "abort")
+        engine.resume_sync()
+    version = body.get("weight_version")
+    try:
+        await asyncio.to_thread(
+            engine.update_weights_from_disk_sync, path, version=None if version is None else str(version)
+        )
+    except Exception as exc:  # noqa: BLE001 - report to the caller as SGLang does
+        return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
+    return web.json_response(
+        {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": paused}
+    )
+
+
+async def init_weights_update_group(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await _body(request)
+    try:
+        await asyncio.to_thread(
+            engine.init_weights_update_group_sync,
+            master_address=str(body["master_address"]),
+            master_port=int(body["master_port"]),
+            rank_offset=int(body["rank_offset"]),
+            world_size=int(body["world_size"]),
+            group_name=str(body.get("group_name", "weight_update_group")),
+            backend=str(body.get("backend", "gloo" if engine.device == "cpu" else "nccl")),
+        )
+    except Exception as exc:  # noqa: BLE001
+        return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
+    return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
+
+
+async def update_weights_from_distributed(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await _body(request)
+    if body.get("abort_all_requests"):
+        await asyncio.to_thread(engine.pause_sync, "abort")
+        engine.resume_sync()
+    version = body.get("weight_version")
+    try:
+        await asyncio.to_thread(
+            engine.update_weights_from_distributed_sync,
+            list(body["names"]),
+            list(body["dtypes"]),
+            [list(s) for s in body["shapes"]],
+            group_name=str(body.get("group_name", "weight_update_group")),
+            version=None if version is None else str(version),
+        )
+    except Exception as exc:  # noqa: BLE001
+        return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
+    return web.json_response({"success": True, "message": "Succeeded to update parameter online."})
+
+
+async def pause_generation(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await _body(request)
+    mode = body.get("mode", "abort")
+    if mode not in ("abort", "retract", "in_place"):
+        return _error(f"Invalid mode: {mode!r}. Expected one of ['abort', 'retract', 'in_place'].")
+    await asyncio.to_thread(engine.pause_sync, mode)
+    return web.json_response({"message": "Generation paused successfully."})
+
+
+async def continue_generation(request: web.Request) -> web.Response:
+    request.app[ENGINE_KEY].resume_sync()
+    return web.json_response({"message": "Generation continued successfully."})
+
+
+# -- OpenAI ----------------------------------------------------------------------------------
+
+
+async def openai_models(request: web.Request) -> web.Response:
+    name = request.app[INFO_KEY]["served_model_name"]
+    return web.json_response(
+        {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "rlvr"}]}
+    )
+
+
+def _chat_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:  # the "plain" template of rlvr.data
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+async def openai_chat(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await _body(request)
+    if body.get("stream"):
+        return _error("stream is not supported by the embedded server")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return _error("messages must be a non-empty list")
+    try:
+        prompt = _chat_prompt(engine.tokenizer, messages)
+    except Exception as exc:  # noqa: BLE001 - a template error is the caller's input
+        return _error(f"chat template failed: {exc}")
+    stop = body.get("stop") or []
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    room = max(1, engine.max_len - len(prompt) - 1)
+    params = SamplingParams(
+        temperature=float(body.get("temperature", 1.0)),
+        top_p=float(body.get("top_p", 1.0)),
+        top_k=int(body.get("top_k", -1)),
+        max_new_tokens=min(int(max_tokens), room) if max_tokens else room,
+        stop=[stop] if isinstance(stop, str) else list(stop),
+        seed=body.get("seed"),
+    )
+    n = int(body.get("n", 1))
+    try:
+        results = await _run(engine, [GenerateRequest(prompt, params, n=n)])
+    except ValueError as exc:
+        return _error(str(exc))
+    choices = []
+    completion_tokens = 0
+    for i, result in enumerate(results):
+        completion = result["completion"]
+        completion_tokens += len(completion.token_ids)
+        finish = "length" if completion.finish_reason == "length" else "stop"
+        choices.append(
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": completion.text},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+        )
+    return web.json_response(
+        {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or request.app[INFO_KEY]["served_model_name"],
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt) + completion_tokens,
+            },
+        }
+    )
+
+
+def run_server(engine: Any, *, host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM)."""
+    app = create_app(engine, api_key=api_key)
+    log.info("rlvr embedded server on http://%s:%d (model %s)", host, port, engine.model_path)
+    web.run_app(app, host=host, port=port, print=None, access_log=None)

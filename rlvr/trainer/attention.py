@@ -1,0 +1,62 @@
+"""`rlvr_packed_sdpa`: varlen attention for packed rows without flash-attn (CPU, or GPUs without it).
+
+A packed row under plain sdpa needs an N x N block-diagonal mask, so attention costs N^2
+for a row of N tokens however short its sequences are, and the masked kernels are the slow
+ones. This implementation takes the flash-attention varlen arguments (`cu_seq_lens_q`,
+which transformers forwards from the model call down to every attention layer) and runs
+causal sdpa on each sequence's slice: cost sum(len_i^2), no mask tensor, and the fast
+`is_causal` kernels. Without `cu_seq_lens_q` (padded micro-batches) it is plain sdpa.
+
+Registered with transformers' AttentionInterface on import (no mask function is
+registered, so transformers builds no mask for it: right-padded rows are exact under
+causal attention, packed rows carry their boundaries in `cu_seq_lens_q`).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+PACKED_SDPA = "rlvr_packed_sdpa"
+
+
+def packed_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """query/key/value [1, heads, N, head_dim] -> ([1, N, heads, head_dim], None)."""
+    cu = kwargs.pop("cu_seq_lens_q", None)
+    for unused in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
+        kwargs.pop(unused, None)
+    if cu is None or query.shape[0] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    bounds = cu.tolist()
+    outs = [
+        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, dropout, scaling,
+                               is_causal=True, **kwargs)[0]
+        for s, e in zip(bounds[:-1], bounds[1:], strict=True)
+        if e > s
+    ]  # fmt: skip
+    return torch.cat(outs, dim=1), None
+
+
+AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
+
+
+def default_attn_implementation(device: torch.device) -> str:
+    """flash_attention_2 on CUDA when flash-attn is installed, else the packed sdpa above."""
+    if device.type == "cuda":
+        try:
+            import flash_attn  # noqa: F401  # pyright: ignore[reportMissingImports]
+
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return PACKED_SDPA

@@ -1,0 +1,271 @@
+"""Checkpoints: DCP (sharded) save/resume, atomic, keep-last-k; and safetensors HF export.
+
+Layout under a checkpoint root (the run's `checkpoints/` folder):
+
+    step_40/            a complete checkpoint: DCP shards (model + optimizer of every part),
+      meta.json         rank_<r>.pt (scheduler states + the caller's extra state, per rank:
+      rank_0.pt ...     RNG states differ by rank), and meta.json
+    step_50.tmp/        a save in progress (or one killed mid-way): never read
+    latest              "step_50": replaced atomically (write latest.tmp, os.replace)
+
+A save writes everything into `step_N.tmp/`, then rank 0 renames it to `step_N/` (atomic on
+POSIX) and only then moves `latest`: a kill at any point leaves the previous checkpoint
+complete and pointed to. Older checkpoints are pruned only after the new one is committed.
+Resume is exact: model, AdamW moments and step counts, lr schedule position, and whatever
+`extra` holds (data-mixture cursor, KL controller, RNG states) come back bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from rlvr.trainer import dist as d
+from rlvr.trainer.optim import load_scheduler_state
+from rlvr.trainer.weights import iter_full_weights
+
+STEP_RE = re.compile(r"^step_(\d+)$")
+LATEST = "latest"
+
+
+class Trainable(Protocol):
+    """What a checkpoint part exposes: `Actor`, `Critic` and `TrainEngine` all fit."""
+
+    @property
+    def model(self) -> nn.Module: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None: ...
+    @property
+    def scheduler(self) -> Any: ...
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"step_{step}"
+
+
+def _dcp_state(parts: Mapping[str, Trainable]) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    state: dict[str, Any] = {}
+    for name, part in parts.items():
+        if part.optimizer is not None:
+            model_sd, optim_sd = get_state_dict(part.model, part.optimizer)
+            state[name] = {"model": model_sd, "optim": optim_sd}
+        else:
+            state[name] = {"model": get_model_state_dict(part.model)}
+    return state
+
+
+def _write_dcp(state: dict[str, Any], path: Path) -> None:
+    """The slow part of a save (a seam for tests that simulate a crash mid-write)."""
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    with _quiet_single_process():
+        save(state, checkpoint_id=str(path), no_dist=not d.is_dist())
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    parts: Mapping[str, Trainable],
+    *,
+    extra: Mapping[str, Any] | None = None,
+    keep_last: int | None = None,
+) -> Path:
+    """Save `parts` (e.g. {"actor": actor, "critic": critic}) and this rank's `extra` at `step`.
+
+    Collective: every rank calls it. `extra` is pickled per rank (pass each rank's own RNG
+    states). Returns the committed `step_N` folder. `keep_last` prunes older checkpoints
+    after the commit.
+    """
+    root = Path(root)
+    final = step_dir(root, step)
+    tmp = final.with_name(final.name + ".tmp")
+    if d.rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    d.barrier()
+    _write_dcp(_dcp_state(parts), tmp)
+    local = {
+        "schedulers": {n: p.scheduler.state_dict() for n, p in parts.items() if p.scheduler is not None},
+        "extra": dict(extra or {}),
+    }
+    torch.save(local, tmp / f"rank_{d.rank()}.pt")
+    d.barrier()
+    if d.rank() == 0:
+        meta = {"step": step, "world_size": d.world_size(), "parts": sorted(parts), "time": time.time()}
+        _write_atomic(tmp / "meta.json", json.dumps(meta, indent=2))
+        if final.exists():  # re-saving a step (e.g. after resuming from it): replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        _write_atomic(root / LATEST, final.name)
+        if keep_last is not None:
+            prune(root, keep_last=keep_last)
+    d.barrier()
+    return final
+
+
+def load_checkpoint(path: str | Path, parts: Mapping[str, Trainable]) -> dict[str, Any]:
+    """Restore `parts` in place from a `step_N` folder; returns this rank's `extra`.
+
+    The world size may differ from the saving run for model/optimizer (DCP reshards); the
+    extra state of rank r comes from rank_r.pt, or rank_0.pt when that rank did not exist.
+    """
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    path = Path(path)
+    if not (path / "meta.json").exists():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no meta.json)")
+    state = _dcp_state(parts)
+    with _quiet_single_process():
+        load(state, checkpoint_id=str(path), no_dist=not d.is_dist())
+    for name, part in parts.items():
+        if part.optimizer is not None:
+            set_state_dict(
+                part.model, part.optimizer, model_state_dict=state[name]["model"], optim_state_dict=state[name]["optim"]
+            )
+        else:
+            set_model_state_dict(part.model, state[name]["model"])
+    own = path / f"rank_{d.rank()}.pt"
+    local = torch.load(own if own.exists() else path / "rank_0.pt", weights_only=False, map_location="cpu")
+    for name, part in parts.items():
+        if part.scheduler is not None and name in local["schedulers"]:
+            load_scheduler_state(part.scheduler, local["schedulers"][name])
+    return local["extra"]
+
+
+def find_latest(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under `root`, or None.
+
+    Trusts the `latest` pointer when it names a complete folder, else scans `step_N/`
+    folders that have meta.json (a pointer lost with a disk or edited by hand still resumes).
+    """
+    root = Path(root)
+    pointer = root / LATEST
+    if pointer.exists():
+        candidate = root / pointer.read_text().strip()
+        if (candidate / "meta.json").exists():
+            return candidate
+    done = [p for p in _complete(root)]
+    return done[-1] if done else None
+
+
+def prune(root: str | Path, *, keep_last: int) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints, and abandoned `.tmp` saves
+    of older steps; returns what was removed."""
+    root = Path(root)
+    done = _complete(root)
+    removed = done[: max(0, len(done) - keep_last)]
+    newest = _step_of(done[-1]) if done else -1
+    for p in root.glob("step_*.tmp"):
+        m = STEP_RE.match(p.name[: -len(".tmp")])
+        if m and int(m.group(1)) <= newest:
+            removed.append(p)
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
+def _complete(root: Path) -> list[Path]:
+    if not root.exists():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and STEP_RE.match(p.name) and (p / "meta.json").exists()]
+    return sorted(found, key=_step_of)
+
+
+def _step_of(path: Path) -> int:
+    m = STEP_RE.match(path.name)
+    assert m is not None
+    return int(m.group(1))
+
+
+@contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns that it "assumes" single-process mode; without a process group that is the intent."""
+    with warnings.catch_warnings():
+        if not d.is_dist():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def export_hf(
+    model: nn.Module,
+    tokenizer: Any,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_size: str = "5GB",
+) -> Path | None:
+    """Write a transformers folder (config, safetensors, tokenizer) from a (sharded) model.
+
+    Collective: every rank gathers each full tensor (`iter_full_weights`), rank 0 keeps and
+    writes them; the folder appears atomically (written as `<out>.tmp`, then renamed).
+    `dtype` casts the weights (e.g. bf16 for serving) and records it in config.json.
+    Returns the folder on rank 0, None elsewhere.
+    """
+    from huggingface_hub import save_torch_state_dict
+
+    out = Path(out_dir)
+    main = d.rank() == 0
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in iter_full_weights(model, dtype=dtype):
+        if main:
+            state[name] = tensor.contiguous()
+    if main:
+        tmp = out.with_name(out.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        save_torch_state_dict(state, tmp, max_shard_size=max_shard_size)
+        config = getattr(model, "config", None)
+        if config is not None:
+            config = config.__class__.from_dict(config.to_dict())
+            config.use_cache = True  # training turned it off; inference wants it
+            if dtype is not None:
+                config.dtype = dtype
+            config.save_pretrained(tmp)
+        generation_config = getattr(model, "generation_config", None)
+        if generation_config is not None:
+            generation_config.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    d.barrier()
+    return out if main else None

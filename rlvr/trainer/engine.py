@@ -1,0 +1,244 @@
+"""The update loop shared by actor and critic: rank shares, micro-batches, accumulation, step.
+
+Every rank receives the *global* batch (the controller broadcasts it; it is only token
+ids and a few floats per token) and takes its own share of each mini-batch, balanced by
+token count. That keeps three things simple and exact:
+
+- loss denominators (tokens / sequences of the whole mini-batch) are computed locally,
+  identically on every rank, with no extra collective, and FSDP2 *sums* gradients
+  (divide factor 1): summed micro-batch gradients equal the full mini-batch gradient;
+- a 1-rank and an N-rank run follow the same optimisation path (mini-batch j is the same
+  rows for any world size);
+- no-grad passes (old/reference logprobs, values) fill their rows of a `[B, T]` result
+  that one all-reduce assembles on every rank.
+
+FSDP2 all-gathers parameters inside every forward, so all ranks must run the same number
+of forwards: a rank with fewer micro-batches (dynamic batching gives each rank its own
+count) runs zero-weighted dummy ones.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from rlvr.recipe.schema import TrainerConfig
+from rlvr.trainer import dist as d
+from rlvr.trainer.batch import TrainBatch
+from rlvr.trainer.model import attn_implementation_of
+from rlvr.trainer.optim import build_optimizer, build_scheduler
+from rlvr.trainer.packing import MicroBatch, balance_partition, make_micro_batches, pack_sequences
+
+# loss_fn(micro_batch, local_batch, (num_tokens, num_seqs)) -> (loss, metrics, weight); the counts are
+# the whole mini-batch's (all ranks), the weight (masked tokens) averages the metrics.
+LossFn = Callable[[MicroBatch, TrainBatch, tuple[float, float]], tuple[torch.Tensor, dict[str, float], float]]
+# forward_fn(micro_batch) -> [b, width] per-token values (logprobs, values, ...), no grad.
+EvalFn = Callable[[MicroBatch], tuple[torch.Tensor, ...]]
+
+
+@dataclass(slots=True)
+class _Tally:
+    """Local sums of one train_step's metrics, combined across ranks once at the end."""
+
+    weighted: dict[str, list[float]] = field(default_factory=dict)  # key -> [sum w*x, sum w]
+    losses: list[float] = field(default_factory=list)  # local loss sum per update
+    grad_norms: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    tokens: int = 0
+    skipped: int = 0
+
+    maxima: dict[str, float] = field(default_factory=dict)  # keys ending in "_max"
+
+    def add(self, metrics: dict[str, float], weight: float) -> None:
+        for key, value in metrics.items():
+            if key.endswith("_max"):
+                self.maxima[key] = max(self.maxima.get(key, -math.inf), float(value))
+                continue
+            acc = self.weighted.setdefault(key, [0.0, 0.0])
+            acc[0] += float(value) * weight
+            acc[1] += weight
+
+
+def dummy_batch(pad_id: int) -> TrainBatch:
+    """Two pad tokens: the cheapest forward that still touches every parameter."""
+    return TrainBatch.from_sequences([[pad_id]], [[pad_id]], pad_id=pad_id)
+
+
+class TrainEngine:
+    """One model with its optimizer and lr schedule, and the micro-batched update loop."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: TrainerConfig,
+        *,
+        total_steps: int,
+        lr: float | None = None,
+        device: torch.device | None = None,
+        trainable: bool = True,
+    ):
+        self.model = model
+        self.cfg = cfg
+        self.device = device or next(model.parameters()).device
+        self.attn_implementation = attn_implementation_of(model)
+        self.optimizer = build_optimizer(model.parameters(), cfg, lr=lr) if trainable else None
+        self.scheduler = build_scheduler(self.optimizer, cfg, total_steps=total_steps) if self.optimizer else None
+        self.last_update_losses: list[float] = []
+
+    # -- batching -------------------------------------------------------------------------
+    def local_share(self, batch: TrainBatch) -> TrainBatch:
+        """This rank's rows of a global (mini-)batch, balanced by tokens across ranks."""
+        return batch if d.world_size() == 1 else batch.select(self._share_index(batch))
+
+    def micro_batches(self, local: TrainBatch) -> list[MicroBatch | None]:
+        """Packed (token budget) or padded micro-batches, plus `None` placeholders so every
+        rank runs the same number of forwards."""
+        mbs: list[MicroBatch | None] = list(
+            make_micro_batches(
+                local,
+                packing=self.cfg.packing,
+                max_tokens=self.cfg.max_tokens_per_micro_batch,
+                micro_batch_size=self.cfg.micro_batch_size,
+                attn_implementation=self.attn_implementation,
+            )
+        )
+        count = int(d.all_reduce([float(len(mbs))], op="max")[0])
+        return mbs + [None] * (count - len(mbs))
+
+    def _dummy(self, pad_id: int) -> MicroBatch:
+        return pack_sequences(dummy_batch(pad_id), [0], attn_implementation=self.attn_implementation).to(self.device)
+
+    # -- no-grad passes -------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, batch: TrainBatch, fn: EvalFn, *, outputs: int = 1) -> tuple[torch.Tensor, ...]:
+        """Run `fn` over every sequence (each rank its share) and return `outputs` global
+        `[B, T]` tensors, identical on every rank (one all-reduce; each row has one owner)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            share = self._share_index(batch)
+            local = batch.select(share)
+            results = [torch.zeros(len(batch), batch.max_response_len, dtype=torch.float32) for _ in range(outputs)]
+            share_t = torch.as_tensor(share, dtype=torch.long)
+            for mb in self.micro_batches(local):
+                if mb is None:
+                    fn(self._dummy(batch.pad_id))
+                    continue
+                values = fn(mb.to(self.device))
+                rows = share_t[mb.seq_index]
+                for out, v in zip(results, values, strict=True):
+                    out[rows, : mb.width] = v.detach().float().cpu()
+            if d.world_size() > 1:
+                results = [self._all_reduce(out) for out in results]
+            return tuple(results)
+        finally:
+            self.model.train(was_training)
+
+    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        x = t.to(d._comm_device())  # noqa: SLF001
+        torch.distributed.all_reduce(x)
+        return x.cpu()
+
+    def _share_index(self, batch: TrainBatch) -> list[int]:
+        world = d.world_size()
+        if world == 1:
+            return list(range(len(batch)))
+        lens = [int(x) for x in batch.seq_lens]
+        return balance_partition(lens, parts=world)[d.rank()]
+
+    # -- updates --------------------------------------------------------------------------
+    def update(self, mini: TrainBatch, loss_fn: LossFn, tally: _Tally) -> None:
+        """One optimizer step on a global mini-batch: this rank's micro-batches, accumulate,
+        clip, step, schedule."""
+        from rlvr.algorithms.losses import loss_denominators
+
+        assert self.optimizer is not None and self.scheduler is not None
+        denominators = loss_denominators(mini.response_mask)  # global: every rank holds the mini-batch
+        local = self.local_share(mini)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for mb in self.micro_batches(local):
+            if mb is None:
+                dummy = self._dummy(mini.pad_id)
+                out = self.model(**dummy.model_kwargs())
+                (out.logits.sum() * 0.0).backward()
+                continue
+            mb = mb.to(self.device)
+            loss, metrics, weight = loss_fn(mb, local, denominators)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            tally.add(metrics, weight)
+            tally.tokens += mb.num_tokens
+        grad_norm = self.clip_grad_norm()
+        tally.lrs.append(self.optimizer.param_groups[0]["lr"])
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:  # one bad batch must not poison the weights; the step is counted and reported
+            tally.skipped += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        tally.losses.append(loss_sum)
+        tally.grad_norms.append(grad_norm)
+
+    def clip_grad_norm(self) -> float:
+        """Global grad norm over all (sharded) parameters, clipped to `grad_clip` when > 0.
+
+        DTensor grads give a DTensor norm; `full_tensor()` completes the cross-rank reduction
+        so every rank clips with the same factor.
+        """
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        full_tensor = getattr(total, "full_tensor", None)
+        if full_tensor is not None:
+            total = full_tensor()
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.grad_clip, total)
+        return float(total)
+
+    def run(self, batch: TrainBatch, loss_fn: LossFn, *, epochs: int, mini_batches: int) -> dict[str, float]:
+        """epochs x mini_batches updates; metrics averaged over updates and ranks.
+
+        Loss-function metrics are averaged weighted by each micro-batch's masked tokens;
+        `loss` is each update's global mini-batch loss (the sum over ranks and micro-batches,
+        which the global denominators make the true mean), averaged over updates.
+        """
+        start = time.perf_counter()
+        tally = _Tally()
+        for _ in range(epochs):
+            for mini in batch.split(mini_batches):
+                self.update(mini, loss_fn, tally)
+        elapsed = time.perf_counter() - start
+        return self._combine(tally, elapsed)
+
+    def _combine(self, tally: _Tally, elapsed: float) -> dict[str, float]:
+        keys, max_keys = sorted(tally.weighted), sorted(tally.maxima)
+        if d.world_size() > 1:  # a rank that ran only dummy micro-batches has no keys
+            gathered: list[object] = [None] * d.world_size()
+            torch.distributed.all_gather_object(gathered, (keys, max_keys))
+            keys = sorted({k for ks, _ in gathered for k in ks})  # pyright: ignore[reportGeneralTypeIssues]
+            max_keys = sorted({k for _, ks in gathered for k in ks})  # pyright: ignore[reportGeneralTypeIssues]
+        maxima = d.all_reduce([tally.maxima.get(k, -math.inf) for k in max_keys], op="max")
+        flat = [v for k in keys for v in tally.weighted.get(k, [0.0, 0.0])]
+        flat += tally.losses + [float(tally.tokens)]
+        flat = d.all_reduce(flat, op="sum")
+        elapsed = d.all_reduce([elapsed], op="max")[0]
+        n = len(tally.losses)
+        losses = flat[2 * len(keys) : 2 * len(keys) + n]
+        self.last_update_losses = losses
+        metrics = {k: flat[2 * i] / flat[2 * i + 1] if flat[2 * i + 1] > 0 else 0.0 for i, k in enumerate(keys)}
+        metrics.update(zip(max_keys, maxima, strict=True))
+        metrics["loss"] = sum(losses) / max(1, n)
+        metrics["grad_norm"] = sum(tally.grad_norms) / max(1, n)
+        metrics["lr"] = tally.lrs[-1] if tally.lrs else 0.0
+        metrics["tokens_per_s"] = flat[-1] / elapsed if elapsed > 0 else 0.0
+        metrics["updates"] = float(n)
+        if tally.skipped:
+            metrics["skipped_updates"] = float(tally.skipped)
+        return metrics

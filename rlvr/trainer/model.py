@@ -1,0 +1,179 @@
+"""Load a transformers model and shard it with FSDP2 (`fully_shard` per decoder block + root).
+
+One path for every model the trainer holds (actor, frozen reference, critic), so they are
+sharded the same way and a reference forward costs what an actor forward costs. On CPU we
+train in fp32 (bf16 is 2-11x slower on these CPUs, see DESIGN.md) and gloo carries the
+collectives; on GPU FSDP2's MixedPrecisionPolicy computes in `trainer.param_dtype` over fp32
+master weights and reduces gradients in `trainer.reduce_dtype`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlvr.recipe.schema import ModelConfig, TrainerConfig
+from rlvr.trainer import dist as d
+from rlvr.trainer.attention import default_attn_implementation
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _hf_config(cfg: ModelConfig, **overrides: object):
+    from transformers import AutoConfig
+
+    if cfg.path is not None:
+        config = AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
+    else:
+        assert cfg.config is not None
+        raw = dict(cfg.config)
+        config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    config.use_cache = False  # training never decodes; a cache only costs memory
+    return config
+
+
+def load_hf_model(
+    cfg: ModelConfig, *, kind: str = "causal_lm", seed: int = 0, attn_implementation: str = "rlvr_packed_sdpa"
+) -> nn.Module:
+    """A transformers model in fp32 on CPU: `kind="causal_lm"` (actor, reference) or `"value"`.
+
+    `attn_implementation`: `rlvr_packed_sdpa` (varlen sdpa, see `rlvr.trainer.attention`),
+    `flash_attention_2`, or plain `sdpa` / `eager` (packed rows then get a 4D mask).
+
+    The value model is `AutoModelForTokenClassification(num_labels=1)`: the same backbone
+    loaded from the policy's weights plus a fresh scalar head (`score`), dropout off so
+    values are deterministic. A model built from `cfg.config` is seeded with `seed` so every
+    rank starts from identical weights.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    if cfg.use_torchtitan:
+        raise NotImplementedError(
+            "model.use_torchtitan is not wired into the trainer yet: the transformers path covers Qwen3/Qwen2/Llama "
+            "with FSDP2 and packing; torchtitan's Qwen3 needs the four CPU fixes listed in DESIGN.md plus its own "
+            "state-dict adapter for weight sync and export. Set use_torchtitan = false."
+        )
+    extra: dict[str, object] = {}
+    auto: type = AutoModelForCausalLM
+    if kind == "value":
+        auto = AutoModelForTokenClassification
+        extra = {"num_labels": 1, "classifier_dropout": 0.0}
+    elif kind != "causal_lm":
+        raise ValueError(f"unknown model kind {kind!r}")
+    config = _hf_config(cfg, **extra)
+    common = {"dtype": torch.float32, "attn_implementation": attn_implementation}
+    if cfg.path is not None:
+        torch.manual_seed(seed)  # the value head is freshly initialised: same on every rank
+        model = auto.from_pretrained(cfg.path, config=config, trust_remote_code=cfg.trust_remote_code, **common)
+    else:
+        torch.manual_seed(seed)
+        model = auto.from_config(config, trust_remote_code=cfg.trust_remote_code, **common)
+    return model
+
+
+def decoder_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks: what FSDP2 shards one by one (and checkpointing wraps)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        inner = getattr(model, "model", None)
+        layers = getattr(inner, "layers", None)
+        if isinstance(layers, nn.ModuleList):
+            blocks = list(layers)
+    if not blocks:
+        raise ValueError(f"cannot find the decoder blocks of {type(model).__name__} to shard")
+    return blocks
+
+
+def shard_model(
+    model: nn.Module,
+    *,
+    strategy: str,
+    device: torch.device,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+    gradient_checkpointing: bool = False,
+) -> nn.Module:
+    """Move to `device` and apply FSDP2 (strategy "fsdp2") or leave a plain module ("none").
+
+    Gradients are *summed* across ranks (divide factor 1): the losses already divide by
+    global token/sequence counts, so a sum is the full-batch gradient. gloo has no
+    PREMUL_SUM/AVG reduce-scatter, so comms are forced to plain sums there.
+    """
+    if gradient_checkpointing:
+        # transformers 5 renamed it; non-reentrant checkpointing is the one FSDP2 supports
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        elif (legacy := getattr(model, "gradient_checkpointing_enable", None)) is not None:
+            legacy(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            raise ValueError(f"{type(model).__name__} supports no activation checkpointing")
+    model.to(device)
+    if strategy == "none":
+        if d.world_size() > 1:
+            raise ValueError("trainer.strategy = 'none' runs on one process; use 'fsdp2' with torchrun")
+        return model
+    if strategy != "fsdp2":
+        raise ValueError(f"unknown trainer strategy {strategy!r}")
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    d.init_distributed(force=True)
+    # CPU: the default policy (no casts); fp32 throughout
+    on_gpu = device.type == "cuda"
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype) if on_gpu else MixedPrecisionPolicy()
+    for block in decoder_blocks(model):
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    gloo = torch.distributed.get_backend() == "gloo"
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            if gloo:
+                module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def build_model(
+    cfg: ModelConfig,
+    trainer: TrainerConfig,
+    *,
+    device: torch.device,
+    kind: str = "causal_lm",
+    seed: int = 0,
+    trainable: bool = True,
+    attn_implementation: str | None = None,
+) -> nn.Module:
+    """Load + shard in one call. A frozen model (`trainable=False`, the reference) gets no
+    gradients and no activation checkpointing; it is sharded like the actor."""
+    attn = attn_implementation or default_attn_implementation(device)
+    model = load_hf_model(cfg, kind=kind, seed=seed, attn_implementation=attn)
+    if not trainable:
+        model.requires_grad_(False)
+    model.train(trainable)  # dropout is 0 in the configs we load; train() keeps checkpointing active
+    on_gpu = device.type == "cuda"
+    return shard_model(
+        model,
+        strategy=trainer.strategy,
+        device=device,
+        param_dtype=DTYPES[trainer.param_dtype] if on_gpu else None,
+        reduce_dtype=DTYPES[trainer.reduce_dtype] if on_gpu else None,
+        gradient_checkpointing=cfg.gradient_checkpointing and trainable,
+    )
+
+
+def attn_implementation_of(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    return str(getattr(config, "_attn_implementation", None) or "sdpa")
+
+
+def load_tokenizer(cfg: ModelConfig):
+    """The tokenizer folder (`model.tokenizer`, else `model.path`); None for a config-only model."""
+    source = cfg.tokenizer or cfg.path
+    if source is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)

@@ -1,0 +1,73 @@
+"""`rlvr export` turns a DCP checkpoint into a HF folder with equal logits; `rlvr eval` scores it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from typer.testing import CliRunner
+
+from rlvr.cli import app
+from rlvr.recipe.load import load_recipe, resolved_json
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_run(tmp_path: Path, *, lr_noise: float = 0.05) -> tuple[Path, torch.nn.Module]:
+    """A run directory with the quickstart's resolved recipe and a checkpoint of perturbed weights."""
+    from rlvr.trainer.checkpoint import save_checkpoint
+    from rlvr.trainer.model import build_model
+
+    recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", ["trainer.strategy=none"])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "resolved_recipe.json").write_text(resolved_json(recipe))
+    model = build_model(recipe.model, recipe.trainer, device=torch.device("cpu"), seed=0)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * lr_noise)
+    part = SimpleNamespace(model=model, optimizer=None, scheduler=None)
+    save_checkpoint(run_dir / "checkpoints", 7, {"actor": part})
+    return run_dir, model
+
+
+def test_export_round_trips_logits(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run_dir, model = make_run(tmp_path)
+    out = tmp_path / "hf"
+    result = CliRunner().invoke(app, ["export", str(run_dir / "checkpoints" / "step_7"), str(out)])
+    assert result.exit_code == 0, result.output
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.tensor([[5, 17, 40, 33, 21, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model.eval()(ids).logits, rtol=1e-5, atol=1e-5)
+    assert (out / "tokenizer.json").exists()
+
+
+def test_eval_scores_a_checkpoint_by_tag(tmp_path: Path) -> None:
+    run_dir, _ = make_run(tmp_path, lr_noise=0.0)
+    rows = tmp_path / "rows.jsonl"
+    data = ROOT / "recipes" / "quickstart" / "data"
+    rows.write_text("".join((data / "math_eval.jsonl").read_text().splitlines(keepends=True)[:4]))
+    out = tmp_path / "scores.jsonl"
+    result = CliRunner().invoke(
+        app, ["eval", str(run_dir / "checkpoints" / "step_7"), "--data", str(rows), "--max-new-tokens", "16", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    scored = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(scored) == 4 and {r["tag"] for r in scored} == {"math"}
+    assert all(r["score"] in (0.0, 1.0) for r in scored)
+    assert "math" in result.stdout and "all" in result.stdout
+
+
+def test_eval_bad_input_is_one_line(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"tag": "x", "prompt": "1+1"}\n')
+    result = CliRunner().invoke(app, ["eval", str(tmp_path), "--data", str(rows)])
+    assert result.exit_code == 2 and "pass --reward NAME or --recipe" in result.stderr
+    result = CliRunner().invoke(app, ["eval", str(tmp_path), "--data", str(tmp_path / "none.jsonl"), "--reward", "math_rule"])
+    assert result.exit_code == 2 and "no such data file" in result.stderr

@@ -1,0 +1,318 @@
+"""The SGLang-protocol client against `rlvr serve` in a real subprocess on loopback.
+
+One server process (tiny model, ephemeral port, API key) serves the whole module; the
+tests drive it only through HTTP, as the RL loop drives SGLang servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+import torch
+
+from rlvr.recipe.schema import RolloutConfig
+from rlvr.rollout.engine import GenerateRequest, RolloutEngine, RolloutError, SamplingParams
+from rlvr.rollout.sglang import SGLangClient, build_embedded_server_command
+
+API_KEY = "test-key"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _sharp_model(path: Path) -> Path:
+    """A tiny Qwen3 with scaled-up weights, so greedy text varies (see tests/unit/rollout/conftest.py)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.tiny import build_tiny_model_dir
+
+    base = build_tiny_model_dir(path.with_name(path.name + "-base"))
+    model = AutoModelForCausalLM.from_pretrained(base)
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.dim() == 2:
+                weight.mul_(6.0)
+    model.save_pretrained(path)
+    for file in base.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(file, path / file.name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _sharp_model(tmp_path_factory.mktemp("rollout-server") / "sharp")
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path):
+    port = _free_port()
+    argv = build_embedded_server_command(
+        RolloutConfig(max_batch=8), model_path=str(model_dir), port=port, api_key=API_KEY
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stdout.read() if proc.stdout else ''}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.2)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture
+async def client(server: str):
+    async with SGLangClient([server], api_key=API_KEY, timeout_s=60, backoff_s=0.05) as c:
+        await c.wait_ready(timeout_s=60)
+        yield c
+
+
+def _tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+async def _post(url: str, path: str, payload: dict, *, key: str | None = API_KEY) -> tuple[int, object]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession(headers=headers) as session, session.post(url + path, json=payload) as resp:
+        return resp.status, await resp.json(content_type=None) if resp.status != 204 else None
+
+
+async def test_client_generates_with_logprobs_matching_a_full_forward(client, model_dir):
+    from transformers import AutoModelForCausalLM
+
+    assert isinstance(client, RolloutEngine)
+    tok = _tokenizer(model_dir)
+    prompts = ["hello", "the quick brown fox", "solve: 2+2="]
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
+    out = await client.generate([GenerateRequest(tok.encode(p), params, n=2) for p in prompts])
+    assert len(out) == 6 and out[0].token_ids == out[1].token_ids
+    reference = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    for completion in out:
+        assert completion.finish_reason == "length" and len(completion.token_ids) == 12
+        assert completion.text == tok.decode(completion.token_ids)
+        ids = torch.tensor([completion.prompt_token_ids + completion.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(reference(ids).logits[0].float(), -1)[len(completion.prompt_token_ids) - 1 : -1]
+        expected = logp.gather(1, torch.tensor(completion.token_ids)[:, None]).squeeze(1)
+        torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-4, rtol=0)
+
+
+async def test_sglang_wire_format(server, model_dir):
+    status, body = await _post(
+        server,
+        "/generate",
+        {
+            "text": ["hi", "yo"],
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0, "n": 2},
+            "return_logprob": True,
+        },
+    )
+    assert status == 200 and isinstance(body, list) and len(body) == 4
+    first = body[0]
+    assert set(first) >= {"text", "output_ids", "meta_info"}
+    meta = first["meta_info"]
+    assert meta["finish_reason"]["type"] in ("length", "stop")
+    assert meta["prompt_tokens"] == 2 and meta["completion_tokens"] == len(first["output_ids"])
+    assert isinstance(meta["weight_version"], str)
+    assert [entry[1] for entry in meta["output_token_logprobs"]] == first["output_ids"]
+    assert all(entry[2] is None for entry in meta["output_token_logprobs"])
+    status, single = await _post(
+        server, "/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}}
+    )
+    assert status == 200 and isinstance(single, dict) and "output_token_logprobs" not in single["meta_info"]
+    status, _ = await _post(server, "/generate", {"sampling_params": {}})
+    assert status == 400
+
+
+async def test_seeded_sampling_is_reproducible_over_http(client, model_dir):
+    tok = _tokenizer(model_dir)
+    request = GenerateRequest(tok.encode("hello"), SamplingParams(temperature=1.0, max_new_tokens=16, seed=7), n=3)
+    a = await client.generate([request])
+    b = await client.generate([request])
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert len({tuple(c.token_ids) for c in a}) == 3
+
+
+async def test_stop_strings_over_http(client, model_dir):
+    tok = _tokenizer(model_dir)
+    prompt = tok.encode("the quick brown fox")
+    free = (await client.generate([GenerateRequest(prompt, SamplingParams(temperature=0, max_new_tokens=20))]))[0]
+    stop = free.text[6:8]
+    out = (
+        await client.generate([GenerateRequest(prompt, SamplingParams(temperature=0, max_new_tokens=20, stop=[stop]))])
+    )[0]
+    assert out.finish_reason == "stop" and out.text == free.text[: free.text.find(stop)]
+
+
+async def test_api_key_is_required_except_for_health(server):
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server + "/health") as resp:
+            assert resp.status == 200
+        async with session.get(server + "/get_model_info") as resp:
+            assert resp.status == 401
+    status, _ = await _post(server, "/generate", {"text": "hi"}, key="wrong")
+    assert status == 401
+    async with SGLangClient([server], api_key="wrong", timeout_s=10) as bad:
+        with pytest.raises(RolloutError, match="401"):
+            await bad.generate([GenerateRequest([5, 6], SamplingParams(max_new_tokens=2))])
+
+
+async def test_openai_chat_route(server):
+    payload = {"model": "m", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 5, "temperature": 0}
+    status, body = await _post(server, "/v1/chat/completions", payload)
+    assert status == 200
+    assert body["object"] == "chat.completion"  # type: ignore[index]
+    choice = body["choices"][0]  # type: ignore[index]
+    assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
+    assert body["usage"]["completion_tokens"] <= 5  # type: ignore[index]
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]  # type: ignore[index]
+
+
+async def test_pause_holds_new_requests_until_continue(client, server):
+    await client.pause("in_place")
+    try:
+        task = asyncio.create_task(client.generate([GenerateRequest([5, 6, 7], SamplingParams(max_new_tokens=3))]))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+    finally:
+        await client.resume()
+    out = await asyncio.wait_for(task, 30)
+    assert len(out[0].token_ids) <= 3
+
+    long = GenerateRequest([5, 6, 7], SamplingParams(max_new_tokens=1000, ignore_eos=True), n=8)
+    task = asyncio.create_task(client.generate([long]))
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_KEY}"}) as session:
+        for _ in range(500):  # wait until the server is decoding it
+            async with session.get(server + "/get_server_info") as resp:
+                if (await resp.json())["running"] > 0:
+                    break
+            await asyncio.sleep(0.01)
+    await client.pause("abort")
+    try:
+        aborted = await asyncio.wait_for(task, 30)
+        assert {c.finish_reason for c in aborted} == {"abort"}
+        assert all(len(c.token_ids) < 1000 for c in aborted)
+    finally:
+        await client.resume()
+
+
+async def test_update_weights_from_disk_changes_outputs_and_version(client, server, model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    tok = _tokenizer(model_dir)
+    request = GenerateRequest(tok.encode("hello"), SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True))
+    before = (await client.generate([request]))[0]
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        for weight in model.parameters():
+            weight.add_(torch.randn_like(weight) * 0.5)
+    model.save_pretrained(tmp_path / "v5")
+    try:
+        await client.update_weights_from_disk(str(tmp_path / "v5"), version=5)
+        after = (await client.generate([request]))[0]
+        assert after.policy_version == 5 and after.token_ids != before.token_ids
+        with pytest.raises(RolloutError, match="success|safetensors|400"):
+            await client.update_weights_from_disk(str(tmp_path / "missing"))
+    finally:
+        await client.update_weights_from_disk(str(model_dir), version=0)
+    restored = (await client.generate([request]))[0]
+    assert restored.token_ids == before.token_ids and restored.policy_version == 0
+
+
+async def test_update_weights_from_distributed_with_an_in_test_sender(client, model_dir):
+    """This process plays trainer rank 0: it hosts the group and broadcasts perturbed weights."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.rollout.dist import dtype_name, join_group, send_broadcast
+
+    tok = _tokenizer(model_dir)
+    request = GenerateRequest(tok.encode("hello"), SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True))
+    before = (await client.generate([request]))[0]
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        torch.manual_seed(4)
+        for weight in model.parameters():
+            weight.add_(torch.randn_like(weight) * 0.5)
+    port = _free_port()
+    holder: dict[str, object] = {}
+
+    def host():
+        holder["group"] = join_group(master_address="127.0.0.1", master_port=port, rank=0, world_size=2, timeout_s=60)
+
+    thread = threading.Thread(target=host)
+    thread.start()
+    await client.init_weights_update_group(
+        master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=2, backend="gloo"
+    )
+    await asyncio.to_thread(thread.join, 60)
+    group = holder["group"]
+
+    named = list(model.named_parameters())
+    buckets = [named[: len(named) // 2], named[len(named) // 2 :]]
+    for i, bucket in enumerate(buckets):
+        version = 7 if i == len(buckets) - 1 else None
+        names = [n for n, _ in bucket]
+        update = asyncio.create_task(
+            client.update_weights_from_distributed(
+                names, [dtype_name(t.dtype) for _, t in bucket], [list(t.shape) for _, t in bucket], version=version
+            )
+        )
+        await asyncio.to_thread(send_broadcast, group, [t.detach() for _, t in bucket])
+        await asyncio.wait_for(update, 60)
+    after = (await client.generate([request]))[0]
+    assert after.policy_version == 7 and after.token_ids != before.token_ids
+
+    from rlvr.rollout.embedded import EmbeddedEngine
+
+    local = EmbeddedEngine(model_dir, max_batch=2, device="cpu")
+    try:
+        local.load_state_dict(dict(model.named_parameters()), version="7")
+        assert local.generate_sync([request])[0].token_ids == after.token_ids
+    finally:
+        local.close()
+        await client.update_weights_from_disk(str(model_dir), version=0)
+
+
+async def test_dead_server_is_skipped_and_requests_rerouted(server):
+    dead = f"http://127.0.0.1:{_free_port()}"
+    async with SGLangClient([dead, server], api_key=API_KEY, timeout_s=30, backoff_s=0.01) as c:
+        out = await c.generate([GenerateRequest([5, 6, 7], SamplingParams(max_new_tokens=2), n=1) for _ in range(6)])
+        assert len(out) == 6
+        assert c.live_servers == [server]
+        assert await c.health()
+    async with SGLangClient([dead], timeout_s=5, max_retries=1, backoff_s=0.01) as c:
+        with pytest.raises(RolloutError):
+            await c.generate([GenerateRequest([5, 6], SamplingParams(max_new_tokens=2))])
+        assert not await c.health()
+
+
+def test_server_command_is_runnable_python():
+    argv = build_embedded_server_command(RolloutConfig(max_batch=4), model_path="/m", port=1234)
+    assert argv[:3] == [sys.executable, "-m", "rlvr.rollout.commands"]
+    assert "--max-batch" in argv and argv[argv.index("--max-batch") + 1] == "4"

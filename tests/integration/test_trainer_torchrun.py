@@ -1,0 +1,160 @@
+"""FSDP2 on 2 gloo ranks (torchrun) against a plain single-process actor, and exact resume.
+
+This file is also the torchrun worker (`python -m torch.distributed.run ... <this file> --worker`):
+one file holds the scenario and its checks. The worker trains the tiny Qwen3 on a fixed
+synthetic batch with packing under a small token budget (ranks get different micro-batch
+counts, so the dummy-forward path runs), two mini-batches per step and a KL-in-loss
+reference model (the grpo preset), optionally saving or resuming a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+STEPS = 4
+SAVE_AT = 2
+
+
+def synthetic_batch():
+    from rlvr.trainer.batch import TrainBatch
+
+    g = torch.Generator().manual_seed(1234)
+    n = 8
+    prompts = [torch.randint(4, 90, (int(k),), generator=g).tolist() for k in torch.randint(2, 12, (n,), generator=g)]
+    responses = [torch.randint(4, 90, (int(k),), generator=g).tolist() for k in torch.randint(1, 24, (n,), generator=g)]
+    rewards = torch.randint(0, 2, (n,), generator=g).float()
+    advantages = (rewards - rewards.mean()).tolist()
+    return TrainBatch.from_sequences(prompts, responses, advantages=advantages, group_ids=[i // 4 for i in range(n)])
+
+
+def configs(strategy: str):
+    from rlvr.recipe.schema import AlgorithmConfig, TrainerConfig
+
+    trainer = TrainerConfig(
+        strategy=strategy, lr=1e-3, packing=True, max_tokens_per_micro_batch=40, lr_schedule="cosine", warmup_steps=1
+    )
+    algorithm = AlgorithmConfig(preset="grpo", mini_batches=2, kl_coef=0.01)
+    return trainer, algorithm
+
+
+def run(
+    model_dir: str, *, strategy: str, out: Path, save_dir: str | None = None, resume: bool = False,
+    export_dir: str | None = None,
+) -> None:  # fmt: skip
+    """Train STEPS steps (or resume at SAVE_AT and finish); write losses and final weights to `out`."""
+    from rlvr.recipe.schema import ModelConfig
+    from rlvr.trainer import dist as d
+    from rlvr.trainer.actor import Actor
+    from rlvr.trainer.checkpoint import export_hf, find_latest, load_checkpoint, save_checkpoint
+    from rlvr.trainer.weights import iter_full_weights
+
+    trainer, algorithm = configs(strategy)
+    device = d.init_distributed(force=strategy == "fsdp2").device
+    actor = Actor.build(
+        ModelConfig(path=model_dir), trainer, algorithm, total_steps=STEPS * 2, device=device, max_response_len=32
+    )
+    batch = synthetic_batch()
+    start, losses = 0, []
+    if resume:
+        assert save_dir is not None
+        latest = find_latest(save_dir)
+        assert latest is not None
+        extra = load_checkpoint(latest, {"actor": actor})
+        start, losses = extra["step"], extra["losses"]
+        torch.set_rng_state(extra["torch_rng"])
+    for step in range(start, STEPS):
+        metrics = actor.train_step(batch)
+        losses.append(actor.engine.last_update_losses + [metrics["grad_norm"], metrics["lr"]])
+        if save_dir is not None and not resume and step + 1 == SAVE_AT:
+            extra = {"step": step + 1, "losses": list(losses), "torch_rng": torch.get_rng_state()}
+            save_checkpoint(save_dir, step + 1, {"actor": actor}, extra=extra, keep_last=2)
+    weights = {name: t.clone() for name, t in iter_full_weights(actor.model)}
+    if export_dir is not None:
+        export_hf(actor.model, None, export_dir)
+    if d.rank() == 0:
+        torch.save({"losses": losses, "weights": weights, "world": d.world_size()}, out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(tmp_path: Path, model_dir: Path, out: Path, *extra: str) -> None:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+        __file__, "--worker", "--model-dir", str(model_dir), "--out", str(out), *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> tuple[Path, Path]:
+    """One 2-rank FSDP2 run of STEPS steps that saves a checkpoint at SAVE_AT."""
+    tmp = tmp_path_factory.mktemp("fsdp2")
+    out, ckpt = tmp / "full.pt", tmp / "ckpt"
+    _torchrun(tmp, tiny_model_dir, out, "--save-dir", str(ckpt))
+    return out, ckpt
+
+
+def test_two_rank_fsdp2_matches_one_process(tmp_path: Path, tiny_model_dir: Path, two_rank_run) -> None:
+    single = tmp_path / "single.pt"
+    run(str(tiny_model_dir), strategy="none", out=single)
+    one, two = (torch.load(p, weights_only=False) for p in (single, two_rank_run[0]))
+    assert two["world"] == 2
+    # 2 ranks x FSDP2 x packing == one plain process, to float32 summation-order tolerance
+    assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(one["losses"]), rtol=1e-5, atol=1e-6)
+    for name, value in one["weights"].items():
+        assert torch.allclose(two["weights"][name], value, rtol=1e-4, atol=1e-6), name
+
+
+def test_two_rank_resume_continues_bit_identically(tmp_path: Path, tiny_model_dir: Path, two_rank_run) -> None:
+    full, ckpt = two_rank_run
+    resumed = tmp_path / "resumed.pt"
+    hf = tmp_path / "hf"
+    _torchrun(tmp_path, tiny_model_dir, resumed, "--save-dir", str(ckpt), "--resume", "--export-dir", str(hf))
+    two, again = (torch.load(p, weights_only=False) for p in (full, resumed))
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", f"step_{SAVE_AT}"]
+    assert again["losses"] == two["losses"]
+    for name, value in two["weights"].items():
+        assert torch.equal(again["weights"][name], value), name
+    # the HF export gathered from the 2 FSDP2 shards is exactly those weights
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(hf).state_dict()
+    for name, value in again["weights"].items():
+        assert torch.equal(exported[name], value), name
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--save-dir")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--export-dir")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    run(
+        args.model_dir, strategy="fsdp2", out=Path(args.out), save_dir=args.save_dir, resume=args.resume,
+        export_dir=args.export_dir,
+    )  # fmt: skip
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
