@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlvr.launch.plan import make_plan
-    from rlvr.launch.servers import wait_for_servers
+    from rlvr.launch.servers import wait_for_judge, wait_for_servers
     from rlvr.loop import RLLoop
     from rlvr.recipe.load import recipe_from_json
     from rlvr.sync import make_weight_sync
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     planned = len(make_plan(recipe).servers)
     servers = wait_for_servers(args.run_dir, count=planned, timeout_s=recipe.rollout.timeout_s)
     controller = recorder = None
+    if info.is_main and recipe.judge is not None:  # a judge the launcher serves (recipe [judge])
+        os.environ["RLVR_JUDGE_URL"] = wait_for_judge(args.run_dir, timeout_s=recipe.rollout.timeout_s)
     if info.is_main:
         controller = build_controller(recipe, tokenizer=tokenizer, urls=[s.url for s in servers])
         recorder = build_recorder(recipe, run_dir=args.run_dir)

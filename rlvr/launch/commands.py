@@ -66,3 +66,10 @@ def server_command(
     if recipe.rollout.sglang.api_key:
         command += ["--api-key", recipe.rollout.sglang.api_key]
     return command
+
+
+def judge_command(recipe: Recipe, *, host: str, port: int, python: str = sys.executable) -> list[str]:
+    """`rlvr serve` for the recipe's `[judge]` model (the OpenAI route is what llm_judge calls)."""
+    assert recipe.judge is not None
+    command = [python, "-m", "rlvr.cli", "serve", recipe.judge.model, "--host", host, "--port", str(port)]
+    return command + ["--max-batch", str(recipe.judge.max_batch), "--dtype", "float32"]

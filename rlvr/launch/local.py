@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from rlvr.launch.commands import server_command, trainer_command
+from rlvr.launch.commands import judge_command, server_command, trainer_command
 from rlvr.launch.plan import LaunchPlan, ServerSpec, make_plan
-from rlvr.launch.servers import ServerAddress, clear_servers, register_server
+from rlvr.launch.servers import ServerAddress, clear_servers, register_judge, register_server
 from rlvr.recipe.schema import Recipe
 
 LOG_TAIL_LINES = 25
@@ -65,7 +65,7 @@ class LocalLauncher:
         if self.recipe.judge is not None:
             judge, url = self._start_judge()
             self._wait_healthy(judge, url, timeout_s=server_timeout_s)
-            self.env["RLVR_JUDGE_URL"] = url  # llm_judge's default judge_url
+            register_judge(self.run_dir, url)  # the worker exports it as RLVR_JUDGE_URL
         servers = [self._start_server(spec) for spec in self.plan.servers]
         for spec, (child, url) in zip(self.plan.servers, servers, strict=True):
             self._wait_healthy(child, url, timeout_s=server_timeout_s)
@@ -81,11 +81,8 @@ class LocalLauncher:
         return child, f"http://127.0.0.1:{port}"
 
     def _start_judge(self) -> tuple[Child, str]:
-        assert self.recipe.judge is not None
         port = _free_port()
-        command = [sys.executable, "-m", "rlvr.cli", "serve", self.recipe.judge.model, "--host", "127.0.0.1"]
-        command += ["--port", str(port), "--max-batch", str(self.recipe.judge.max_batch), "--dtype", "float32"]
-        return self._spawn("judge", command), f"http://127.0.0.1:{port}"
+        return self._spawn("judge", judge_command(self.recipe, host="127.0.0.1", port=port)), f"http://127.0.0.1:{port}"
 
     def _spawn(self, name: str, command: list[str], *, env: dict[str, str] | None = None) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"

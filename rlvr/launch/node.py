@@ -53,6 +53,7 @@ SLURM_DIR = "slurm"
 ATTEMPT_FILE = "attempt.json"
 TRAINER_EXIT_FILE = "trainer_exit.json"
 LOGS_DIR = "logs"
+JUDGE_PORT_OFFSET = 100  # the judge listens at rollout.sglang.port + this on the first rollout node
 DONE_STATES = ("finished", "failed", "stopped")
 
 FAKE_SERVER_ENV = "RLVR_FAKE_SERVER"  # test-only: an HTTP stub instead of the rollout server
@@ -490,7 +491,7 @@ class Node:
     # -- rollout nodes
 
     def run_rollout(self) -> int:
-        from rlvr.launch.servers import ServerAddress, register_server
+        from rlvr.launch.servers import ServerAddress, register_judge, register_server
 
         role = self.role
         for spec in role.servers:  # forget this node's registrations from an earlier attempt
@@ -506,9 +507,23 @@ class Node:
             _log(role, f"server {spec.index}: {' '.join(argv)}")
             self.children.start(argv, env=env, log=self.run_dir / LOGS_DIR / f"server-{spec.index}.log")
             urls[spec.index] = f"http://{address}:{spec.port}"
+        judge_url = None
+        if self.recipe.judge is not None and any(spec.index == 0 for spec in role.servers):
+            # The recipe's judge model is served beside the first rollout server (CPU-sized judges).
+            from rlvr.launch.commands import judge_command
+
+            port = self.recipe.rollout.sglang.port + JUDGE_PORT_OFFSET
+            argv = judge_command(self.recipe, host=bind, port=port)
+            _log(role, f"judge: {' '.join(argv)}")
+            self.children.start(
+                argv, env=dict(os.environ, RLVR_NODE_ROLE=ROLLOUT), log=self.run_dir / LOGS_DIR / "judge.log"
+            )
+            judge_url = f"http://{address}:{port}"
         timeout = float(os.environ.get(SERVER_TIMEOUT_ENV, "1800"))
         deadline = time.monotonic() + timeout
         pending = dict(urls)
+        if judge_url is not None:
+            pending[-1] = judge_url
         while pending:
             self._rollout_signals()
             if self._trainer_done():
@@ -534,6 +549,8 @@ class Node:
                     index=spec.index, url=urls[spec.index], engine=spec.engine, host=role.name, gpus=spec.gpus
                 ),
             )
+        if judge_url is not None:
+            register_judge(self.run_dir, judge_url)
         _log(role, f"registered servers {[s.index for s in role.servers]}; serving until the trainer is done")
         warned = False
         while not self._trainer_done(since=attempt.get("time")):

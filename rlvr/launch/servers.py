@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 SERVERS_DIR = "servers"
+JUDGE_FILE = "judge.url"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,26 @@ def clear_servers(run_dir: str | Path) -> None:
     folder = Path(run_dir) / SERVERS_DIR
     for path in folder.glob("*.json") if folder.exists() else []:
         path.unlink(missing_ok=True)
+    (folder / JUDGE_FILE).unlink(missing_ok=True)
+
+
+def register_judge(run_dir: str | Path, url: str) -> None:
+    """The judge server (recipe `[judge]`) announces itself beside the rollout servers."""
+    folder = Path(run_dir) / SERVERS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{JUDGE_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(url)
+    os.replace(tmp, folder / JUDGE_FILE)
+
+
+def wait_for_judge(run_dir: str | Path, *, timeout_s: float, poll_s: float = 0.5) -> str:
+    path = Path(run_dir) / SERVERS_DIR / JUDGE_FILE
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise ServerWaitError(f"the judge server did not register at {path} within {timeout_s:.0f}s")
+        time.sleep(poll_s)
+    return path.read_text().strip()
 
 
 def read_servers(run_dir: str | Path) -> list[ServerAddress]:

@@ -1,0 +1,66 @@
+"""The CUDA code paths CI cannot reach: the embedded engine in bf16, FSDP2 mixed precision on
+NCCL, and the NCCL weight-update group. Run on a GPU machine: `pytest -m gpu tests/gpu`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_embedded_engine_bf16_logprobs_match_forward(tiny_model_dir: Path) -> None:
+    import asyncio
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.rollout.embedded import EmbeddedEngine
+    from rlvr.rollout.engine import GenerateRequest, SamplingParams
+
+    engine = EmbeddedEngine(tiny_model_dir, dtype="bfloat16", device="cuda", max_batch=8)
+    try:
+        prompt = [5, 17, 40, 33, 21]
+        [completion] = asyncio.run(
+            engine.generate(
+                [GenerateRequest(prompt, SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True))]
+            )
+        )
+    finally:
+        engine.close()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).cuda().eval()
+    ids = torch.tensor([prompt + completion.token_ids], device="cuda")
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits.float(), -1)[0, len(prompt) - 1 : -1]
+    expected = logp.gather(-1, ids[0, len(prompt) :, None]).squeeze(-1).cpu()
+    torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=0.05, rtol=0)
+
+
+def test_fsdp2_bf16_step_on_nccl(tiny_model_dir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "step.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import torch
+        from rlvr.recipe.schema import AlgorithmConfig, ModelConfig, TrainerConfig
+        from rlvr.trainer.actor import Actor
+        from rlvr.trainer.batch import TrainBatch
+        actor = Actor.build(ModelConfig(path={str(tiny_model_dir)!r}), TrainerConfig(param_dtype="bfloat16"),
+                            AlgorithmConfig(preset="grpo"), total_steps=2)
+        batch = TrainBatch.from_sequences([[5, 6, 7]] * 4, [[8, 9], [10], [11, 12, 13], [14]],
+                                          advantages=[1.0, -1.0, 0.5, -0.5], group_ids=[0, 0, 1, 1])
+        metrics = actor.train_step(batch)
+        assert torch.isfinite(torch.tensor(metrics["loss"])), metrics
+        print("ok", metrics["loss"])
+    """)
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
