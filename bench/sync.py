@@ -9,8 +9,12 @@ is measured) and an embedded server it starts from this same file (`--serve`), t
 into a preallocated buffer over the *same* update group. So both numbers cross the same
 sockets between the same two processes; the ratio is the protocol's overhead: HTTP
 calls (pause, flush, one update per bucket, resume), per-tensor broadcasts, and the
-server's allocation + copy into the model. Each number is the best of `--repeats`
-(the CPU is shared). Prints GB/s for both and the ratio.
+server's landing of the tensors in the model (received in place since the live-storage
+receive; it used to allocate + copy). `/bench_raw` also times the same per-tensor
+broadcasts into fresh tensors (what the server used to do, minus the copy) and into
+preallocated ones (the floor of SGLang's one-broadcast-per-tensor wire format), which
+splits the remaining gap between the wire format and the server. Each number is the best
+of `--repeats` (the CPU is shared). Prints GB/s for each and the ratios.
 """
 
 from __future__ import annotations
@@ -36,13 +40,19 @@ def serve(model_dir: str, port: int) -> None:
 
     engine = EmbeddedEngine(model_dir, max_batch=1, device="cpu", max_seq_len=64)
     buffers: dict[int, torch.Tensor] = {}
+    preallocated: list[torch.Tensor] = []
 
-    def receive(nbytes: int, group_name: str, specs: list | None) -> None:
+    def receive(nbytes: int, group_name: str, specs: list | None, reuse: bool) -> None:
         import torch.distributed as dist
 
-        from rlvr.rollout.dist import receive_broadcast
+        from rlvr.rollout.dist import receive_broadcast, receive_into, torch_dtype
 
-        if specs:  # what the server's update does, minus the copy into the model
+        if specs and reuse:  # the per-tensor wire format's floor: no allocation, no copy
+            if not preallocated:
+                preallocated.extend(torch.empty(shape, dtype=torch_dtype(dt)) for _, dt, shape in specs)
+            receive_into(engine._weight_groups[group_name], preallocated)
+            return
+        if specs:  # the server's old update, minus the copy into the model
             names, dtypes, shapes = zip(*specs, strict=True)
             receive_broadcast(engine._weight_groups[group_name], names, dtypes, shapes, device="cpu")
             return
@@ -53,7 +63,9 @@ def serve(model_dir: str, port: int) -> None:
 
     async def bench_raw(request: web.Request) -> web.Response:
         body = await request.json()
-        await asyncio.to_thread(receive, int(body["nbytes"]), str(body["group_name"]), body.get("specs"))
+        await asyncio.to_thread(
+            receive, int(body["nbytes"]), str(body["group_name"]), body.get("specs"), bool(body.get("reuse"))
+        )
         return web.json_response({"success": True})
 
     app = create_app(engine)
@@ -108,7 +120,7 @@ def main() -> None:
         asyncio.run(client.wait_ready(timeout_s=180))
         sync = make_weight_sync(SyncConfig(bucket_mb=int(args.bucket_mb), timeout_s=120), model=model, client=client)
         nbytes = sum(s.nbytes for s in sync.specs)  # type: ignore[attr-defined]
-        sync_times, transfer_times, raw_times, fresh_times = [], [], [], []
+        sync_times, transfer_times, raw_times, fresh_times, floor_times = [], [], [], [], []
         raw = torch.empty(nbytes, dtype=torch.uint8)
         options = dist.BroadcastOptions()
         options.rootRank = 0
@@ -121,9 +133,14 @@ def main() -> None:
             for work in works:
                 work.wait()
 
-        async def raw_once(per_tensor: bool = False) -> float:
+        async def raw_once(per_tensor: bool = False, reuse: bool = False) -> float:
             group = sync._group  # type: ignore[attr-defined]
-            payload = {"nbytes": nbytes, "group_name": sync._group_label, "specs": specs if per_tensor else None}  # type: ignore[attr-defined]
+            payload = {
+                "nbytes": nbytes,
+                "group_name": sync._group_label,  # type: ignore[attr-defined]
+                "specs": specs if per_tensor else None,
+                "reuse": reuse,
+            }
             async with aiohttp.ClientSession() as session:
                 start = time.perf_counter()
                 request = asyncio.ensure_future(session.post(url + "/bench_raw", json=payload))
@@ -139,6 +156,7 @@ def main() -> None:
                 transfer_times.append(metrics["sync/transfer_seconds"])
                 raw_times.append(asyncio.run(raw_once()))
                 fresh_times.append(asyncio.run(raw_once(per_tensor=True)))
+                floor_times.append(asyncio.run(raw_once(per_tensor=True, reuse=True)))
         sync.close()
         asyncio.run(client.close())
         gb = nbytes / 1e9
@@ -146,12 +164,17 @@ def main() -> None:
         print(f"model: {params / 1e6:.1f}M params, fp32, {gb * 1e3:.0f} MB, buckets of {args.bucket_mb:g} MB")
         print(f"raw gloo broadcast (same bytes, same processes): {gb / best_raw:.2f} GB/s ({best_raw * 1e3:.0f} ms)")
         best_fresh = min(fresh_times)
-        print(f"per-tensor broadcast into fresh tensors (the server's receive, no load): {gb / best_fresh:.2f} GB/s")
+        best_floor = min(floor_times)
+        print(f"per-tensor broadcast into fresh tensors (the old receive, no load): {gb / best_fresh:.2f} GB/s")
+        print(f"per-tensor broadcast into preallocated tensors (wire floor): {gb / best_floor:.2f} GB/s")
         print(f"sync end to end (pause..resume):               {gb / best_sync:.2f} GB/s ({best_sync * 1e3:.0f} ms)")
         print(
             f"sync transfer only (buckets, no pause/resume):  {gb / best_transfer:.2f} GB/s ({best_transfer * 1e3:.0f} ms)"
         )
         print(f"ratio end to end / raw: {best_raw / best_sync:.0%}   transfer / raw: {best_raw / best_transfer:.0%}")
+        print(
+            f"ratio end to end / per-tensor floor: {best_floor / best_sync:.0%}   floor / raw: {best_raw / best_floor:.0%}"
+        )
     finally:
         proc.terminate()
         try:

@@ -15,7 +15,7 @@ import random
 import time
 from pathlib import Path
 
-from rlvr.quickstart.tasks import OPPOSITES, ROWS, wrong_answer, write_quickstart_data
+from rlvr.quickstart.tasks import OPPOSITES, ROWS, write_quickstart_data, wrong_answer
 
 MODEL_SHAPE = {"hidden_size": 128, "layers": 3, "heads": 4, "kv_heads": 2, "max_positions": 512}
 JUDGE_TEMPLATE = "ref: {reference}\nans: {answer}\nsame?"
@@ -61,7 +61,9 @@ def sft(examples: list[tuple[str, str]], out_dir: Path, *, seed: int, steps: int
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     encoded = []
     for prompt, answer in examples:
-        p = tokenizer(render_prompt([{"role": "user", "content": prompt}], tokenizer=tokenizer), add_special_tokens=False)
+        p = tokenizer(
+            render_prompt([{"role": "user", "content": prompt}], tokenizer=tokenizer), add_special_tokens=False
+        )
         a = tokenizer(answer, add_special_tokens=False)
         ids = p["input_ids"] + a["input_ids"] + [tokenizer.eos_token_id]
         encoded.append((ids, len(p["input_ids"])))

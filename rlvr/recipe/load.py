@@ -160,7 +160,9 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, recipe_path
         judge = Path(recipe.judge.model)
         judge = judge if judge.is_absolute() else (base / judge).resolve()
         if check_files and not (judge / "config.json").exists():
-            raise RecipeError(f"{_where(recipe_path, text, ('judge', 'model'))}: judge.model: no model folder at {judge}")
+            raise RecipeError(
+                f"{_where(recipe_path, text, ('judge', 'model'))}: judge.model: no model folder at {judge}"
+            )
         recipe.judge.model = str(judge)
 
 

@@ -10,7 +10,9 @@ backend object (gloo on CPU, NCCL on GPU) driven directly, so no global state ch
 Protocol (SGLang's): after `/init_weights_update_group`, each `/update_weights_from_distributed`
 call names a bucket of tensors (names, dtypes, shapes); rank 0 broadcasts them one by one
 in that order and every engine rank receives and loads them. `send_broadcast` is the
-trainer half, used by the tests and available to the sync layer.
+trainer half, used by the tests and available to the sync layer. `receive_into` is the
+engine half when the destinations already exist (the embedded engine receives straight
+into its live parameters); `receive_broadcast` allocates fresh ones.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def join_group(
     return WeightGroup(group, store, rank, world_size, "cuda" if backend == "nccl" else "cpu")
 
 
-def _dtype(name: str) -> Any:
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a `dtypes` entry: "bfloat16" or "torch.bfloat16" -> torch.bfloat16."""
     import torch
 
     value = getattr(torch, name.removeprefix("torch."), None)
@@ -88,21 +91,37 @@ def _dtype(name: str) -> Any:
 def receive_broadcast(
     group: WeightGroup, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], *, device: str
 ) -> list[tuple[str, Any]]:
-    """Receive tensors broadcast from group rank 0 in `names` order."""
+    """Receive tensors broadcast from group rank 0 in `names` order, into fresh tensors."""
     import torch
-    import torch.distributed as dist
 
     if not (len(names) == len(dtypes) == len(shapes)):
         raise ValueError(f"names/dtypes/shapes lengths differ: {len(names)}, {len(dtypes)}, {len(shapes)}")
     tensors = [
-        torch.empty(tuple(shape), dtype=_dtype(dt), device=device) for dt, shape in zip(dtypes, shapes, strict=True)
+        torch.empty(tuple(shape), dtype=torch_dtype(dt), device=device)
+        for dt, shape in zip(dtypes, shapes, strict=True)
     ]
+    receive_into(group, tensors)
+    return list(zip(names, tensors, strict=True))
+
+
+def receive_into(group: WeightGroup, tensors: Sequence[Any]) -> None:
+    """Receive broadcasts from group rank 0 into existing `tensors`, in order, in place.
+
+    Every receive is issued before the first wait (one wait per tensor, no Python work
+    between transfers). Each tensor must be contiguous (a contiguous view into a larger
+    storage, e.g. a slice of a fused QKV weight, is fine: it is written where it lies).
+    """
+    import torch.distributed as dist
+
+    for tensor in tensors:
+        if not tensor.is_contiguous():
+            raise ValueError(f"receive target of shape {tuple(tensor.shape)} is not contiguous")
     options = dist.BroadcastOptions()
     options.rootRank = 0
-    works = [group.backend_group.broadcast([tensor], options) for tensor in tensors]
+    broadcast = group.backend_group.broadcast
+    works = [broadcast([tensor], options) for tensor in tensors]
     for work in works:
         work.wait()
-    return list(zip(names, tensors, strict=True))
 
 
 def send_broadcast(group: WeightGroup, tensors: Sequence[Any]) -> None:

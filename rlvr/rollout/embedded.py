@@ -111,6 +111,7 @@ class EmbeddedEngine:
         self._closed = False
         self._error: BaseException | None = None
         self._weight_groups: dict[str, Any] = {}
+        self._staging: dict[tuple[Any, ...], list[Any]] = {}  # (dtype, shape, device) -> receive buffers
         # OpenMP thread counts are per thread: give the worker the creator's setting.
         self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name="rlvr-embedded-engine", daemon=True)
@@ -458,8 +459,7 @@ class EmbeddedEngine:
         import torch
 
         items = tensors.items() if isinstance(tensors, dict) else tensors
-        params = dict(self.model.named_parameters(remove_duplicate=False))
-        params.update(dict(self.model.named_buffers(remove_duplicate=False)))
+        params = self._weight_table()
         with self._lock, torch.no_grad():
             unknown = [name for name, _ in items if name not in params]
             if unknown:
@@ -517,14 +517,80 @@ class EmbeddedEngine:
         group_name: str = "weight_update_group",
         version: str | None = None,
     ) -> None:
-        from rlvr.rollout.dist import receive_broadcast
+        """Receive one bucket broadcast by group rank 0 straight into the live weights.
+
+        A tensor whose name is a parameter (or buffer) of the same dtype and shape is
+        received into that parameter's own storage: no allocation, no copy, and the fast
+        path (whose fused Q/K/V and gate/up tensors *are* that storage) sees it at once.
+        Anything else (a dtype cast, a non-contiguous parameter) is received into a reusable
+        staging buffer and copied in. Tied weights share one parameter, so the name the
+        trainer sends (the first one) updates every alias. A bad name or shape is found
+        before any receive; the bucket is then drained into scratch (the collective must
+        complete) and the model is left untouched. A broadcast that breaks midway leaves
+        the bucket partly applied; the trainer then fails the engine or resends everything.
+        """
+        import torch
+
+        from rlvr.rollout.dist import receive_into
 
         group = self._weight_groups.get(group_name)
         if group is None:
             raise KeyError(f"no weight update group {group_name!r}; call init_weights_update_group first")
-        with self._lock:  # no step runs while half the weights are new
-            tensors = receive_broadcast(group, names, dtypes, shapes, device=self.device)
-            self.load_state_dict(tensors, version=version)
+        if not (len(names) == len(dtypes) == len(shapes)):
+            raise ValueError(f"names/dtypes/shapes lengths differ: {len(names)}, {len(dtypes)}, {len(shapes)}")
+        with self._lock, torch.no_grad():  # no step runs while half the weights are new
+            targets, copies, problems = self._receive_targets(names, dtypes, shapes)
+            receive_into(group, targets)
+            if problems:
+                raise ValueError(f"weight update refused ({len(problems)} bad tensors): {'; '.join(problems[:5])}")
+            for param, staged in copies:
+                param.copy_(staged)
+            self.backend.refresh()
+            if version is not None:
+                self.weight_version = str(version)
+
+    def _receive_targets(
+        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
+    ) -> tuple[list[Any], list[tuple[Any, Any]], list[str]]:
+        """Where each tensor of a bucket lands: (receive targets in order, (param, staging) copies, problems)."""
+        import torch
+
+        from rlvr.rollout.dist import torch_dtype
+
+        table = self._weight_table()
+        specs = [(torch_dtype(dt), tuple(int(s) for s in shape)) for dt, shape in zip(dtypes, shapes, strict=True)]
+        problems: list[str] = []
+        for name, (_, shape) in zip(names, specs, strict=True):
+            param = table.get(name)
+            if param is None:
+                problems.append(f"unknown parameter name {name!r}")
+            elif tuple(param.shape) != shape:
+                problems.append(f"{name}: shape {shape} != model's {tuple(param.shape)}")
+        if problems:  # drain the bucket into scratch so the collective completes, touch nothing
+            return [torch.empty(shape, dtype=dtype, device=self.device) for dtype, shape in specs], [], problems
+        targets: list[Any] = []
+        copies: list[tuple[Any, Any]] = []
+        used: dict[tuple[Any, ...], int] = {}
+        for name, (dtype, shape) in zip(names, specs, strict=True):
+            param = table[name]
+            if param.dtype == dtype and param.is_contiguous():
+                targets.append(param.detach())  # same storage: the broadcast writes the live weight
+                continue
+            key = (dtype, shape, param.device)
+            index = used.get(key, 0)
+            used[key] = index + 1
+            pool = self._staging.setdefault(key, [])
+            if index == len(pool):
+                pool.append(torch.empty(shape, dtype=dtype, device=param.device))
+            targets.append(pool[index])
+            copies.append((param, pool[index]))
+        return targets, copies, problems
+
+    def _weight_table(self) -> dict[str, Any]:
+        """Every HF state_dict name (tied aliases included) -> its live parameter or buffer."""
+        table: dict[str, Any] = dict(self.model.named_parameters(remove_duplicate=False))
+        table.update(self.model.named_buffers(remove_duplicate=False))
+        return table
 
     def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
         self._weight_groups.pop(group_name, None)

@@ -55,7 +55,17 @@ def test_eval_scores_a_checkpoint_by_tag(tmp_path: Path) -> None:
     rows.write_text("".join((data / "math_eval.jsonl").read_text().splitlines(keepends=True)[:4]))
     out = tmp_path / "scores.jsonl"
     result = CliRunner().invoke(
-        app, ["eval", str(run_dir / "checkpoints" / "step_7"), "--data", str(rows), "--max-new-tokens", "16", "--out", str(out)]
+        app,
+        [
+            "eval",
+            str(run_dir / "checkpoints" / "step_7"),
+            "--data",
+            str(rows),
+            "--max-new-tokens",
+            "16",
+            "--out",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     scored = [json.loads(line) for line in out.read_text().splitlines()]
@@ -69,5 +79,7 @@ def test_eval_bad_input_is_one_line(tmp_path: Path) -> None:
     rows.write_text('{"tag": "x", "prompt": "1+1"}\n')
     result = CliRunner().invoke(app, ["eval", str(tmp_path), "--data", str(rows)])
     assert result.exit_code == 2 and "pass --reward NAME or --recipe" in result.stderr
-    result = CliRunner().invoke(app, ["eval", str(tmp_path), "--data", str(tmp_path / "none.jsonl"), "--reward", "math_rule"])
+    result = CliRunner().invoke(
+        app, ["eval", str(tmp_path), "--data", str(tmp_path / "none.jsonl"), "--reward", "math_rule"]
+    )
     assert result.exit_code == 2 and "no such data file" in result.stderr

@@ -14,7 +14,10 @@ from rlvr.types import Sample
 
 
 def make_domains(sizes: dict[str, int]) -> dict[str, list[Sample]]:
-    return {d: [Sample(id=f"{d}-{i}", tag=d, messages=[{"role": "user", "content": str(i)}]) for i in range(n)] for d, n in sizes.items()}
+    return {
+        d: [Sample(id=f"{d}-{i}", tag=d, messages=[{"role": "user", "content": str(i)}]) for i in range(n)]
+        for d, n in sizes.items()
+    }
 
 
 def test_first_quotas_for_the_flagship_mix() -> None:

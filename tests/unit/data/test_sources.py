@@ -13,7 +13,12 @@ from rlvr.data.sources import DataError, LoadReport, load_domain_samples
 
 ROWS = [
     {"id": "a", "tag": "math", "prompt": "1+1?", "ground_truth": "2", "difficulty": "1.0"},
-    {"id": "b", "tag": "math", "messages": json.dumps([{"role": "system", "content": "s"}, {"role": "user", "content": "2+2?"}]), "ground_truth": "4"},
+    {
+        "id": "b",
+        "tag": "math",
+        "messages": json.dumps([{"role": "system", "content": "s"}, {"role": "user", "content": "2+2?"}]),
+        "ground_truth": "4",
+    },
     {"id": "c", "tag": "math", "messages": [{"role": "user", "content": "3+3?"}], "ground_truth": "6", "source": "x"},
 ]
 
@@ -35,7 +40,17 @@ def test_jsonl_rows_become_samples(tmp_path: Path) -> None:
 
 def test_parquet_rows_match_jsonl(tmp_path: Path) -> None:
     path = tmp_path / "d.parquet"
-    rows = [{**r, "messages": r.get("messages") if isinstance(r.get("messages"), str) else json.dumps(r.get("messages")) if r.get("messages") else None} for r in ROWS]
+    rows = [
+        {
+            **r,
+            "messages": r.get("messages")
+            if isinstance(r.get("messages"), str)
+            else json.dumps(r.get("messages"))
+            if r.get("messages")
+            else None,
+        }
+        for r in ROWS
+    ]
     pq.write_table(pa.Table.from_pylist(rows), path)
     samples = load(path)
     assert [s.prompt_text for s in samples] == ["1+1?", "2+2?", "3+3?"]
@@ -44,9 +59,15 @@ def test_parquet_rows_match_jsonl(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("row", "reason"),
     [
-        ('{"id": 1, "tag": "math", "ground_truth": "1"}', "needs 'messages' (list or JSON string) or a non-empty 'prompt'"),
+        (
+            '{"id": 1, "tag": "math", "ground_truth": "1"}',
+            "needs 'messages' (list or JSON string) or a non-empty 'prompt'",
+        ),
         ('{"tag": "math", "messages": "[oops", "ground_truth": "1"}', "'messages' is a string but not JSON"),
-        ('{"tag": "math", "messages": [{"role": "user"}], "ground_truth": "1"}', "messages[0].content must be a string"),
+        (
+            '{"tag": "math", "messages": [{"role": "user"}], "ground_truth": "1"}',
+            "messages[0].content must be a string",
+        ),
         ('{"tag": "other", "prompt": "x", "ground_truth": "1"}', "tag 'other' is not owned by domain 'm'"),
         ('{"tag": "math", "prompt": "x", "ground_truth": "1", "difficulty": "hard"}', "'difficulty' must be a number"),
         ("[1, 2]", "expected a JSON object, got list"),
@@ -82,7 +103,10 @@ def test_filters_drop_rows(tmp_path: Path) -> None:
 def test_code_rows_decode_roll_json_test_cases(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     cases = [{"input": "1\n", "output": "1\n"}]
-    path.write_text(json.dumps({"tag": "code", "prompt": "echo", "case_type": "stdin_stdout", "test_cases": json.dumps(cases)}) + "\n")
+    path.write_text(
+        json.dumps({"tag": "code", "prompt": "echo", "case_type": "stdin_stdout", "test_cases": json.dumps(cases)})
+        + "\n"
+    )
     [sample] = load_domain_samples([str(path)], domain="c", tags=["code"], reward="code_sandbox")
     assert sample.test_cases == cases and sample.case_type == "stdin_stdout"
     path.write_text(json.dumps({"tag": "code", "prompt": "echo", "case_type": "weird", "test_cases": "x"}) + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -75,7 +76,8 @@ def test_view_shows_domains_change_and_split(tmp_path: Path) -> None:
 
 def test_watch_returns_when_run_finishes(tmp_path: Path) -> None:
     record(tmp_path).close()
-    view = watch(tmp_path, console=Console(file=open("/dev/null", "w")), refresh_s=0.01)
+    with open(os.devnull, "w") as sink:
+        view = watch(tmp_path, console=Console(file=sink), refresh_s=0.01)
     assert view.done
 
 

@@ -37,7 +37,7 @@ def test_flagship_is_multi_task_grpo_on_slurm() -> None:
 def test_overrides_parse_toml_values_and_strings(tmp_path: Path) -> None:
     path = write_recipe(tmp_path)
     recipe = load_recipe(
-        path, ["rollout.n=16", "algorithm.preset=dapo", "experiment.name=run-7", "rollout.stop=[\"\\n\\n\"]"]
+        path, ["rollout.n=16", "algorithm.preset=dapo", "experiment.name=run-7", 'rollout.stop=["\\n\\n"]']
     )
     assert recipe.rollout.n == 16
     assert recipe.experiment.name == "run-7"
@@ -57,17 +57,44 @@ def test_data_paths_resolve_relative_to_the_recipe(tmp_path: Path) -> None:
 
 
 BAD_CASES = {
-    "unknown key": (MINIMAL.replace("temperature = 0.7", "temprature = 0.7"), "recipe.toml:25: rollout.temprature: unknown key; did you mean 'temperature'?"),
-    "wrong type": (MINIMAL.replace("n = 2", 'n = "many"'), "recipe.toml:24: rollout.n: Input should be a valid integer"),
-    "probs sum": (MINIMAL.replace("code = 0.25", "code = 0.5"), "recipe.toml:11: data.domain_interleave_probs: values must sum to 1, got 1.25"),
-    "probs unknown domain": (MINIMAL.replace("code = 0.25", "cod = 0.25"), "data.domain_interleave_probs: missing domains ['code']"),
-    "missing data file": (MINIMAL.replace('files = ["{code}"]', 'files = ["nope.jsonl"]'), "recipe.toml:20: domains.code.files: no such data file 'nope.jsonl'"),
-    "gae without critic": (MINIMAL + '\n[algorithm]\nadvantage = "gae"\n', "algorithm: advantage = 'gae' needs critic = true"),
-    "unknown preset": (MINIMAL + '\n[algorithm]\npreset = "grpoo"\n', "recipe.toml:28: algorithm.preset: unknown preset 'grpoo'"),
+    "unknown key": (
+        MINIMAL.replace("temperature = 0.7", "temprature = 0.7"),
+        "recipe.toml:25: rollout.temprature: unknown key; did you mean 'temperature'?",
+    ),
+    "wrong type": (
+        MINIMAL.replace("n = 2", 'n = "many"'),
+        "recipe.toml:24: rollout.n: Input should be a valid integer",
+    ),
+    "probs sum": (
+        MINIMAL.replace("code = 0.25", "code = 0.5"),
+        "recipe.toml:11: data.domain_interleave_probs: values must sum to 1, got 1.25",
+    ),
+    "probs unknown domain": (
+        MINIMAL.replace("code = 0.25", "cod = 0.25"),
+        "data.domain_interleave_probs: missing domains ['code']",
+    ),
+    "missing data file": (
+        MINIMAL.replace('files = ["{code}"]', 'files = ["nope.jsonl"]'),
+        "recipe.toml:20: domains.code.files: no such data file 'nope.jsonl'",
+    ),
+    "gae without critic": (
+        MINIMAL + '\n[algorithm]\nadvantage = "gae"\n',
+        "algorithm: advantage = 'gae' needs critic = true",
+    ),
+    "unknown preset": (
+        MINIMAL + '\n[algorithm]\npreset = "grpoo"\n',
+        "recipe.toml:28: algorithm.preset: unknown preset 'grpoo'",
+    ),
     "missing model": (MINIMAL.replace("config = {{ hidden_size = 32 }}", ""), "model: set exactly one of model.path"),
     "invalid toml": (MINIMAL + "\n[rollout\n", "invalid TOML"),
-    "tag owned twice": (MINIMAL.replace('tags = ["code"]', 'tags = ["math"]'), "domains.code.tags: tag 'math' is already owned by domain 'math'"),
-    "slurm split": (MINIMAL + '\n[cluster]\nkind = "slurm"\nnodes = 1\n', "cluster: trainer_nodes (1) must be less than nodes (1)"),
+    "tag owned twice": (
+        MINIMAL.replace('tags = ["code"]', 'tags = ["math"]'),
+        "domains.code.tags: tag 'math' is already owned by domain 'math'",
+    ),
+    "slurm split": (
+        MINIMAL + '\n[cluster]\nkind = "slurm"\nnodes = 1\n',
+        "cluster: trainer_nodes (1) must be less than nodes (1)",
+    ),
 }
 
 
@@ -145,7 +172,9 @@ def test_cli_is_fast_and_torch_free() -> None:
 
 def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
     path = write_recipe(tmp_path, MINIMAL.replace("n = 2", "n = -3"))
-    proc = subprocess.run([sys.executable, "-m", "rlvr.cli", "validate", str(path)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "validate", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2
     assert "rollout.n" in proc.stderr and "Traceback" not in proc.stderr
 

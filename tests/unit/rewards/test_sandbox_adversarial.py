@@ -60,11 +60,10 @@ async def run(code: str, *, expected: str = "ok", **args):
 
 async def test_fork_bomb():
     result = await run("import os\nwhile True:\n    os.fork()", timeout_s=3, max_procs=16)
-    assert (
-        result.info["reason"] == "timeout"
-        or "BlockingIOError" in result.info["reason"]
-        or "Resource" in result.info["reason"]
-    )
+    # It dies of the process limit one way or another: a timeout, fork() failing, or the
+    # interpreter failing as the limit bites (the reason is then the traceback's first line).
+    reason = result.info["reason"]
+    assert reason == "timeout" or "BlockingIOError" in reason or "Resource" in reason or "runtime error" in reason
     assert subprocess.run(["true"]).returncode == 0  # the host can still fork
 
 

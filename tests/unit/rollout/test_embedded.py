@@ -42,8 +42,8 @@ def _full_forward_logprobs(model, prompt: list[int], tokens: list[int], temperat
 
 
 def test_is_a_rollout_engine(engine):
-    assert isinstance(engine, RolloutEngine)
     assert type(engine.backend).__name__ == "StaticKVDecoder"
+    assert isinstance(engine, RolloutEngine)  # (after: isinstance narrows `engine` for pyright)
 
 
 def test_greedy_tokens_and_logprobs_match_a_full_forward(engine, reference):
@@ -165,11 +165,12 @@ async def test_async_generate_and_pause_modes(model_dir):
         assert [c.token_ids for c in await task] == [c.token_ids for c in expected]
 
         # retract mid-generation: sequences restart from prompt + tokens so far; greedy output is unchanged.
-        long_requests = _requests(engine, SamplingParams(temperature=0.0, max_new_tokens=400, ignore_eos=True))
+        # (900 tokens and a direct call: under load a short generation could finish before the pause lands)
+        long_requests = _requests(engine, SamplingParams(temperature=0.0, max_new_tokens=900, ignore_eos=True))
         long_expected = await engine.generate(long_requests)
         task = asyncio.create_task(engine.generate(long_requests))
         await _until_live(engine)
-        assert await asyncio.to_thread(engine.pause_sync, "retract") > 0
+        assert engine.pause_sync("retract") > 0
         await asyncio.sleep(0.1)
         assert not task.done()
         await engine.resume()
@@ -267,3 +268,136 @@ def test_worker_thread_keeps_serving_concurrent_callers(engine):
         t.join(timeout=60)
     assert time.monotonic() - start < 60
     assert len(results) == 3 and len({tuple(r) for r in results}) == 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _join_as_trainer(engine: EmbeddedEngine, group_name: str):
+    """A 2-rank gloo update group: this process's rank 0 (the trainer) and the engine's rank 1."""
+    from rlvr.rollout.dist import join_group
+
+    port = _free_port()
+    holder: dict[str, object] = {}
+
+    def host():
+        holder["group"] = join_group(
+            master_address="127.0.0.1", master_port=port, rank=0, world_size=2, group_name=group_name, timeout_s=60
+        )
+
+    thread = threading.Thread(target=host)
+    thread.start()
+    engine.init_weights_update_group_sync(
+        master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=2, group_name=group_name, timeout_s=60
+    )
+    thread.join(60)
+    return holder["group"]
+
+
+def _push(engine: EmbeddedEngine, group, group_name: str, named: list[tuple[str, torch.Tensor]], **kw) -> None:
+    """Rank 0 broadcasts `named` while the engine receives them as one bucket; re-raises the engine's error."""
+    from rlvr.rollout.dist import dtype_name, send_broadcast
+
+    errors: list[BaseException] = []
+
+    def receive():
+        try:
+            engine.update_weights_from_distributed_sync(
+                [n for n, _ in named],
+                [dtype_name(t.dtype) for _, t in named],
+                [list(t.shape) for _, t in named],
+                group_name=group_name,
+                **kw,
+            )
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    send_broadcast(group, [t for _, t in named])
+    thread.join(60)
+    assert not thread.is_alive()
+    if errors:
+        raise errors[0]
+
+
+def test_distributed_update_writes_into_the_live_weights(model_dir, reference, monkeypatch):
+    """Received tensors land in the parameters' own storage (fused Q/K/V, gate/up and tied
+    lm_head included), and the fast path generates from the new weights."""
+    from transformers import AutoModelForCausalLM
+
+    import rlvr.rollout.dist as rdist
+
+    received: list[int] = []
+    real_receive_into = rdist.receive_into
+
+    def spy(group, tensors):
+        received.extend(t.data_ptr() for t in tensors)
+        real_receive_into(group, tensors)
+
+    monkeypatch.setattr(rdist, "receive_into", spy)
+
+    engine = EmbeddedEngine(model_dir, max_batch=4, device="cpu")
+    try:
+        assert type(engine.backend).__name__ == "StaticKVDecoder"
+        params = dict(engine.model.named_parameters(remove_duplicate=False))
+        assert params["lm_head.weight"] is params["model.embed_tokens.weight"]  # tied
+        pointers = {name: p.data_ptr() for name, p in params.items()}
+        fused = [(layer.qkv_w.data_ptr(), layer.gate_up_w.data_ptr()) for layer in engine.backend.layers]
+
+        trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        with torch.no_grad():
+            torch.manual_seed(3)
+            for weight in trainer.parameters():
+                weight.add_(torch.randn_like(weight) * 0.5)
+        from rlvr.trainer.weights import iter_full_weights
+
+        named = list(iter_full_weights(trainer))  # skip_tied: the tied lm_head is not sent
+        assert "lm_head.weight" not in dict(named)
+        group = _join_as_trainer(engine, "g-live")
+        _push(engine, group, "g-live", named, version="5")
+        assert received == [pointers[name] for name, _ in named]  # received in place: no buffer, no copy
+
+        after = dict(engine.model.named_parameters(remove_duplicate=False))
+        assert {name: p.data_ptr() for name, p in after.items()} == pointers
+        assert [(layer.qkv_w.data_ptr(), layer.gate_up_w.data_ptr()) for layer in engine.backend.layers] == fused
+        for name, tensor in named:
+            assert torch.equal(after[name], tensor), name
+        assert torch.equal(after["lm_head.weight"], dict(named)["model.embed_tokens.weight"])
+        layer0 = trainer.model.layers[0]
+        attn = layer0.self_attn
+        expected_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        assert torch.equal(engine.backend.layers[0].qkv_w, expected_qkv)
+
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+        out = engine.generate_sync(_requests(engine, greedy)[:2])
+        assert {c.policy_version for c in out} == {5}
+        for completion in out:
+            expected = _full_forward_logprobs(trainer, completion.prompt_token_ids, completion.token_ids)
+            torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-4, rtol=1e-4)
+            old = _full_forward_logprobs(reference, completion.prompt_token_ids, completion.token_ids)
+            assert not torch.allclose(old, expected, atol=1e-2)
+
+        # A wire dtype cast goes through a reusable staging buffer; the storage stays put.
+        cast = [(n, t.to(torch.bfloat16)) for n, t in named[:3]]
+        received.clear()
+        _push(engine, group, "g-live", cast)
+        assert not set(received) & set(pointers.values())
+        for name, tensor in cast:
+            assert after[name].data_ptr() == pointers[name]
+            assert torch.equal(after[name], tensor.float())
+
+        # A bad name: the bucket is still drained (the collective completes) and nothing changes.
+        snapshot = {n: p.clone() for n, p in after.items()}
+        bad = [(named[0][0], named[0][1] + 1), ("model.no_such.weight", torch.ones(3))]
+        with pytest.raises(ValueError, match="no_such"):
+            _push(engine, group, "g-live", bad)
+        assert all(torch.equal(after[n], snapshot[n]) for n in snapshot)
+        _push(engine, group, "g-live", named[:1])  # the group still works
+    finally:
+        engine.close()
