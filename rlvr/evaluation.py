@@ -35,7 +35,8 @@ def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
     recipe = recipe_from_json((run_dir / "resolved_recipe.json").read_text())
     trainer = recipe.trainer.model_copy(update={"strategy": "none"})
     model = build_model(recipe.model, trainer, device=torch.device("cpu"), seed=recipe.experiment.seed, trainable=False)
-    load_checkpoint(checkpoint, {"actor": SimpleNamespace(model=model, optimizer=None, scheduler=None)})
+    actor: Any = SimpleNamespace(model=model, optimizer=None, scheduler=None)  # weights only: no optimizer state
+    load_checkpoint(checkpoint, {"actor": actor})
     exported = export_hf(model, load_tokenizer(recipe.model), out_dir)
     assert exported is not None
     return exported

@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     critic = build_critic(recipe, total_steps=updates, device=info.device) if algo.critic else None
     tokenizer = load_tokenizer(recipe.model)
+    if tokenizer is None:
+        raise SystemExit("model.path (or model.tokenizer) must name a folder with a tokenizer to run the loop")
 
     planned = len(make_plan(recipe).servers)
     servers = wait_for_servers(args.run_dir, count=planned, timeout_s=recipe.rollout.timeout_s)

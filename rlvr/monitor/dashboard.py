@@ -62,7 +62,7 @@ class RunView:
         return Group(self._header(), self._domain_table(), self._throughput(), self._events())
 
     def _header(self) -> Panel:
-        step = int(self.last.get("step", self.status.get("step", 0)))
+        step = int(self.last.get("step") or self.status.get("step") or 0)
         total = int(self.status.get("max_steps", 0) or 1)
         state = self.status.get("state", "waiting")
         recent = self.step_times[-10:]

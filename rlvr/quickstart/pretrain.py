@@ -67,18 +67,19 @@ def sft(examples: list[tuple[str, str]], out_dir: Path, *, seed: int, steps: int
         a = tokenizer(answer, add_special_tokens=False)
         ids = p["input_ids"] + a["input_ids"] + [tokenizer.eos_token_id]
         encoded.append((ids, len(p["input_ids"])))
+    pad_id: int = tokenizer.pad_token_id  # pyright: ignore[reportAssignmentType]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     loss_value = float("nan")
     for step in range(steps):
         chosen = [encoded[rng.randrange(len(encoded))] for _ in range(batch)]
         width = max(len(ids) for ids, _ in chosen)
-        input_ids = torch.full((batch, width), tokenizer.pad_token_id)
+        input_ids = torch.full((batch, width), pad_id)
         labels = torch.full((batch, width), -100)
         for row, (ids, prompt_len) in enumerate(chosen):
             input_ids[row, : len(ids)] = torch.tensor(ids)
             labels[row, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
-        logits = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long()).logits
+        logits = model(input_ids=input_ids, attention_mask=input_ids.ne(pad_id).long()).logits
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1))
         optimizer.zero_grad()
         loss.backward()
