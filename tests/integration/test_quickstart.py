@@ -41,14 +41,15 @@ def metrics(run_dir: Path) -> dict[int, dict]:
 
 
 def test_quickstart_reward_rises(tmp_path: Path) -> None:
-    steps = 24
-    result = launch(tmp_path, f"experiment.max_steps={steps}", "experiment.eval_steps=0", "experiment.save_steps=0")
+    steps = 40
+    result = launch(tmp_path, f"experiment.max_steps={steps}", "experiment.eval_steps=20", "experiment.save_steps=0")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     by_step = metrics(tmp_path / "quickstart")
     assert sorted(by_step) == list(range(1, steps + 1))
-    first = sum(by_step[s]["reward/mean"] for s in range(1, 5)) / 4
-    last = sum(by_step[s]["reward/mean"] for s in range(steps - 3, steps + 1)) / 4
-    assert last > first + 0.15, (first, last)
+    first = sum(by_step[s]["reward/mean"] for s in range(1, 6)) / 5
+    last = sum(by_step[s]["reward/mean"] for s in range(steps - 4, steps + 1)) / 5
+    assert last > first + 0.15, (first, last)  # seeded; measured +0.2 to +0.3 at 30-40 steps
+    assert {"eval/reward/math/mean", "eval/reward/code/mean", "eval/reward/words/mean"} <= set(by_step[20])
     assert (tmp_path / "quickstart" / "tensorboard").is_dir()
     status = json.loads((tmp_path / "quickstart" / "status.json").read_text())
     assert status["state"] == "finished"
