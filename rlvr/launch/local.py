@@ -105,7 +105,9 @@ class LocalLauncher:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if child.proc.poll() is not None:
-                raise LaunchError(f"{child.name} exited with code {child.proc.returncode}:\n{child.tail()}")
+                raise LaunchError(
+                    f"{child.name} exited with code {child.proc.returncode}; last lines of {child.log_path}:\n{child.tail()}"
+                )
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                     if response.status == 200:
