@@ -167,7 +167,8 @@ class Controller:
             if not algo.dynamic_sampling or missing <= 0:
                 break
             # Refill from the domains whose groups were dropped, in proportion (DAPO's dynamic sampling).
-            lost = [g.sample.domain for g in groups if g not in survivors][:missing]
+            kept_ids = {id(g) for g in survivors}
+            lost = [g.sample.domain for g in groups if id(g) not in kept_ids][:missing]
             pending = [s for domain in lost for s in self.mixture.take(domain, 1)]
         batch = self.build_batch(kept[: self.recipe.data.prompts_per_step] if algo.dynamic_sampling else kept)
         metrics.update(
