@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = loop.run()
         state = "finished" if code == 0 else "stopped"
+        if torch.distributed.is_initialized():
+            # Leave together: a rank that destroys its gloo group while a peer still uses it
+            # makes the peer abort ("terminate called without an active exception").
+            torch.distributed.barrier()
         return code
     finally:
         if sync is not None:

@@ -180,6 +180,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     worker(args.model_dir, args.url, Path(args.out), Path(args.run_dir))
+    torch.distributed.barrier()  # leave together (see rlvr/worker.py)
     torch.distributed.destroy_process_group()
 
 

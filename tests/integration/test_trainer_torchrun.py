@@ -153,6 +153,7 @@ def main() -> None:
         args.model_dir, strategy="fsdp2", out=Path(args.out), save_dir=args.save_dir, resume=args.resume,
         export_dir=args.export_dir,
     )  # fmt: skip
+    torch.distributed.barrier()  # a rank that tears gloo down while its peer still talks aborts the peer
     torch.distributed.destroy_process_group()
 
 
