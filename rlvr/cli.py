@@ -44,7 +44,11 @@ def load_or_exit(path: Path, overrides: list[str] | None, *, check_data: bool = 
         raise fail(str(exc)) from None
     problem = check_rewards(recipe)
     if problem:
-        raise fail(f"{path}: {problem}")
+        from rlvr.recipe.load import find_line
+
+        key, _, _ = problem.partition(": ")
+        line = find_line(path.read_text(), tuple(key.split(".")))
+        raise fail(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
     if check_data:
         from rlvr.data.sources import DataError
 
@@ -56,15 +60,16 @@ def load_or_exit(path: Path, overrides: list[str] | None, *, check_data: bool = 
 
 
 def check_rewards(recipe) -> str | None:
-    """Every domain's reward must be registered or an importable plug-in."""
-    try:
-        from rlvr.rewards.registry import check_reward_name
-    except ImportError:  # the registry is not built yet in this checkout
-        return None
+    """Every domain's reward must be registered (or an importable plug-in) and take its reward_args."""
+    from rlvr.rewards.registry import check_reward_args, check_reward_name
+
     for name, domain in recipe.domains.items():
         problem = check_reward_name(domain.reward)
         if problem:
             return f"domains.{name}.reward: {problem}"
+        problem = check_reward_args(domain.reward, domain.reward_args)
+        if problem:
+            return f"domains.{name}.reward_args: {problem}"
     return None
 
 

@@ -29,16 +29,14 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from rlvr.rewards.args import KNOWN_ARGS
 from rlvr.rewards.base import zero
 from rlvr.rewards.registry import register
 from rlvr.rewards.sandbox import Limits, RunResult
 from rlvr.rewards.text import last_code_block, split_think
 from rlvr.types import Completion, RewardResult, Sample
 
-_KNOWN_ARGS = {
-    "partial_credit", "timeout_s", "memory_mb", "max_procs", "max_output_bytes",
-    "sandbox", "sandbox_mode", "e2b_template", "python",
-}  # fmt: skip
+_KNOWN_ARGS = KNOWN_ARGS["code_sandbox"]
 RUNNER = "_rlvr_run.py"
 _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 _local_sandboxes: dict[tuple[str, str | None], Any] = {}

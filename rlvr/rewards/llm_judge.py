@@ -22,6 +22,7 @@ import weakref
 from collections import Counter
 from typing import Any
 
+from rlvr.rewards.args import KNOWN_ARGS
 from rlvr.rewards.base import zero
 from rlvr.rewards.registry import register
 from rlvr.rewards.text import split_think
@@ -30,10 +31,7 @@ from rlvr.types import Completion, RewardResult, Sample
 JUDGE_METRICS: Counter[str] = Counter()
 """Process-wide counters: requests, retries, timeouts, errors, unparsable (read by the pool)."""
 
-_KNOWN_ARGS = {
-    "judge_url", "model", "api_key_env", "template", "timeout_s", "max_retries", "backoff_s",
-    "max_concurrency", "temperature", "max_tokens",
-}  # fmt: skip
+_KNOWN_ARGS = KNOWN_ARGS["llm_judge"]
 
 REFERENCE_TEMPLATE = """You are grading a response against a reference answer.
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rlvr.rewards.args import KNOWN_ARGS
 from rlvr.rewards.base import zero
 from rlvr.rewards.registry import register
 from rlvr.rewards.text import split_think
 from rlvr.types import Completion, RewardResult, Sample
 
-_KNOWN_ARGS = {"fallback", "format_weight", "require_think", "timeout_s", "max_answer_chars", "max_workers"}
+_KNOWN_ARGS = KNOWN_ARGS["math_rule"]
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOX_BARE_RE = re.compile(r"\\boxed\s+([^\s$]+)")
 _ANSWER_IS_RE = re.compile(r"answer\s+is\s*:?\s*(.+?)\s*(?:\.\s|\.$|$|\n)", re.IGNORECASE)

@@ -104,6 +104,23 @@ def check_reward_name(name: str) -> str | None:
     return None
 
 
+def check_reward_args(name: str, args: dict[str, Any]) -> str | None:
+    """None if a built-in accepts every key of `args`, else the error text (plug-ins take anything)."""
+    from rlvr.rewards.args import KNOWN_ARGS
+
+    known = KNOWN_ARGS.get(name)
+    unknown = sorted(set(args) - known) if known is not None else []
+    if not unknown:
+        return None
+    import difflib
+
+    hints = [
+        f"{key!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(key, known, n=1)) else repr(key)
+        for key in unknown
+    ]
+    return f"{name} does not take {', '.join(hints)}; it takes {', '.join(sorted(known))}"
+
+
 def _unknown(name: str) -> str:
     return f"unknown reward {name!r}; " + _known_hint()
 

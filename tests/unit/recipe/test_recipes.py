@@ -91,6 +91,14 @@ BAD_CASES = {
         MINIMAL.replace('tags = ["code"]', 'tags = ["math"]'),
         "domains.code.tags: tag 'math' is already owned by domain 'math'",
     ),
+    "reward arg typo": (
+        MINIMAL.replace('reward = "math_rule"', 'reward = "math_rule"\nreward_args = {{ timout_s = 3 }}'),
+        "recipe.toml:17: domains.math.reward_args: math_rule does not take 'timout_s' (did you mean 'timeout_s'?)",
+    ),
+    "unknown reward": (
+        MINIMAL.replace('reward = "math_rule"', 'reward = "math_rules"'),
+        "recipe.toml:16: domains.math.reward: unknown reward 'math_rules'",
+    ),
     "slurm split": (
         MINIMAL + '\n[cluster]\nkind = "slurm"\nnodes = 1\n',
         "cluster: trainer_nodes (1) must be less than nodes (1)",
