@@ -32,20 +32,40 @@ MATH = [
     ("How many primes are less than 20?", "8", "3.0"),
 ]
 CODE = [
-    ("Write a program that reads two integers on one line and prints their sum.", "stdin_stdout",
-     [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6\n"}]),
-    ("Write a program that reads a string and prints it reversed.", "stdin_stdout",
-     [{"input": "abc\n", "output": "cba\n"}, {"input": "racecar\n", "output": "racecar\n"}]),
-    ("Write a Python function `is_even(n)` returning True when n is even.", "assert",
-     ["assert is_even(2)", "assert not is_even(3)", "assert is_even(0)"]),
-    ("Write a Python function `fib(n)` returning the n-th Fibonacci number with fib(0)=0, fib(1)=1.", "assert",
-     ["assert fib(0) == 0", "assert fib(1) == 1", "assert fib(10) == 55"]),
-    ("Write a Python function `max_of(xs)` returning the largest element of a non-empty list.", "check_based",
-     {"test": "def check(candidate):\n    assert candidate([1, 5, 2]) == 5\n    assert candidate([-3]) == -3\n",
-      "entry_point": "max_of"}),
-    ("Write a Python function `count_vowels(s)` counting a, e, i, o, u (lowercase).", "pytest",
-     "from solution import count_vowels\n\ndef test_basic():\n    assert count_vowels('hello') == 2\n\n"
-     "def test_empty():\n    assert count_vowels('') == 0\n"),
+    (
+        "Write a program that reads two integers on one line and prints their sum.",
+        "stdin_stdout",
+        [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4\n", "output": "6\n"}],
+    ),
+    (
+        "Write a program that reads a string and prints it reversed.",
+        "stdin_stdout",
+        [{"input": "abc\n", "output": "cba\n"}, {"input": "racecar\n", "output": "racecar\n"}],
+    ),
+    (
+        "Write a Python function `is_even(n)` returning True when n is even.",
+        "assert",
+        ["assert is_even(2)", "assert not is_even(3)", "assert is_even(0)"],
+    ),
+    (
+        "Write a Python function `fib(n)` returning the n-th Fibonacci number with fib(0)=0, fib(1)=1.",
+        "assert",
+        ["assert fib(0) == 0", "assert fib(1) == 1", "assert fib(10) == 55"],
+    ),
+    (
+        "Write a Python function `max_of(xs)` returning the largest element of a non-empty list.",
+        "check_based",
+        {
+            "test": "def check(candidate):\n    assert candidate([1, 5, 2]) == 5\n    assert candidate([-3]) == -3\n",
+            "entry_point": "max_of",
+        },
+    ),
+    (
+        "Write a Python function `count_vowels(s)` counting a, e, i, o, u (lowercase).",
+        "pytest",
+        "from solution import count_vowels\n\ndef test_basic():\n    assert count_vowels('hello') == 2\n\n"
+        "def test_empty():\n    assert count_vowels('') == 0\n",
+    ),
 ]
 JUDGE = [
     ("Name the largest planet in the solar system and give one fact about it.", "Jupiter"),
@@ -65,20 +85,48 @@ def write(name: str, rows: list[dict]) -> None:
 
 def main() -> None:
     math_rows = [
-        {"id": f"math-{i}", "source": "rlvr-sample", "difficulty": d, "prompt": q, "messages": chat(q),
-         "ground_truth": a, "case_type": "", "test_case_function": "", "test_cases": "", "tag": "math_rule"}
+        {
+            "id": f"math-{i}",
+            "source": "rlvr-sample",
+            "difficulty": d,
+            "prompt": q,
+            "messages": chat(q),
+            "ground_truth": a,
+            "case_type": "",
+            "test_case_function": "",
+            "test_cases": "",
+            "tag": "math_rule",
+        }
         for i, (q, a, d) in enumerate(MATH)
     ]
     code_rows = [
-        {"id": f"code-{i}", "source": "rlvr-sample", "difficulty": "1.0", "prompt": q,
-         "messages": chat(q, "Answer with one ```python code block."), "ground_truth": "", "case_type": kind,
-         "test_case_function": "", "test_cases": json.dumps(cases), "tag": "code_sandbox"}
+        {
+            "id": f"code-{i}",
+            "source": "rlvr-sample",
+            "difficulty": "1.0",
+            "prompt": q,
+            "messages": chat(q, "Answer with one ```python code block."),
+            "ground_truth": "",
+            "case_type": kind,
+            "test_case_function": "",
+            "test_cases": json.dumps(cases),
+            "tag": "code_sandbox",
+        }
         for i, (q, kind, cases) in enumerate(CODE)
     ]
     judge_rows = [
-        {"id": f"judge-{i}", "source": "rlvr-sample", "difficulty": "1.0", "prompt": q,
-         "messages": chat(q, "Answer briefly and correctly."), "ground_truth": a, "case_type": "",
-         "test_case_function": "", "test_cases": "", "tag": "llm_judge"}
+        {
+            "id": f"judge-{i}",
+            "source": "rlvr-sample",
+            "difficulty": "1.0",
+            "prompt": q,
+            "messages": chat(q, "Answer briefly and correctly."),
+            "ground_truth": a,
+            "case_type": "",
+            "test_case_function": "",
+            "test_cases": "",
+            "tag": "llm_judge",
+        }
         for i, (q, a) in enumerate(JUDGE)
     ]
     write("math_train.jsonl", math_rows[:9])

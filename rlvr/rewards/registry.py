@@ -109,7 +109,9 @@ def check_reward_args(name: str, args: dict[str, Any]) -> str | None:
     from rlvr.rewards.args import KNOWN_ARGS
 
     known = KNOWN_ARGS.get(name)
-    unknown = sorted(set(args) - known) if known is not None else []
+    if known is None:
+        return None
+    unknown = sorted(set(args) - known)
     if not unknown:
         return None
     import difflib
