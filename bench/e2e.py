@@ -200,8 +200,8 @@ def trl_worker(recipe_path: str, steps: int, out: Path, judge_url: str) -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlvr.cli import load_all_domains
     from rlvr.data.mixture import MixtureSampler
+    from rlvr.data.sources import load_recipe_domains
     from rlvr.rewards.pool import RewardPool
     from rlvr.types import Completion, Group
 
@@ -211,7 +211,7 @@ def trl_worker(recipe_path: str, steps: int, out: Path, judge_url: str) -> None:
         raise SystemExit("this bench maps only the quickstart's GRPO settings (no KL, seq-mean-token-mean, group std)")
 
     # The exact prompt sequence rlvr's controller draws: same sampler, seed and domain mix.
-    train, _ = load_all_domains(recipe)
+    train, _ = load_recipe_domains(recipe)
     mixture = MixtureSampler(train, probs=recipe.data.domain_interleave_probs,
                              prompts_per_step=recipe.data.prompts_per_step, seed=recipe.experiment.seed,
                              shuffle=recipe.data.shuffle)  # fmt: skip

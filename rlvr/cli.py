@@ -50,10 +50,10 @@ def load_or_exit(path: Path, overrides: list[str] | None, *, check_data: bool = 
         line = find_line(path.read_text(), tuple(key.split(".")))
         raise fail(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
     if check_data:
-        from rlvr.data.sources import DataError
+        from rlvr.data.sources import DataError, load_recipe_domains
 
         try:
-            load_all_domains(recipe)
+            load_recipe_domains(recipe)
         except DataError as exc:
             raise fail(str(exc)) from None
     return recipe
@@ -71,27 +71,6 @@ def check_rewards(recipe) -> str | None:
         if problem:
             return f"domains.{name}.reward_args: {problem}"
     return None
-
-
-def load_all_domains(recipe, *, eval_files: bool = False):
-    """{domain: [Sample]} for the train (or eval) files, with a LoadReport per domain."""
-    from rlvr.data.sources import LoadReport, load_domain_samples
-
-    out, reports = {}, {}
-    for name, domain in recipe.domains.items():
-        report = reports[name] = LoadReport()
-        out[name] = load_domain_samples(
-            domain.eval_files if eval_files else domain.files,
-            domain=name,
-            tags=domain.tags,
-            reward=domain.reward,
-            on_bad_row=recipe.data.on_bad_row,
-            min_difficulty=domain.filter.min_difficulty,
-            max_difficulty=domain.filter.max_difficulty,
-            max_prompt_chars=domain.filter.max_prompt_chars,
-            report=report,
-        )
-    return out, reports
 
 
 @app.command()
@@ -113,7 +92,9 @@ def plan(
     from rlvr.recipe.load import resolved_json
 
     resolved = load_or_exit(recipe, set_)
-    _, reports = load_all_domains(resolved)
+    from rlvr.data.sources import load_recipe_domains
+
+    _, reports = load_recipe_domains(resolved)
     try:
         launch = make_plan(resolved)
     except PlanError as exc:

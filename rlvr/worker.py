@@ -86,13 +86,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_controller(recipe, *, tokenizer, urls):
-    from rlvr.cli import load_all_domains
     from rlvr.controller import Controller
+    from rlvr.data.sources import load_recipe_domains
     from rlvr.rewards.pool import RewardPool
     from rlvr.rollout.sglang import SGLangClient
 
-    train, _ = load_all_domains(recipe)
-    evals, _ = load_all_domains(recipe, eval_files=True)
+    train, _ = load_recipe_domains(recipe)
+    evals, _ = load_recipe_domains(recipe, eval_files=True)
     client = SGLangClient(urls, api_key=recipe.rollout.sglang.api_key, timeout_s=recipe.rollout.timeout_s)
     rewards = RewardPool.from_domains(
         {name: (d.reward, d.reward_args) for name, d in recipe.domains.items()},

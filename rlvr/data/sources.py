@@ -183,3 +183,25 @@ def _filtered(sample: Sample, lo: float | None, hi: float | None, max_chars: int
     if d is not None and ((lo is not None and d < lo) or (hi is not None and d > hi)):
         return True
     return max_chars is not None and sum(len(m["content"]) for m in sample.messages) > max_chars
+
+
+def load_recipe_domains(
+    recipe: Any, *, eval_files: bool = False
+) -> tuple[dict[str, list[Sample]], dict[str, LoadReport]]:
+    """Every domain's train (or eval) samples for a validated Recipe, with a LoadReport each."""
+    out: dict[str, list[Sample]] = {}
+    reports: dict[str, LoadReport] = {}
+    for name, domain in recipe.domains.items():
+        report = reports[name] = LoadReport()
+        out[name] = load_domain_samples(
+            domain.eval_files if eval_files else domain.files,
+            domain=name,
+            tags=domain.tags,
+            reward=domain.reward,
+            on_bad_row=recipe.data.on_bad_row,
+            min_difficulty=domain.filter.min_difficulty,
+            max_difficulty=domain.filter.max_difficulty,
+            max_prompt_chars=domain.filter.max_prompt_chars,
+            report=report,
+        )
+    return out, reports
