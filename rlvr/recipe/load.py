@@ -82,7 +82,7 @@ def format_validation_error(exc: ValidationError, path: Path, text: str) -> str:
         message = "required key is missing"
     elif "input" in first and first["type"] not in ("model_type",):
         message = f"{message} (got {first['input']!r})"
-    key = ".".join(loc) or "(top level)"
+    key = ".".join(part if part.isprintable() and part.strip() == part else repr(part) for part in loc) or "(top level)"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{_where(path, text, loc)}: {key}: {message}{more}"
 

@@ -39,7 +39,9 @@ def to_toml_value(value):
     return value
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_mutated_recipes_fail_cleanly(tmp_path: Path, data) -> None:
     base = write_recipe(tmp_path)
