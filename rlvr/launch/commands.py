@@ -57,7 +57,15 @@ def server_command(
     if recipe.rollout.engine == "sglang":
         from rlvr.rollout.sglang import build_sglang_command
 
-        return build_sglang_command(recipe.rollout, model_path=str(model_path), host=host, port=spec.port)
+        return build_sglang_command(
+            recipe.rollout,
+            model_path=str(model_path),
+            host=host,
+            port=spec.port,
+            dtype=recipe.model.dtype,
+            seed=recipe.experiment.seed,
+            tokenizer_path=recipe.model.tokenizer,
+        )
     if model_path is None:
         raise ValueError("the embedded rollout server needs model.path (a model folder), not model.config")
     command = [python, "-m", "rlvr.cli", "serve", str(model_path), "--host", host, "--port", str(spec.port)]

@@ -1,0 +1,45 @@
+"""The command lines every launcher runs, pinned for the flagship recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlvr.launch.commands import judge_command, server_command, trainer_command
+from rlvr.launch.plan import make_plan
+from rlvr.recipe.load import load_recipe
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_sglang_server_command_for_the_flagship() -> None:
+    recipe = load_recipe(ROOT / "recipes" / "math_code_judge.toml", ["rollout.sglang.tp_size=2"])
+    plan = make_plan(recipe)
+    assert [s.gpus for s in plan.servers] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    argv = server_command(recipe, plan.servers[1], host="10.0.0.2")
+    assert argv == [
+        "/opt/sglang-env/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/Qwen2.5-7B-Instruct",
+        "--host", "10.0.0.2", "--port", "30001", "--tp-size", "2", "--dp-size", "1", "--mem-fraction-static", "0.8",
+        "--dtype", "bfloat16", "--random-seed", "42",
+    ]  # fmt: skip
+
+
+def test_trainer_command_is_torchrun_with_static_rendezvous() -> None:
+    recipe = load_recipe(ROOT / "recipes" / "math_code_judge.toml", ["cluster.nodes=4", "cluster.trainer_nodes=2"])
+    plan = make_plan(recipe, master_port=29555)
+    argv = trainer_command(plan, run_dir="/shared/runs/x", node_rank=1, master_addr="10.0.0.1", python="python")
+    assert argv == [
+        "python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=8", "--node-rank=1",
+        "--master-addr=10.0.0.1", "--master-port=29555", "-m", "rlvr.worker", "--run-dir", "/shared/runs/x",
+        "--resume", "auto",
+    ]  # fmt: skip
+
+
+def test_local_quickstart_runs_embedded_servers_and_the_judge() -> None:
+    recipe = load_recipe(ROOT / "recipes" / "quickstart.toml")
+    plan = make_plan(recipe)
+    assert plan.kind == "local" and plan.trainer_world_size == 1 and len(plan.servers) == 1
+    argv = server_command(recipe, plan.servers[0], python="python")
+    assert argv[:4] == ["python", "-m", "rlvr.cli", "serve"] and argv[4].endswith("recipes/quickstart/policy")
+    assert argv[5:] == ["--host", "127.0.0.1", "--port", "30000", "--max-batch", "128", "--dtype", "float32"]
+    judge = judge_command(recipe, host="127.0.0.1", port=31000, python="python")
+    assert judge[4].endswith("recipes/quickstart/judge") and "--port" in judge
