@@ -20,19 +20,15 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "recipes" / "quickstart.toml"
 
 
-def launch(out: Path, *overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "rlvr.cli",
-        "launch",
-        str(QUICKSTART),
-        "--no-dashboard",
-        "--set",
-        f"experiment.output_dir={json.dumps(str(out))}",
-        *(x for o in overrides for x in ("--set", o)),
+def launch_command(out: Path, *overrides: str) -> list[str]:
+    sets = [f"experiment.output_dir={json.dumps(str(out))}", *overrides]
+    return [sys.executable, "-m", "rlvr.cli", "launch", str(QUICKSTART), "--no-dashboard"] + [
+        x for s in sets for x in ("--set", s)
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def launch(out: Path, *overrides: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(launch_command(out, *overrides), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def metrics(run_dir: Path) -> dict[int, dict]:
@@ -61,19 +57,12 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path: Path) -> None:
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     out = tmp_path / "b"
-    command = [
-        sys.executable,
-        "-m",
-        "rlvr.cli",
-        "launch",
-        str(QUICKSTART),
-        "--no-dashboard",
-        "--set",
-        f"experiment.output_dir={json.dumps(str(out))}",
-        *(x for o in overrides for x in ("--set", o)),
-    ]
     proc = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        launch_command(out, *overrides),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     run_dir = out / "quickstart"
     deadline = time.monotonic() + 600
