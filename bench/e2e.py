@@ -57,12 +57,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from rlvr.launch.servers import is_healthy  # noqa: E402 (after the path fix-up)
 
 GROUP = 3  # steps averaged for the "first" and "final" reward
 
@@ -95,12 +95,8 @@ def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout_s: float =
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"judge server exited with code {proc.returncode}; see {log}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+        if is_healthy(url):
+            return
         time.sleep(0.3)
     raise SystemExit(f"judge server not healthy at {url} after {timeout_s:.0f}s; see {log}")
 

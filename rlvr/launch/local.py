@@ -16,15 +16,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from rlvr.launch.commands import judge_command, server_command, trainer_command
 from rlvr.launch.plan import LaunchPlan, ServerSpec, make_plan
-from rlvr.launch.servers import ServerAddress, clear_servers, register_judge, register_server
+from rlvr.launch.servers import ServerAddress, clear_servers, is_healthy, register_judge, register_server
 from rlvr.recipe.schema import Recipe
 
 LOG_TAIL_LINES = 25
@@ -108,12 +106,8 @@ class LocalLauncher:
                 raise LaunchError(
                     f"{child.name} exited with code {child.proc.returncode}; last lines of {child.log_path}:\n{child.tail()}"
                 )
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+            if is_healthy(url):
+                return
             time.sleep(0.3)
         raise LaunchError(f"{child.name} was not healthy at {url} after {timeout_s:.0f}s:\n{child.tail()}")
 

@@ -39,14 +39,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlvr.launch.plan import LaunchPlan, ServerSpec
+from rlvr.launch.servers import is_healthy
 
 RECIPE_FILE = "resolved_recipe.json"
 SLURM_DIR = "slurm"
@@ -354,14 +353,6 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     write_json_atomic(path, data)
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 class Node:
     """One node's lifetime: start children, forward signals, clean up on every exit path."""
 
@@ -529,7 +520,7 @@ class Node:
             if self._trainer_done():
                 return 0
             for index, url in list(pending.items()):
-                if _healthy(url):
+                if is_healthy(url):
                     _log(role, f"server {index} healthy at {url}")
                     del pending[index]
             if len(self.children.alive()) < len(self.children.procs):

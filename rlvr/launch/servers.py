@@ -34,6 +34,18 @@ class ServerWaitError(TimeoutError):
     """Not every planned rollout server registered in time."""
 
 
+def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
+    """GET {url}/health answers 200 (SGLang and `rlvr serve` both have the route)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def register_server(run_dir: str | Path, address: ServerAddress) -> Path:
     folder = Path(run_dir) / SERVERS_DIR
     folder.mkdir(parents=True, exist_ok=True)

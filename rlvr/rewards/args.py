@@ -19,3 +19,11 @@ KNOWN_ARGS: dict[str, frozenset[str]] = {
         "max_concurrency", "temperature", "max_tokens",
     }),
 }  # fmt: skip
+
+
+def reject_unknown_args(name: str, reward_args: dict) -> None:
+    """Raise the run-time error for keys a built-in does not take (validate reports them earlier)."""
+    known = KNOWN_ARGS[name]
+    unknown = set(reward_args) - known
+    if unknown:
+        raise ValueError(f"{name}: unknown reward_args {sorted(unknown)}; known: {sorted(known)}")

@@ -29,14 +29,13 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from rlvr.rewards.args import KNOWN_ARGS
+from rlvr.rewards.args import reject_unknown_args
 from rlvr.rewards.base import zero
 from rlvr.rewards.registry import register
 from rlvr.rewards.sandbox import Limits, RunResult
 from rlvr.rewards.text import last_code_block, split_think
 from rlvr.types import Completion, RewardResult, Sample
 
-_KNOWN_ARGS = KNOWN_ARGS["code_sandbox"]
 RUNNER = "_rlvr_run.py"
 _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 _local_sandboxes: dict[tuple[str, str | None], Any] = {}
@@ -165,9 +164,7 @@ async def _run_e2b(job: Job, limits: Limits, reward_args: dict[str, Any]) -> Run
 @register("code_sandbox")
 async def score(sample: Sample, completion: Completion, **reward_args: Any) -> RewardResult:
     """Run the last fenced code block against test cases in a sandbox (local bwrap or E2B)."""
-    unknown = set(reward_args) - _KNOWN_ARGS
-    if unknown:
-        raise ValueError(f"code_sandbox: unknown reward_args {sorted(unknown)}; known: {sorted(_KNOWN_ARGS)}")
+    reject_unknown_args("code_sandbox", reward_args)
     backend = reward_args.get("sandbox", "local")
     if backend not in ("local", "e2b"):
         raise ValueError(f"code_sandbox: sandbox must be 'local' or 'e2b', got {backend!r}")

@@ -22,7 +22,7 @@ import weakref
 from collections import Counter
 from typing import Any
 
-from rlvr.rewards.args import KNOWN_ARGS
+from rlvr.rewards.args import reject_unknown_args
 from rlvr.rewards.base import zero
 from rlvr.rewards.registry import register
 from rlvr.rewards.text import split_think
@@ -31,7 +31,6 @@ from rlvr.types import Completion, RewardResult, Sample
 JUDGE_METRICS: Counter[str] = Counter()
 """Process-wide counters: requests, retries, timeouts, errors, unparsable (read by the pool)."""
 
-_KNOWN_ARGS = KNOWN_ARGS["llm_judge"]
 
 REFERENCE_TEMPLATE = """You are grading a response against a reference answer.
 
@@ -144,9 +143,7 @@ async def chat(
 @register("llm_judge")
 async def score(sample: Sample, completion: Completion, **reward_args: Any) -> RewardResult:
     """Ask an OpenAI-compatible judge model: YES/NO against the reference or a 0-10 rubric."""
-    unknown = set(reward_args) - _KNOWN_ARGS
-    if unknown:
-        raise ValueError(f"llm_judge: unknown reward_args {sorted(unknown)}; known: {sorted(_KNOWN_ARGS)}")
+    reject_unknown_args("llm_judge", reward_args)
     url = reward_args.get("judge_url") or os.environ.get("RLVR_JUDGE_URL")
     if not url:
         raise ValueError("llm_judge needs reward_args judge_url or the RLVR_JUDGE_URL environment variable")

@@ -21,13 +21,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rlvr.rewards.args import KNOWN_ARGS
+from rlvr.rewards.args import reject_unknown_args
 from rlvr.rewards.base import zero
 from rlvr.rewards.registry import register
 from rlvr.rewards.text import split_think
 from rlvr.types import Completion, RewardResult, Sample
 
-_KNOWN_ARGS = KNOWN_ARGS["math_rule"]
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOX_BARE_RE = re.compile(r"\\boxed\s+([^\s$]+)")
 _ANSWER_IS_RE = re.compile(r"answer\s+is\s*:?\s*(.+?)\s*(?:\.\s|\.$|$|\n)", re.IGNORECASE)
@@ -134,9 +133,7 @@ def format_ok(text: str, *, require_think: bool) -> bool:
 @register("math_rule")
 async def score(sample: Sample, completion: Completion, **reward_args: Any) -> RewardResult:
     """Extract the final answer (\\boxed{}, 'the answer is', last number) and check it with math-verify."""
-    unknown = set(reward_args) - _KNOWN_ARGS
-    if unknown:
-        raise ValueError(f"math_rule: unknown reward_args {sorted(unknown)}; known: {sorted(_KNOWN_ARGS)}")
+    reject_unknown_args("math_rule", reward_args)
     fallback = reward_args.get("fallback", "last_number")
     if fallback not in ("last_number", "none"):
         raise ValueError(f"math_rule: fallback must be 'last_number' or 'none', got {fallback!r}")

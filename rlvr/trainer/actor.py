@@ -14,13 +14,13 @@ from torch import nn
 from rlvr.recipe.schema import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.trainer import dist as d
 from rlvr.trainer.batch import TrainBatch
-from rlvr.trainer.engine import TrainEngine
+from rlvr.trainer.engine import EngineHandles, TrainEngine
 from rlvr.trainer.forward import token_logprobs
 from rlvr.trainer.model import build_model
 from rlvr.trainer.packing import MicroBatch, slice_rows
 
 
-class Actor:
+class Actor(EngineHandles):
     """Policy model + optimizer (+ frozen reference model when the algorithm uses KL)."""
 
     def __init__(
@@ -74,21 +74,6 @@ class Actor:
             temperature=temperature,
             max_response_len=max_response_len,
         )
-
-    # -- handles for checkpointing / weight sync ---------------------------------------------
-    @property
-    def model(self) -> nn.Module:
-        return self.engine.model
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        assert self.engine.optimizer is not None
-        return self.engine.optimizer
-
-    @property
-    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
-        assert self.engine.scheduler is not None
-        return self.engine.scheduler
 
     # -- no-grad passes ------------------------------------------------------------------------
     def compute_logprobs(self, batch: TrainBatch, *, reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,13 +13,13 @@ from torch import nn
 from rlvr.recipe.schema import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.trainer import dist as d
 from rlvr.trainer.batch import TrainBatch
-from rlvr.trainer.engine import TrainEngine
+from rlvr.trainer.engine import EngineHandles, TrainEngine
 from rlvr.trainer.forward import token_values
 from rlvr.trainer.model import build_model
 from rlvr.trainer.packing import MicroBatch, slice_rows
 
 
-class Critic:
+class Critic(EngineHandles):
     """Value model + its own AdamW (lr = `algorithm.critic_lr`)."""
 
     def __init__(
@@ -53,20 +53,6 @@ class Critic:
         return cls(
             model, trainer=trainer, algorithm=algorithm, total_steps=total_steps, max_response_len=max_response_len
         )
-
-    @property
-    def model(self) -> nn.Module:
-        return self.engine.model
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        assert self.engine.optimizer is not None
-        return self.engine.optimizer
-
-    @property
-    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
-        assert self.engine.scheduler is not None
-        return self.engine.scheduler
 
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """V before each response token, [B, T] on CPU (0 past each response), on every rank."""

@@ -242,3 +242,23 @@ class TrainEngine:
         if tally.skipped:
             metrics["skipped_updates"] = float(tally.skipped)
         return metrics
+
+
+class EngineHandles:
+    """`model`, `optimizer`, `scheduler` of a part's trainable `engine`: what checkpoints and sync use."""
+
+    engine: TrainEngine
+
+    @property
+    def model(self) -> nn.Module:
+        return self.engine.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        assert self.engine.optimizer is not None
+        return self.engine.optimizer
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        assert self.engine.scheduler is not None
+        return self.engine.scheduler
