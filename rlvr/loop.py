@@ -130,7 +130,7 @@ class RLLoop:
         return metrics
 
     def prepare(self, rollout: RolloutBatch) -> TrainBatch:
-        """Rollout -> TrainBatch with old/ref logprobs, values and advantages (collective)."""
+        """Rollout -> TrainBatch with ref logprobs, values and advantages (collective)."""
         algo = self.recipe.algorithm
         batch = TrainBatch.from_sequences(
             rollout.prompts,
@@ -141,14 +141,15 @@ class RLLoop:
             rewards=rollout.rewards,
             pad_id=self.pad_id,
         )
-        old_logprobs, _ = self.actor.compute_logprobs(batch)
-        batch = batch.replace(old_logprobs=old_logprobs)
         kl = None
         if algo.kl_in != "none":
             batch = batch.replace(ref_logprobs=self.actor.compute_ref_logprobs(batch))
-            if algo.kl_in == "reward":
-                assert batch.ref_logprobs is not None
-                kl = kl_penalty(old_logprobs, batch.ref_logprobs, estimator=algo.kl_estimator or "k1")
+        if algo.kl_in == "reward":  # the KL penalty shapes the rewards, so pi_old is needed before advantages
+            old_logprobs, _ = self.actor.compute_logprobs(batch)
+            batch = batch.replace(old_logprobs=old_logprobs)
+            assert batch.ref_logprobs is not None
+            kl = kl_penalty(old_logprobs, batch.ref_logprobs, estimator=algo.kl_estimator or "k1")
+        # Otherwise the actor fills pi_old itself, and skips that forward for a single on-policy update.
         values = None
         if self.critic is not None:
             values = self.critic.compute_values(batch)
