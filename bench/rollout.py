@@ -21,7 +21,7 @@ from pathlib import Path
 
 MODELS = {
     "tiny": {},  # rlvr.tiny defaults: hidden 64, 2 layers
-    "50m": {"hidden_size": 512, "layers": 8, "heads": 8},
+    "50m": {"hidden_size": 512, "layers": 12, "heads": 8},  # 45.7M parameters
 }
 
 

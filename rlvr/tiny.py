@@ -32,7 +32,7 @@ def tiny_config(
     intermediate_size: int | None = None,
     max_positions: int = 1024,
 ) -> dict[str, Any]:
-    """An HF Qwen3 config dict; the ~50M bench model is `hidden_size=512, layers=8, heads=8`."""
+    """An HF Qwen3 config dict; the ~50M bench model is `hidden_size=512, layers=12, heads=8`."""
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",

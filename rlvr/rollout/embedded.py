@@ -353,21 +353,32 @@ class EmbeddedEngine:
         self._sample_and_check(list(live), logits)
 
     def _sample_and_check(self, seqs: list[_Seq], logits: Any) -> None:
-        from rlvr.rollout.sampling import RowSampling, sample_rows
+        from rlvr.rollout.sampling import RowSampling, sample_greedy, sample_rows
 
-        rows = [
-            RowSampling(s.params.temperature, s.params.top_p, s.params.top_k, s.params.min_p, s.rng.random())
-            for s in seqs
-        ]
-        tokens, logprobs = sample_rows(logits, rows, original=self.original_logprobs)
+        if all(s.params.temperature <= 1e-6 or s.params.top_k == 1 for s in seqs):
+            tokens, logprobs = sample_greedy(logits)  # no per-row settings or draws to gather
+        else:
+            rows = [
+                RowSampling(s.params.temperature, s.params.top_p, s.params.top_k, s.params.min_p, s.rng.random())
+                for s in seqs
+            ]
+            tokens, logprobs = sample_rows(logits, rows, original=self.original_logprobs)
         done: list[_Seq] = []
+        max_len = self.max_len
         for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
             seq.out.append(token)
             seq.logprobs.append(logprob)
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                seq.finish = reason
-                done.append(seq)
+            # The common case (no stop hit, room left) in one line; `_stop_reason` says which stop it was.
+            if (
+                token in seq.stop_ids
+                or seq.params.stop
+                or len(seq.out) >= seq.params.max_new_tokens
+                or seq.cached + 1 >= max_len
+            ):
+                reason = self._stop_reason(seq, token)
+                if reason is not None:
+                    seq.finish = reason
+                    done.append(seq)
         if done:
             self._remove(done)
 
@@ -468,6 +479,9 @@ class EmbeddedEngine:
                 target = params[name]
                 if tuple(target.shape) != tuple(tensor.shape):
                     raise ValueError(f"{name}: shape {tuple(tensor.shape)} != model's {tuple(target.shape)}")
+            self.backend.invalidate()
+            for name, tensor in items:
+                target = params[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
             self.backend.refresh()
             if version is not None:
@@ -540,6 +554,8 @@ class EmbeddedEngine:
             raise ValueError(f"names/dtypes/shapes lengths differ: {len(names)}, {len(dtypes)}, {len(shapes)}")
         with self._lock, torch.no_grad():  # no step runs while half the weights are new
             targets, copies, problems = self._receive_targets(names, dtypes, shapes)
+            if not problems:
+                self.backend.invalidate()
             receive_into(group, targets)
             if problems:
                 raise ValueError(f"weight update refused ({len(problems)} bad tensors): {'; '.join(problems[:5])}")

@@ -35,6 +35,14 @@ class RowSampling:
         return self.temperature <= 1e-6 or self.top_k == 1
 
 
+def sample_greedy(logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    """Argmax of every row, with its logprob under the raw model (what SGLang reports for greedy)."""
+    logits = logits.float()
+    tokens = logits.argmax(dim=-1)
+    picked = logits.gather(1, tokens[:, None]).squeeze(1)
+    return tokens.tolist(), (picked - torch.logsumexp(logits, dim=-1)).tolist()
+
+
 def sample_rows(
     logits: torch.Tensor, rows: list[RowSampling], *, original: bool = False
 ) -> tuple[list[int], list[float]]:
@@ -42,9 +50,7 @@ def sample_rows(
     logits = logits.float()
     greedy = [r.greedy for r in rows]
     if all(greedy):
-        logp = torch.log_softmax(logits, dim=-1)
-        tokens = logits.argmax(dim=-1)
-        return tokens.tolist(), logp.gather(1, tokens[:, None]).squeeze(1).tolist()
+        return sample_greedy(logits)
 
     device = logits.device
     temps = torch.tensor([1.0 if g else r.temperature for g, r in zip(greedy, rows, strict=True)], device=device)

@@ -46,6 +46,40 @@ def test_is_a_rollout_engine(engine):
     assert isinstance(engine, RolloutEngine)  # (after: isinstance narrows `engine` for pyright)
 
 
+def test_onednn_packed_projections_match_plain_linear(model_dir, monkeypatch):
+    """On CPU the fast path runs its projections on oneDNN-packed weight copies: the logits
+    equal those of plain `F.linear` to fp32 tolerance, and a weight change reaches them only
+    through `refresh()` (which every weight load calls)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.rollout.decoders import StaticKVDecoder, _Linear
+
+    monkeypatch.setattr(_Linear, "MIN_PACKED_NUMEL", 0)  # the tiny model's weights are all below it
+
+    def decoder(packed: bool) -> StaticKVDecoder:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        return StaticKVDecoder(model, max_slots=4, max_len=64, packed_weights=packed)
+
+    packed, plain = decoder(True), decoder(False)
+    assert packed.layers[0].gate_up.packed is not None and plain.layers[0].gate_up.packed is None
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    torch.testing.assert_close(packed.prefill(0, prompts), plain.prefill(0, prompts), atol=1e-5, rtol=1e-5)
+    step = dict(tokens=[11, 12], positions=[4, 2])
+    torch.testing.assert_close(packed.decode(**step), plain.decode(**step), atol=1e-5, rtol=1e-5)
+
+    for d in (packed, plain):
+        with torch.no_grad():
+            d.layers[0].gate_up.weight.mul_(-1.0)
+    stale = packed.decode(tokens=[11, 12], positions=[5, 3])
+    expected = plain.decode(tokens=[11, 12], positions=[5, 3])
+    assert not torch.allclose(stale, expected, atol=1e-3)
+    packed.refresh()  # drops the stale copies at once; rebuilds them on a background thread
+    torch.testing.assert_close(packed.decode(tokens=[11, 12], positions=[5, 3]), expected, atol=1e-5, rtol=1e-5)
+    packed.wait_packed()
+    assert packed.layers[0].gate_up.packed is not None
+    torch.testing.assert_close(packed.decode(tokens=[11, 12], positions=[5, 3]), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_greedy_tokens_and_logprobs_match_a_full_forward(engine, reference):
     params = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
     out = engine.generate_sync(_requests(engine, params))
@@ -348,7 +382,7 @@ def test_distributed_update_writes_into_the_live_weights(model_dir, reference, m
         params = dict(engine.model.named_parameters(remove_duplicate=False))
         assert params["lm_head.weight"] is params["model.embed_tokens.weight"]  # tied
         pointers = {name: p.data_ptr() for name, p in params.items()}
-        fused = [(layer.qkv_w.data_ptr(), layer.gate_up_w.data_ptr()) for layer in engine.backend.layers]
+        fused = [(layer.qkv.weight.data_ptr(), layer.gate_up.weight.data_ptr()) for layer in engine.backend.layers]
 
         trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         with torch.no_grad():
@@ -365,14 +399,14 @@ def test_distributed_update_writes_into_the_live_weights(model_dir, reference, m
 
         after = dict(engine.model.named_parameters(remove_duplicate=False))
         assert {name: p.data_ptr() for name, p in after.items()} == pointers
-        assert [(layer.qkv_w.data_ptr(), layer.gate_up_w.data_ptr()) for layer in engine.backend.layers] == fused
+        assert [(layer.qkv.weight.data_ptr(), layer.gate_up.weight.data_ptr()) for layer in engine.backend.layers] == fused
         for name, tensor in named:
             assert torch.equal(after[name], tensor), name
         assert torch.equal(after["lm_head.weight"], dict(named)["model.embed_tokens.weight"])
         layer0 = trainer.model.layers[0]
         attn = layer0.self_attn
         expected_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        assert torch.equal(engine.backend.layers[0].qkv_w, expected_qkv)
+        assert torch.equal(engine.backend.layers[0].qkv.weight, expected_qkv)
 
         greedy = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
         out = engine.generate_sync(_requests(engine, greedy)[:2])
