@@ -68,8 +68,15 @@ def serve(model_dir: str, port: int) -> None:
         )
         return web.json_response({"success": True})
 
+    async def bench_settle(request: web.Request) -> web.Response:
+        # The last sync's background repack of the engine's oneDNN weight copies must not
+        # slow the baseline that follows it.
+        await asyncio.to_thread(engine.backend.wait_packed)
+        return web.json_response({"success": True})
+
     app = create_app(engine)
     app.router.add_post("/bench_raw", bench_raw)
+    app.router.add_post("/bench_settle", bench_settle)
     assert app[ENGINE_KEY] is engine
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
@@ -102,17 +109,19 @@ def main() -> None:
     from rlvr.sync import make_weight_sync
     from rlvr.tiny import build_tiny_model_dir
     from rlvr.trainer.weights import iter_full_weights
+    from rlvr.weight_arena import build_weight_arena
 
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="rlvr-bench-sync-"))
     model_dir = build_tiny_model_dir(tmp / "model", hidden_size=args.hidden, layers=args.layers, heads=8, kv_heads=4)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    build_weight_arena(model)  # what the single-process trainer (strategy "none") does to its model
     params = sum(p.numel() for p in model.parameters())
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = (tmp / "server.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(model_dir), str(port)], env=env, stdout=log, stderr=log
+        [sys.executable, os.environ.get("BENCH_SERVE_WRAPPER", __file__), "--serve", str(model_dir), str(port)], env=env, stdout=log, stderr=log
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -121,7 +130,10 @@ def main() -> None:
         sync = make_weight_sync(SyncConfig(bucket_mb=int(args.bucket_mb), timeout_s=120), model=model, client=client)
         nbytes = sum(s.nbytes for s in sync.specs)  # type: ignore[attr-defined]
         sync_times, transfer_times, raw_times, fresh_times, floor_times = [], [], [], [], []
-        raw = torch.empty(nbytes, dtype=torch.uint8)
+        # The same bytes: the weights themselves, flat. (A never-written `torch.empty` buffer
+        # would send the kernel's shared zero page from cache and flatter the baseline.)
+        raw = torch.cat([t.reshape(-1).view(torch.uint8) for _, t in iter_full_weights(model)])
+        assert raw.numel() == nbytes
         options = dist.BroadcastOptions()
         options.rootRank = 0
 
@@ -142,6 +154,8 @@ def main() -> None:
                 "reuse": reuse,
             }
             async with aiohttp.ClientSession() as session:
+                settle = await session.post(url + "/bench_settle")
+                assert settle.status == 200, await settle.text()
                 start = time.perf_counter()
                 request = asyncio.ensure_future(session.post(url + "/bench_raw", json=payload))
                 await asyncio.to_thread(send, group, per_tensor)

@@ -294,6 +294,9 @@ class SyncConfig(Section):
     """auto: broadcast (NCCL on GPU, gloo on CPU) to servers; disk when nodes can't join a group."""
     bucket_mb: int = Field(default=256, ge=1)
     """Weights travel in buckets of about this many MB."""
+    wire_format: Literal["flattened_bucket", "per_tensor"] = "flattened_bucket"
+    """Broadcast each bucket as one flat uint8 tensor (SGLang's `load_format="flattened_bucket"`)
+    or each tensor on its own (for SGLang versions without flattened buckets)."""
     timeout_s: float = Field(default=600.0, gt=0)
     """Timeout of every collective and HTTP call in a sync; a dead engine never hangs the run."""
     on_engine_failure: Literal["fail", "continue"] = "fail"

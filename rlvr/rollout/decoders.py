@@ -102,20 +102,48 @@ class _Linear:
 
 
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the linears' weights (and biases) and make each linear a view into the result."""
-    weight = torch.cat([lin.weight.data for lin in linears], dim=0)
+    """One [sum(rows), cols] weight (and bias) for several linears, sharing their storage.
+
+    Weights that already lie back to back (the engine's weight arena keeps q/k/v and
+    gate/up adjacent, as the state_dict orders them) are viewed as one tensor in place.
+    Otherwise they are concatenated and each linear is re-pointed to a view of the result.
+    Either way an in-place weight update reaches the fused tensor with no copy.
+    """
+    weights = [lin.weight.data for lin in linears]
     has_bias = [lin.bias is not None for lin in linears]
-    bias = torch.cat([lin.bias.data for lin in linears], dim=0) if all(has_bias) else None  # type: ignore[union-attr]
-    if any(has_bias) and bias is None:
+    if any(has_bias) and not all(has_bias):
         raise ValueError("cannot fuse linears where only some have a bias")
+    rows = sum(w.shape[0] for w in weights)
+    cols = weights[0].shape[1]
+    if not any(has_bias) and _back_to_back(weights):
+        first = weights[0]
+        fused = torch.empty(0, dtype=first.dtype, device=first.device)
+        fused.set_(first.untyped_storage(), first.storage_offset(), (rows, cols), (cols, 1))
+        return fused, None
+    weight = torch.cat(weights, dim=0)
+    bias = torch.cat([lin.bias.data for lin in linears], dim=0) if all(has_bias) else None  # type: ignore[union-attr]
     offset = 0
     for lin in linears:
-        rows = lin.weight.shape[0]
-        lin.weight = nn.Parameter(weight[offset : offset + rows], requires_grad=False)
+        n = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[offset : offset + n], requires_grad=False)
         if bias is not None:
-            lin.bias = nn.Parameter(bias[offset : offset + rows], requires_grad=False)
-        offset += rows
+            lin.bias = nn.Parameter(bias[offset : offset + n], requires_grad=False)
+        offset += n
     return weight, bias
+
+
+def _back_to_back(weights: list[torch.Tensor]) -> bool:
+    """Contiguous 2-D weights of one dtype and width, each starting where the previous ends."""
+    first = weights[0]
+    position = first.data_ptr()
+    for w in weights:
+        same_storage = w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        if not (same_storage and w.is_contiguous() and w.dim() == 2 and w.dtype == first.dtype):
+            return False
+        if w.shape[1] != first.shape[1] or w.data_ptr() != position:
+            return False
+        position += w.numel() * w.element_size()
+    return True
 
 
 class _Layer:
@@ -229,16 +257,18 @@ class StaticKVDecoder:
             for linear in self._linears():
                 linear.packed = None
 
-    def refresh(self, *, background: bool = True) -> None:
+    def refresh(self, *, background: bool = True, repack: bool = True) -> None:
         """Rebuild weight-derived tensors; the engine calls it after every weight load.
 
         The packed copies are rebuilt on a background thread (`background=False`: here);
         a newer `invalidate`/`refresh` makes an unfinished rebuild discard its work.
+        `repack=False` (a bucket that is not a sync's last) leaves them dropped: the plain
+        path is exact, and repacking before the rest of the weights arrive is wasted work.
         """
         for layer in self.layers:
             layer.refresh(self.heads, self.kv_heads)
         self.invalidate()
-        if not self.packed_weights:
+        if not (self.packed_weights and repack):
             return
         with self._pack_lock:
             generation = self._pack_generation
@@ -401,7 +431,7 @@ class RecomputeDecoder:
     def invalidate(self) -> None:
         """Nothing derived from weights is cached here."""
 
-    def refresh(self) -> None:
+    def refresh(self, *, repack: bool = True) -> None:
         """Nothing derived from weights is cached here."""
 
     def prefill(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:

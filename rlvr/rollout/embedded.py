@@ -37,6 +37,7 @@ from typing import Any
 
 from rlvr.rollout.engine import GenerateRequest, PauseMode, SamplingParams, parse_version
 from rlvr.types import Completion
+from rlvr.weight_arena import build_weight_arena
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,35 @@ class _Seq:
     @property
     def pending(self) -> int:
         return self.out[-1]
+
+
+def _nbytes(dtype: Any, shape: Sequence[int]) -> int:
+    import torch
+
+    size = torch.empty((), dtype=dtype).element_size()
+    for dim in shape:
+        size *= dim
+    return size
+
+
+def _adjacent_bytes(tensors: Sequence[Any], dtypes: Sequence[Any]) -> Any:
+    """A uint8 view over `tensors` when they lie back to back in one storage, in order, with
+    these dtypes and contiguous; else None. (What a flattened bucket can be received into.)"""
+    import torch
+
+    first = tensors[0]
+    position = first.data_ptr()
+    for tensor, dtype in zip(tensors, dtypes, strict=True):
+        if tensor.dtype != dtype or not tensor.is_contiguous() or tensor.data_ptr() != position:
+            return None
+        if tensor.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
+            return None
+        position += tensor.numel() * tensor.element_size()
+    total = position - first.data_ptr()
+    start = first.data_ptr() - first.untyped_storage().data_ptr()
+    whole = torch.empty(0, dtype=torch.uint8, device=first.device)
+    whole.set_(first.untyped_storage(), start, (total,), (1,))
+    return whole
 
 
 class EmbeddedEngine:
@@ -100,6 +130,7 @@ class EmbeddedEngine:
         self.original_logprobs = original_logprobs
         self.weight_version = str(weight_version)
         self.eos_ids = self._eos_ids()
+        self._weight_arena = build_weight_arena(self.model)  # flattened buckets land in place
         self.backend = self._make_backend(fast)
 
         self._lock = threading.RLock()  # held for one step; control calls take it between steps
@@ -530,18 +561,29 @@ class EmbeddedEngine:
         *,
         group_name: str = "weight_update_group",
         version: str | None = None,
+        load_format: str | None = None,
+        flush_cache: bool = True,
     ) -> None:
         """Receive one bucket broadcast by group rank 0 straight into the live weights.
 
-        A tensor whose name is a parameter (or buffer) of the same dtype and shape is
-        received into that parameter's own storage: no allocation, no copy, and the fast
-        path (whose fused Q/K/V and gate/up tensors *are* that storage) sees it at once.
-        Anything else (a dtype cast, a non-contiguous parameter) is received into a reusable
-        staging buffer and copied in. Tied weights share one parameter, so the name the
-        trainer sends (the first one) updates every alias. A bad name or shape is found
-        before any receive; the bucket is then drained into scratch (the collective must
-        complete) and the model is left untouched. A broadcast that breaks midway leaves
-        the bucket partly applied; the trainer then fails the engine or resends everything.
+        Per-tensor format (`load_format=None`): a tensor whose name is a parameter (or
+        buffer) of the same dtype and shape is received into that parameter's own storage:
+        no allocation, no copy, and the fast path (whose fused Q/K/V and gate/up tensors
+        *are* that storage) sees it at once. Anything else (a dtype cast, a non-contiguous
+        parameter) is received into a reusable staging buffer and copied in.
+
+        `"flattened_bucket"` (one uint8 broadcast of the bucket's bytes): the engine keeps
+        its weights in one buffer in the trainer's send order (`_weight_arena`), so a
+        bucket whose tensors lie back to back there is received into that byte range as
+        is; any other bucket lands in a staging buffer and is copied in tensor by tensor.
+
+        Tied weights share one parameter, so the name the trainer sends (the first one)
+        updates every alias. A bad name or shape is found before any receive; the bucket
+        is then drained into scratch (the collective must complete) and the model is left
+        untouched. A broadcast that breaks midway leaves the bucket partly applied; the
+        trainer then fails the engine or resends everything. The fast path's packed weight
+        copies are rebuilt after a sync's last bucket (the one with `flush_cache` or a
+        version), not after every bucket.
         """
         import torch
 
@@ -552,8 +594,14 @@ class EmbeddedEngine:
             raise KeyError(f"no weight update group {group_name!r}; call init_weights_update_group first")
         if not (len(names) == len(dtypes) == len(shapes)):
             raise ValueError(f"names/dtypes/shapes lengths differ: {len(names)}, {len(dtypes)}, {len(shapes)}")
+        if load_format not in (None, "flattened_bucket"):
+            raise ValueError(f"load_format {load_format!r} is not supported (None or 'flattened_bucket')")
         with self._lock, torch.no_grad():  # no step runs while half the weights are new
-            targets, copies, problems = self._receive_targets(names, dtypes, shapes)
+            if load_format == "flattened_bucket":
+                target, copies, problems = self._flat_receive_target(names, dtypes, shapes)
+                targets = [target]
+            else:
+                targets, copies, problems = self._receive_targets(names, dtypes, shapes)
             if not problems:
                 self.backend.invalidate()
             receive_into(group, targets)
@@ -561,16 +609,14 @@ class EmbeddedEngine:
                 raise ValueError(f"weight update refused ({len(problems)} bad tensors): {'; '.join(problems[:5])}")
             for param, staged in copies:
                 param.copy_(staged)
-            self.backend.refresh()
+            self.backend.refresh(repack=flush_cache or version is not None)
             if version is not None:
                 self.weight_version = str(version)
 
-    def _receive_targets(
+    def _check_bucket(
         self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
-    ) -> tuple[list[Any], list[tuple[Any, Any]], list[str]]:
-        """Where each tensor of a bucket lands: (receive targets in order, (param, staging) copies, problems)."""
-        import torch
-
+    ) -> tuple[list[tuple[Any, tuple[int, ...]]], list[str]]:
+        """Each tensor's (torch dtype, shape), and what is wrong with the bucket (unknown names, shapes)."""
         from rlvr.rollout.dist import torch_dtype
 
         table = self._weight_table()
@@ -582,8 +628,47 @@ class EmbeddedEngine:
                 problems.append(f"unknown parameter name {name!r}")
             elif tuple(param.shape) != shape:
                 problems.append(f"{name}: shape {shape} != model's {tuple(param.shape)}")
+        return specs, problems
+
+    def _flat_receive_target(
+        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
+    ) -> tuple[Any, list[tuple[Any, Any]], list[str]]:
+        """Where a flattened bucket lands: (uint8 receive target, (param, view) copies, problems)."""
+        import torch
+
+        specs, problems = self._check_bucket(names, dtypes, shapes)
+        sizes = [_nbytes(dtype, shape) for dtype, shape in specs]
+        total = sum(sizes)
+        table = self._weight_table()
+        if not problems:
+            params = [table[name].detach() for name in names]
+            live = _adjacent_bytes(params, [dtype for dtype, _ in specs])
+            if live is not None:
+                return live, [], []  # the bucket's bytes are the weights' own bytes: no copy
+        staging = self._staging.get(("flat", self.device))
+        if staging is None or staging[0].numel() < total:
+            staging = [torch.empty(total, dtype=torch.uint8, device=self.device)]
+            self._staging[("flat", self.device)] = staging
+        flat = staging[0][:total]
+        if problems:
+            return flat, [], problems
+        copies: list[tuple[Any, Any]] = []
+        offset = 0
+        for name, (dtype, shape), size in zip(names, specs, sizes, strict=True):
+            copies.append((table[name], flat[offset : offset + size].view(dtype).view(shape)))
+            offset += size
+        return flat, copies, []
+
+    def _receive_targets(
+        self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
+    ) -> tuple[list[Any], list[tuple[Any, Any]], list[str]]:
+        """Where each tensor of a bucket lands: (receive targets in order, (param, staging) copies, problems)."""
+        import torch
+
+        specs, problems = self._check_bucket(names, dtypes, shapes)
         if problems:  # drain the bucket into scratch so the collective completes, touch nothing
             return [torch.empty(shape, dtype=dtype, device=self.device) for dtype, shape in specs], [], problems
+        table = self._weight_table()
         targets: list[Any] = []
         copies: list[tuple[Any, Any]] = []
         used: dict[tuple[Any, ...], int] = {}
@@ -659,8 +744,9 @@ class EmbeddedEngine:
         group_name: str = "weight_update_group",
         version: int | None = None,
         flush_cache: bool = True,
+        load_format: str | None = None,
     ) -> None:
-        del flush_cache  # no prefix cache to flush: every prefill is fresh
+        # No prefix cache to flush (every prefill is fresh); flush_cache marks a sync's last bucket.
         await asyncio.to_thread(
             self.update_weights_from_distributed_sync,
             names,
@@ -668,6 +754,8 @@ class EmbeddedEngine:
             shapes,
             group_name=group_name,
             version=None if version is None else str(version),
+            load_format=load_format,
+            flush_cache=flush_cache,
         )
 
     async def health(self) -> bool:

@@ -145,8 +145,13 @@ class RolloutEngine(Protocol):
         group_name: str = "weight_update_group",
         version: int | None = None,
         flush_cache: bool = True,
+        load_format: str | None = None,
     ) -> None:
-        """Receive one bucket of tensors broadcast from group rank 0, in `names` order, and load them."""
+        """Receive one bucket of tensors broadcast from group rank 0, in `names` order, and load them.
+
+        `load_format=None`: one broadcast per tensor; `"flattened_bucket"` (SGLang's name): one
+        uint8 broadcast of the tensors' bytes back to back, in `names` order.
+        """
         ...
 
     async def health(self) -> bool: ...

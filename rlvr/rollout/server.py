@@ -314,6 +314,8 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
             [list(s) for s in body["shapes"]],
             group_name=str(body.get("group_name", "weight_update_group")),
             version=None if version is None else str(version),
+            load_format=body.get("load_format"),
+            flush_cache=bool(body.get("flush_cache", True)),
         )
     except Exception as exc:  # noqa: BLE001
         return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)

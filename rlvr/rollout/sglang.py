@@ -291,6 +291,7 @@ class SGLangClient:
         group_name: str = "weight_update_group",
         version: int | None = None,
         flush_cache: bool = True,
+        load_format: str | None = None,
     ) -> None:
         payload: dict[str, Any] = {
             "names": list(names),
@@ -301,6 +302,8 @@ class SGLangClient:
         }
         if version is not None:
             payload["weight_version"] = str(version)
+        if load_format is not None:  # SGLang's UpdateWeightsFromDistributedReqInput.load_format
+            payload["load_format"] = load_format
         await self._broadcast("/update_weights_from_distributed", payload)
 
     async def health(self) -> bool:

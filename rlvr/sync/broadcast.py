@@ -5,17 +5,20 @@ Group: {trainer rank 0 (group rank 0, hosts the TCPStore), every engine rank}; w
 `/init_weights_update_group` *while* joining itself (gloo's constructor blocks until all
 ranks are in), on a fresh port and a fresh group name each time it is (re)built.
 
-Wire format: SGLang's `/update_weights_from_distributed` receives each named tensor of a
-bucket by its own broadcast, in `names` order. SGLang also has a flattened form
-(`load_format="flattened_bucket"`: one uint8 broadcast per bucket), but `rlvr serve` and
-`SGLangClient` do not speak it, so each tensor is broadcast as is. That costs no copy on
-the trainer: a gathered tensor is sent straight from where it lies; only a dtype cast or a
-non-contiguous tensor goes through a preallocated flat staging buffer per dtype, reused
-across buckets and steps (fresh large allocations cost more than the copy, DESIGN.md).
+Wire formats (`wire_format`), both SGLang's `/update_weights_from_distributed`:
 
-Overlap: for each bucket the HTTP request goes out first (on a private event-loop thread),
-then rank 0 gathers and broadcasts the bucket's tensors asynchronously (gathering tensor
-i+1 under FSDP2 overlaps broadcasting tensor i), then waits for the works and the answers.
+- `"flattened_bucket"` (default; SGLang's `load_format="flattened_bucket"`): one uint8
+  broadcast per bucket, the tensors' bytes back to back in `names` order. Per-broadcast
+  cost dominates small tensors (measured on gloo: one broadcast per tensor reaches 37% of
+  one flat broadcast of the same bytes). Rank 0 packs each bucket into one of two
+  preallocated byte buffers; tensors that already lie back to back in memory (a weight
+  arena) are sent from where they are, with no copy.
+- `"per_tensor"`: one broadcast per tensor, straight from where it lies (only a dtype cast
+  or a non-contiguous tensor is staged), for SGLang builds without flattened buckets.
+
+Pipelining (flattened): bucket k+1 is gathered and packed into the other buffer while
+bucket k is on the wire; only then does rank 0 wait for bucket k's broadcast and HTTP
+answer and send bucket k+1's request (an engine receives buckets in request order).
 
 Failures: see `rlvr.sync.base`. A broken broadcast tears the group down on rank 0 (so
 healthy receivers stop waiting at once), rank 0 still gathers to the end (the other
@@ -76,6 +79,24 @@ def _abort(group: Any) -> None:
                 continue
 
 
+def _back_to_back_bytes(tensors: list[Any]) -> Any:
+    """A uint8 view over `tensors` when they are contiguous and back to back in one storage, else None."""
+    import torch
+
+    first = tensors[0]
+    storage = first.untyped_storage()
+    position = first.data_ptr()
+    for tensor in tensors:
+        if not tensor.is_contiguous() or tensor.data_ptr() != position:
+            return None
+        if tensor.untyped_storage().data_ptr() != storage.data_ptr():
+            return None
+        position += tensor.numel() * tensor.element_size()
+    view = torch.empty(0, dtype=torch.uint8, device=first.device)
+    view.set_(storage, first.data_ptr() - storage.data_ptr(), (position - first.data_ptr(),), (1,))
+    return view
+
+
 class BroadcastSync:
     """`WeightSync` over a {trainer rank 0, engine ranks} broadcast group (see the module docstring).
 
@@ -97,6 +118,7 @@ class BroadcastSync:
         master_address: str | None = None,
         group_name: str = "rlvr_weights",
         pause_mode: str = "abort",
+        wire_format: str = "flattened_bucket",
         engine_factory: Callable[[str], Any] | None = None,
         join: Callable[..., Any] | None = None,
     ):
@@ -114,6 +136,10 @@ class BroadcastSync:
         self.buckets = plan_buckets(self.specs, bucket_mb=bucket_mb)
         self.group_name = group_name
         self.pause_mode = pause_mode
+        if wire_format not in ("flattened_bucket", "per_tensor"):
+            raise ValueError(f"wire_format must be 'flattened_bucket' or 'per_tensor', got {wire_format!r}")
+        self.wire_format = wire_format
+        self._flat_buffers: list[Any] = []
         self.engines: Engines | None = None
         if self.rank == 0:
             if client is None:
@@ -313,6 +339,106 @@ class BroadcastSync:
         return failures
 
     def _send(self, weights: Iterator[tuple[str, Any]], version: int) -> list[EngineFailure]:
+        if self.wire_format == "flattened_bucket":
+            return self._send_flat(weights, version)
+        return self._send_per_tensor(weights, version)
+
+    def _request(self, index: int, version: int, **extra: Any) -> dict[str, Any]:
+        """Send bucket `index`'s `/update_weights_from_distributed` to every member; returns the futures."""
+        engines = self.engines
+        assert engines is not None
+        bucket = self.buckets[index]
+        last = index == len(self.buckets) - 1
+        return engines.submit(
+            list(self._members),
+            "update_weights_from_distributed",
+            [s.name for s in bucket],
+            [s.dtype for s in bucket],
+            [list(s.shape) for s in bucket],
+            group_name=self._group_label,
+            version=version if last else None,
+            flush_cache=last,
+            **extra,
+        )
+
+    def _send_flat(self, weights: Iterator[tuple[str, Any]], version: int) -> list[EngineFailure]:
+        import torch.distributed as dist
+
+        engines, group = self.engines, self._group
+        assert engines is not None and group is not None
+        members = list(self._members)
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        wait = timedelta(seconds=self.timeout_s)
+        in_flight: tuple[int, dict[str, Any], Any] | None = None  # (bucket index, HTTP futures, broadcast work)
+
+        def land(pending: tuple[int, dict[str, Any], Any]) -> list[EngineFailure]:
+            index, futures, work = pending
+            error: BaseException | None = None
+            try:
+                work.wait(wait)
+            except BaseException as exc:  # noqa: BLE001 - a broken collective is an engine failure to attribute
+                error = exc
+                _abort(group)
+            failures = engines.collect(
+                futures, f"update_weights_from_distributed (bucket {index + 1}/{len(self.buckets)})"
+            )
+            if error is not None or failures:
+                self._drop_group()
+                return self._culprits(members, failures, error)
+            return []
+
+        for index, bucket in enumerate(self.buckets):
+            flat = self._pack(weights, bucket, slot=index % 2)  # overlaps bucket index-1 on the wire
+            if in_flight is not None:
+                failures = land(in_flight)
+                if failures:
+                    return failures
+            futures = self._request(index, version, load_format="flattened_bucket")
+            try:
+                work = group.broadcast([flat], options)
+            except BaseException as exc:  # noqa: BLE001
+                _abort(group)
+                failures = engines.collect(futures, f"update_weights_from_distributed (bucket {index + 1})")
+                self._drop_group()
+                return self._culprits(members, failures, exc)
+            in_flight = (index, futures, work)
+        return land(in_flight) if in_flight is not None else []
+
+    def _pack(self, weights: Iterator[tuple[str, Any]], bucket: list[TensorSpec], *, slot: int) -> Any:
+        """Gather the bucket's tensors; return their bytes back to back as one uint8 tensor.
+
+        Tensors already back to back in memory (with the wire dtype) are returned as a view;
+        otherwise they are copied into buffer `slot` (two alternate, so one can be packed
+        while the other is on the wire).
+        """
+        import torch
+
+        tensors = []
+        for spec in bucket:
+            name, tensor = next(weights)
+            if name != spec.name:
+                raise RuntimeError(f"weight order changed: expected {spec.name}, got {name}")
+            target = getattr(torch, spec.dtype)
+            tensors.append(tensor if tensor.dtype == target else tensor.to(target))
+        view = _back_to_back_bytes(tensors)
+        if view is not None:
+            return view
+        total = sum(s.nbytes for s in bucket)
+        device = tensors[0].device
+        while len(self._flat_buffers) <= slot:
+            largest = max(sum(s.nbytes for s in b) for b in self.buckets)
+            self._flat_buffers.append(torch.empty(largest, dtype=torch.uint8, device=device))
+        buffer = self._flat_buffers[slot]
+        if buffer.device != device:
+            buffer = self._flat_buffers[slot] = torch.empty(buffer.numel(), dtype=torch.uint8, device=device)
+        offset = 0
+        for tensor, spec in zip(tensors, bucket, strict=True):
+            buffer[offset : offset + spec.nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+            offset += spec.nbytes
+        return buffer[:total]
+
+    def _send_per_tensor(self, weights: Iterator[tuple[str, Any]], version: int) -> list[EngineFailure]:
         import torch.distributed as dist
 
         engines, group = self.engines, self._group
@@ -322,17 +448,7 @@ class BroadcastSync:
         options.rootRank = 0
         wait = timedelta(seconds=self.timeout_s)
         for index, bucket in enumerate(self.buckets):
-            last = index == len(self.buckets) - 1
-            futures = engines.submit(
-                members,
-                "update_weights_from_distributed",
-                [s.name for s in bucket],
-                [s.dtype for s in bucket],
-                [list(s.shape) for s in bucket],
-                group_name=self._group_label,
-                version=version if last else None,
-                flush_cache=last,
-            )
+            futures = self._request(index, version)
             error: BaseException | None = None
             works: list[tuple[Any, Any]] = []
             offsets: dict[str, int] = {}

@@ -55,7 +55,7 @@ def make_weight_sync(
     if method == "broadcast":
         from rlvr.sync.broadcast import BroadcastSync
 
-        return BroadcastSync(model, bucket_mb=cfg.bucket_mb, **common, **kwargs)
+        return BroadcastSync(model, bucket_mb=cfg.bucket_mb, wire_format=cfg.wire_format, **common, **kwargs)
     if method == "disk":
         from rlvr.sync.disk import DiskSync
 

@@ -245,7 +245,10 @@ def export_hf(
     state: dict[str, torch.Tensor] = {}
     for name, tensor in iter_full_weights(model, dtype=dtype):
         if main:
-            state[name] = tensor.contiguous()
+            # A view into a larger buffer (the weight arena) is copied out: safetensors
+            # refuses tensors that share storage with others.
+            shares = tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size()
+            state[name] = tensor.clone() if shares else tensor.contiguous()
     if main:
         tmp = out.with_name(out.name + ".tmp")
         if tmp.exists():

@@ -15,6 +15,7 @@ from torch import nn
 from rlvr.recipe.schema import ModelConfig, TrainerConfig
 from rlvr.trainer import dist as d
 from rlvr.trainer.attention import default_attn_implementation
+from rlvr.weight_arena import build_weight_arena
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -115,6 +116,7 @@ def shard_model(
     if strategy == "none":
         if d.world_size() > 1:
             raise ValueError("trainer.strategy = 'none' runs on one process; use 'fsdp2' with torchrun")
+        build_weight_arena(model)  # weight sync then sends flattened buckets from where they lie
         return model
     if strategy != "fsdp2":
         raise ValueError(f"unknown trainer strategy {strategy!r}")

@@ -399,7 +399,9 @@ def test_distributed_update_writes_into_the_live_weights(model_dir, reference, m
 
         after = dict(engine.model.named_parameters(remove_duplicate=False))
         assert {name: p.data_ptr() for name, p in after.items()} == pointers
-        assert [(layer.qkv.weight.data_ptr(), layer.gate_up.weight.data_ptr()) for layer in engine.backend.layers] == fused
+        assert [
+            (layer.qkv.weight.data_ptr(), layer.gate_up.weight.data_ptr()) for layer in engine.backend.layers
+        ] == fused
         for name, tensor in named:
             assert torch.equal(after[name], tensor), name
         assert torch.equal(after["lm_head.weight"], dict(named)["model.embed_tokens.weight"])
@@ -433,5 +435,78 @@ def test_distributed_update_writes_into_the_live_weights(model_dir, reference, m
             _push(engine, group, "g-live", bad)
         assert all(torch.equal(after[n], snapshot[n]) for n in snapshot)
         _push(engine, group, "g-live", named[:1])  # the group still works
+    finally:
+        engine.close()
+
+
+def test_flattened_bucket_lands_in_the_weight_arena_without_a_copy(model_dir, reference, monkeypatch):
+    """SGLang's flattened_bucket format: one uint8 broadcast per bucket. The engine keeps its
+    weights in one buffer in send order, so an in-order bucket is received straight into it;
+    an out-of-order bucket goes through staging. Both leave exactly the trainer's weights."""
+    from transformers import AutoModelForCausalLM
+
+    import rlvr.rollout.dist as rdist
+    from rlvr.rollout.dist import dtype_name, send_broadcast
+    from rlvr.trainer.weights import iter_full_weights
+
+    received: list[int] = []
+    real_receive_into = rdist.receive_into
+
+    def spy(group, tensors):
+        received.extend(t.data_ptr() for t in tensors)
+        real_receive_into(group, tensors)
+
+    monkeypatch.setattr(rdist, "receive_into", spy)
+    engine = EmbeddedEngine(model_dir, max_batch=4, device="cpu")
+    try:
+        arena = engine._weight_arena
+        assert arena is not None
+        trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        with torch.no_grad():
+            torch.manual_seed(5)
+            for weight in trainer.parameters():
+                weight.add_(torch.randn_like(weight) * 0.5)
+        named = list(iter_full_weights(trainer))
+        group = _join_as_trainer(engine, "g-flat")
+
+        def push(bucket, version):
+            flat = torch.cat([t.reshape(-1).view(torch.uint8) for _, t in bucket])
+            errors: list[BaseException] = []
+
+            def receive():
+                try:
+                    engine.update_weights_from_distributed_sync(
+                        [n for n, _ in bucket],
+                        [dtype_name(t.dtype) for _, t in bucket],
+                        [list(t.shape) for _, t in bucket],
+                        group_name="g-flat",
+                        version=version,
+                        load_format="flattened_bucket",
+                    )
+                except BaseException as exc:  # noqa: BLE001
+                    errors.append(exc)
+
+            thread = threading.Thread(target=receive)
+            thread.start()
+            send_broadcast(group, [flat])
+            thread.join(60)
+            assert not errors, errors
+
+        half = len(named) // 2
+        push(named[:half], None)
+        push(named[half:], "7")
+        first_offset = dict(engine.model.named_parameters())[named[half][0]].data_ptr() - arena.data_ptr()
+        assert received == [arena.data_ptr(), arena.data_ptr() + first_offset]  # in place, no staging
+        params = dict(engine.model.named_parameters(remove_duplicate=False))
+        for name, tensor in named:
+            assert torch.equal(params[name], tensor), name
+
+        received.clear()
+        shuffled = [(n, t * 0 + 1) for n, t in reversed(named[:4])]  # out of send order: staged, copied
+        push(shuffled, "8")
+        assert received and received[0] not in (p.data_ptr() for p in params.values())
+        for name, tensor in shuffled:
+            assert torch.equal(params[name], tensor), name
+        assert engine.weight_version == "8"
     finally:
         engine.close()

@@ -17,11 +17,14 @@ BUCKET_MB = 16 * 8 * 4 / 2**20  # the embedding's size: the model travels in 3 b
 
 
 def make(harness, model, client, **kw) -> BroadcastSync:
+    """Per-tensor wire by default here: one broadcast per tensor makes order and failure
+    points easy to see; the flattened format has its own tests below."""
     kw.setdefault("timeout_s", 5)
+    kw.setdefault("wire_format", "per_tensor")
+    kw.setdefault("bucket_mb", BUCKET_MB)
     return BroadcastSync(
         model,
         client=client,
-        bucket_mb=BUCKET_MB,
         master_address="127.0.0.1",
         backend="gloo",
         engine_factory=harness.factory,
@@ -168,3 +171,83 @@ def test_no_engine_left_raises_even_in_continue_mode(harness, model) -> None:
 def test_a_client_is_required_on_rank_0(model) -> None:
     with pytest.raises(ValueError, match="client"):
         BroadcastSync(model, client=None)
+
+
+def _flat_bytes(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in tensors])
+
+
+def test_flattened_buckets_are_one_broadcast_of_the_tensors_bytes(harness, model) -> None:
+    sync = make(harness, model, ParentClient([A]), wire_format="flattened_bucket")
+    sync.push(version=4)
+    sync.push(version=5)  # the double buffers are reused: the second push must send the same bytes
+    sync.close()
+    buckets = plan_buckets(weight_specs(model), bucket_mb=BUCKET_MB)
+    updates = [f for _, m, f in harness.log if m == "update_weights_from_distributed"]
+    assert len(updates) == 2 * len(buckets)
+    assert {u["load_format"] for u in updates} == {"flattened_bucket"}
+    assert [u["version"] for u in updates[: len(buckets)]] == [None] * (len(buckets) - 1) + [4]
+    weights = dict(iter_full_weights(model))
+    expected = [_flat_bytes([weights[s.name] for s in bucket]) for bucket in buckets] * 2
+    assert len(harness.sent) == len(expected)
+    for sent, want in zip(harness.sent, expected, strict=True):
+        assert sent.dtype == torch.uint8 and torch.equal(sent, want)
+
+
+def test_flattened_bucket_of_back_to_back_tensors_is_sent_without_a_copy(harness) -> None:
+    """Weights that already lie back to back (a weight arena) go on the wire from where they are."""
+    arena = torch.randn(40)
+
+    class Arena(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(arena[:24].view(3, 8))
+            self.b = torch.nn.Parameter(arena[24:].view(2, 8))
+
+    model = Arena()
+    sent_pointers: list[int] = []
+
+    sync = make(harness, model, ParentClient([A]), wire_format="flattened_bucket", bucket_mb=1)
+    original = harness.join
+
+    def join(**kw):
+        group = original(**kw)
+        real = group.broadcast
+
+        def broadcast(tensors, options):
+            sent_pointers.append(tensors[0].data_ptr())
+            return real(tensors, options)
+
+        group.broadcast = broadcast
+        return group
+
+    sync._join = join
+    sync.push(version=1)
+    sync.close()
+    assert sent_pointers == [arena.data_ptr()]
+    assert torch.equal(harness.sent[0], arena.view(torch.uint8))
+
+
+def test_flattened_bf16_wire_casts_into_the_buffer(harness, model) -> None:
+    sync = make(harness, model, ParentClient([A]), wire_format="flattened_bucket", dtype=torch.bfloat16)
+    sync.push(version=1)
+    sync.close()
+    buckets = plan_buckets(weight_specs(model, dtype=torch.bfloat16), bucket_mb=BUCKET_MB)
+    weights = dict(iter_full_weights(model, dtype=torch.bfloat16))
+    for sent, bucket in zip(harness.sent, buckets, strict=True):
+        assert torch.equal(sent, _flat_bytes([weights[s.name] for s in bucket]))
+
+
+def test_flattened_broken_broadcast_fails_with_the_engine_named(harness, model) -> None:
+    harness.fail_broadcast_at = 2
+    sync = make(harness, model, ParentClient([A]), wire_format="flattened_bucket")
+    with pytest.raises(SyncError) as info:
+        sync.push(version=1)
+    sync.close()
+    assert A in str(info.value)
+    assert harness.groups[0].aborted
+
+
+def test_unknown_wire_format_is_refused(harness, model) -> None:
+    with pytest.raises(ValueError, match="wire_format"):
+        make(harness, model, ParentClient([A]), wire_format="zip")
