@@ -121,7 +121,10 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = (tmp / "server.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, os.environ.get("BENCH_SERVE_WRAPPER", __file__), "--serve", str(model_dir), str(port)], env=env, stdout=log, stderr=log
+        [sys.executable, os.environ.get("BENCH_SERVE_WRAPPER", __file__), "--serve", str(model_dir), str(port)],
+        env=env,
+        stdout=log,
+        stderr=log,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -231,6 +231,8 @@ class StaticKVDecoder:
         self._pack_lock = threading.Lock()
         self._pack_generation = 0
         self._packer: threading.Thread | None = None
+        self._repack_pending = False
+        self._retired: list[torch.Tensor] = []
         self.refresh(background=False)
         with torch.inference_mode():
             positions = torch.arange(max_len, device=self.device)[None]
@@ -251,19 +253,28 @@ class StaticKVDecoder:
         return torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
 
     def invalidate(self) -> None:
-        """Drop every packed weight copy (the engine calls it before writing new weights)."""
+        """Drop every packed weight copy (the engine calls it before writing new weights).
+
+        The copies are freed by the next rebuild's thread, not here: unmapping a few
+        hundred MB costs milliseconds on the weight-sync path.
+        """
         with self._pack_lock:
             self._pack_generation += 1
+            self._repack_pending = False
             for linear in self._linears():
-                linear.packed = None
+                if linear.packed is not None:
+                    self._retired.append(linear.packed)
+                    linear.packed = None
 
-    def refresh(self, *, background: bool = True, repack: bool = True) -> None:
+    def refresh(self, *, background: bool = True, repack: bool = True, start: bool = True) -> None:
         """Rebuild weight-derived tensors; the engine calls it after every weight load.
 
         The packed copies are rebuilt on a background thread (`background=False`: here);
         a newer `invalidate`/`refresh` makes an unfinished rebuild discard its work.
         `repack=False` (a bucket that is not a sync's last) leaves them dropped: the plain
         path is exact, and repacking before the rest of the weights arrive is wasted work.
+        `start=False` only marks the rebuild pending: a paused engine starts it when it
+        resumes (`start_repack`), so the rebuild never competes with the rest of a sync.
         """
         for layer in self.layers:
             layer.refresh(self.heads, self.kv_heads)
@@ -271,15 +282,30 @@ class StaticKVDecoder:
         if not (self.packed_weights and repack):
             return
         with self._pack_lock:
-            generation = self._pack_generation
+            self._repack_pending = True
         if not background:
-            self._repack(generation)
-            return
+            self._repack(self._take_pending())
+        elif start:
+            self.start_repack()
+
+    def _take_pending(self) -> int:
+        with self._pack_lock:
+            self._repack_pending = False
+            return self._pack_generation
+
+    def start_repack(self) -> None:
+        """Start the pending rebuild of the packed copies on a background thread, if any."""
+        with self._pack_lock:
+            if not self._repack_pending:
+                return
+            self._repack_pending = False
+            generation = self._pack_generation
         self._packer = threading.Thread(target=self._repack, args=(generation,), name="rlvr-repack", daemon=True)
         self._packer.start()
 
     def wait_packed(self, timeout: float | None = None) -> None:
-        """Block until the latest background repack is done (tests and benchmarks)."""
+        """Start any pending rebuild and block until it is done (tests and benchmarks)."""
+        self.start_repack()
         if self._packer is not None:
             self._packer.join(timeout)
 
@@ -287,6 +313,9 @@ class StaticKVDecoder:
         return [self.lm_head, *(linear for layer in self.layers for linear in layer.linears)]
 
     def _repack(self, generation: int) -> None:
+        with self._pack_lock:
+            retired, self._retired = self._retired, []
+        del retired  # freed here, off the weight-sync path
         for linear in self._linears():
             if not linear.use_packed:
                 continue
@@ -431,8 +460,14 @@ class RecomputeDecoder:
     def invalidate(self) -> None:
         """Nothing derived from weights is cached here."""
 
-    def refresh(self, *, repack: bool = True) -> None:
+    def refresh(self, *, repack: bool = True, start: bool = True) -> None:
         """Nothing derived from weights is cached here."""
+
+    def start_repack(self) -> None:
+        """Nothing to rebuild."""
+
+    def wait_packed(self, timeout: float | None = None) -> None:
+        """Nothing to wait for."""
 
     def prefill(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:
         for i, prompt in enumerate(prompts):

@@ -67,9 +67,7 @@ class _Seq:
 
 
 def _nbytes(dtype: Any, shape: Sequence[int]) -> int:
-    import torch
-
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     for dim in shape:
         size *= dim
     return size
@@ -488,6 +486,7 @@ class EmbeddedEngine:
         with self._wakeup:
             self._paused = False
             self._wakeup.notify()
+        self.backend.start_repack()  # weights loaded while paused: rebuild the fast copies now
 
     @property
     def paused(self) -> bool:
@@ -514,7 +513,7 @@ class EmbeddedEngine:
             for name, tensor in items:
                 target = params[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-            self.backend.refresh()
+            self.backend.refresh(start=not self._paused)
             if version is not None:
                 self.weight_version = str(version)
 
@@ -609,7 +608,7 @@ class EmbeddedEngine:
                 raise ValueError(f"weight update refused ({len(problems)} bad tensors): {'; '.join(problems[:5])}")
             for param, staged in copies:
                 param.copy_(staged)
-            self.backend.refresh(repack=flush_cache or version is not None)
+            self.backend.refresh(repack=flush_cache or version is not None, start=not self._paused)
             if version is not None:
                 self.weight_version = str(version)
 
