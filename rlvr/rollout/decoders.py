@@ -83,20 +83,23 @@ class _Linear:
     cache of it that the decoder drops and rebuilds (see `StaticKVDecoder.refresh`).
     """
 
-    # Below this many weights oneDNN's fixed cost per call (~15 us) outweighs its faster kernel.
-    MIN_PACKED_NUMEL = 64 * 1024
+    # oneDNN's fixed cost per call (~15 us) beats MKL only on enough work: measured on the CI
+    # machines, packed wins from about 1M multiply-adds a call (rows x weights), loses below.
+    MIN_PACKED_MACS = 1 << 20
+    MIN_PACKED_NUMEL = 4096  # smaller weights are never worth a packed copy
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, packed: bool):
         self.weight, self.bias = weight, bias
         self.use_packed = packed and weight.numel() >= self.MIN_PACKED_NUMEL
         self.packed: torch.Tensor | None = None
+        self.min_rows = -(-self.MIN_PACKED_MACS // weight.numel())  # rows from which packed wins
 
     def pack(self) -> torch.Tensor:
         with torch.inference_mode():
             return torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 32)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
+        if self.packed is None or x.shape[0] < self.min_rows:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 

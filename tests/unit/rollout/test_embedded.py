@@ -54,7 +54,8 @@ def test_onednn_packed_projections_match_plain_linear(model_dir, monkeypatch):
 
     from rlvr.rollout.decoders import StaticKVDecoder, _Linear
 
-    monkeypatch.setattr(_Linear, "MIN_PACKED_NUMEL", 0)  # the tiny model's weights are all below it
+    monkeypatch.setattr(_Linear, "MIN_PACKED_NUMEL", 0)  # the tiny model is below both thresholds
+    monkeypatch.setattr(_Linear, "MIN_PACKED_MACS", 0)
 
     def decoder(packed: bool) -> StaticKVDecoder:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
