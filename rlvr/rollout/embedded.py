@@ -382,10 +382,16 @@ class EmbeddedEngine:
         self._sample_and_check(list(live), logits)
 
     def _sample_and_check(self, seqs: list[_Seq], logits: Any) -> None:
-        from rlvr.rollout.sampling import RowSampling, sample_greedy, sample_rows
+        from rlvr.rollout.sampling import RowSampling, sample_greedy, sample_plain, sample_rows
 
-        if all(s.params.temperature <= 1e-6 or s.params.top_k == 1 for s in seqs):
+        params = [s.params for s in seqs]
+        if all(p.temperature <= 1e-6 or p.top_k == 1 for p in params):
             tokens, logprobs = sample_greedy(logits)  # no per-row settings or draws to gather
+        elif not self.original_logprobs and all(
+            p.temperature > 1e-6 and p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 for p in params
+        ):
+            # Every row samples from its full distribution: same draws as sample_rows, less Python.
+            tokens, logprobs = sample_plain(logits, [p.temperature for p in params], [s.rng.random() for s in seqs])
         else:
             rows = [
                 RowSampling(s.params.temperature, s.params.top_p, s.params.top_k, s.params.min_p, s.rng.random())

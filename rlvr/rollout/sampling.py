@@ -43,6 +43,20 @@ def sample_greedy(logits: torch.Tensor) -> tuple[list[int], list[float]]:
     return tokens.tolist(), (picked - torch.logsumexp(logits, dim=-1)).tolist()
 
 
+def sample_plain(
+    logits: torch.Tensor, temperatures: list[float], uniforms: list[float]
+) -> tuple[list[int], list[float]]:
+    """Rows sampled from the full temperature-scaled distribution (no top-k/top-p/min-p):
+    `sample_rows`' common case without building a `RowSampling` per row."""
+    logits = logits.float()
+    device = logits.device
+    logp = torch.log_softmax(logits / torch.tensor(temperatures, device=device)[:, None], dim=-1)
+    cdf = logp.exp().cumsum(dim=-1)
+    target = torch.tensor(uniforms, device=device, dtype=cdf.dtype) * cdf[:, -1]
+    tokens = torch.searchsorted(cdf, target[:, None], right=True).clamp_(max=logits.shape[-1] - 1)
+    return tokens.squeeze(1).tolist(), logp.gather(1, tokens).squeeze(1).tolist()
+
+
 def sample_rows(
     logits: torch.Tensor, rows: list[RowSampling], *, original: bool = False
 ) -> tuple[list[int], list[float]]:

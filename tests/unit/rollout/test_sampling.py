@@ -5,7 +5,7 @@ import math
 import torch
 
 from rlvr.rollout.engine import SamplingParams
-from rlvr.rollout.sampling import RowSampling, sample_rows
+from rlvr.rollout.sampling import RowSampling, sample_greedy, sample_plain, sample_rows
 
 
 def _row(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, uniform=0.5) -> RowSampling:
@@ -63,3 +63,19 @@ def test_sampling_params_round_trip_sglang_fields():
     assert wire["sampling_seed"] == 11 and wire["stop"] == ["\n"] and wire["stop_token_ids"] == [7]
     assert SamplingParams.from_sglang(wire) == params
     assert SamplingParams.from_sglang({"stop": "x"}).stop == ["x"]
+
+
+def test_fast_paths_pick_what_the_general_sampler_picks():
+    """The engine takes `sample_plain`/`sample_greedy` when every row allows it; a row's token
+    must not depend on which path its batch took (seeded runs reproduce across batchings)."""
+    torch.manual_seed(0)
+    logits = torch.randn(16, 50) * 3
+    temps = [0.3 + 0.1 * i for i in range(16)]
+    uniforms = torch.rand(16).tolist()
+    general = sample_rows(logits, [_row(temperature=t, uniform=u) for t, u in zip(temps, uniforms, strict=True)])
+    plain = sample_plain(logits, temps, uniforms)
+    assert plain[0] == general[0]
+    torch.testing.assert_close(torch.tensor(plain[1]), torch.tensor(general[1]))
+    greedy = sample_greedy(logits)
+    assert greedy[0] == sample_rows(logits, [_row(temperature=0.0)] * 16)[0]
+    torch.testing.assert_close(torch.tensor(greedy[1]), torch.log_softmax(logits, -1).max(-1).values)
