@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--bucket-mb", type=float, default=256)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--wire-format", default="flattened_bucket", choices=["flattened_bucket", "per_tensor"])
     parser.add_argument("--serve", nargs=2, metavar=("MODEL_DIR", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -130,7 +131,8 @@ def main() -> None:
     try:
         client = SGLangClient([url], timeout_s=120)
         asyncio.run(client.wait_ready(timeout_s=180))
-        sync = make_weight_sync(SyncConfig(bucket_mb=int(args.bucket_mb), timeout_s=120), model=model, client=client)
+        cfg = SyncConfig(bucket_mb=int(args.bucket_mb), timeout_s=120, wire_format=args.wire_format)
+        sync = make_weight_sync(cfg, model=model, client=client)
         nbytes = sum(s.nbytes for s in sync.specs)  # type: ignore[attr-defined]
         sync_times, transfer_times, raw_times, fresh_times, floor_times = [], [], [], [], []
         # The same bytes: the weights themselves, flat. (A never-written `torch.empty` buffer
@@ -178,7 +180,7 @@ def main() -> None:
         asyncio.run(client.close())
         gb = nbytes / 1e9
         best_sync, best_transfer, best_raw = min(sync_times), min(transfer_times), min(raw_times)
-        print(f"model: {params / 1e6:.1f}M params, fp32, {gb * 1e3:.0f} MB, buckets of {args.bucket_mb:g} MB")
+        print(f"model: {params / 1e6:.1f}M params, fp32, {gb * 1e3:.0f} MB, buckets of {args.bucket_mb:g} MB, {args.wire_format} wire")
         print(f"raw gloo broadcast (same bytes, same processes): {gb / best_raw:.2f} GB/s ({best_raw * 1e3:.0f} ms)")
         best_fresh = min(fresh_times)
         best_floor = min(floor_times)
