@@ -180,7 +180,9 @@ def main() -> None:
         asyncio.run(client.close())
         gb = nbytes / 1e9
         best_sync, best_transfer, best_raw = min(sync_times), min(transfer_times), min(raw_times)
-        print(f"model: {params / 1e6:.1f}M params, fp32, {gb * 1e3:.0f} MB, buckets of {args.bucket_mb:g} MB, {args.wire_format} wire")
+        print(
+            f"model: {params / 1e6:.1f}M params, fp32, {gb * 1e3:.0f} MB, buckets of {args.bucket_mb:g} MB, {args.wire_format} wire"
+        )
         print(f"raw gloo broadcast (same bytes, same processes): {gb / best_raw:.2f} GB/s ({best_raw * 1e3:.0f} ms)")
         best_fresh = min(fresh_times)
         best_floor = min(floor_times)

@@ -83,9 +83,10 @@ class _Linear:
     cache of it that the decoder drops and rebuilds (see `StaticKVDecoder.refresh`).
     """
 
-    # oneDNN's fixed cost per call (~15 us) beats MKL only on enough work: measured on the CI
-    # machines, packed wins from about 1M multiply-adds a call (rows x weights), loses below.
-    MIN_PACKED_MACS = 1 << 20
+    # oneDNN's fixed cost per call (~15 us) beats MKL only on enough work: measured inside the
+    # tiny model's decode step, MKL still wins at 1M multiply-adds a call (rows x weights);
+    # packed wins clearly from 4M (2.3x at [8x512]x[512x1024]).
+    MIN_PACKED_MACS = 1 << 21
     MIN_PACKED_NUMEL = 4096  # smaller weights are never worth a packed copy
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, packed: bool):
@@ -102,6 +103,12 @@ class _Linear:
         if self.packed is None or x.shape[0] < self.min_rows:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`residual + self(x)`; on the plain path one `addmm` instead of a matmul and an add."""
+        if self.bias is None and (self.packed is None or x.shape[0] < self.min_rows):
+            return torch.addmm(residual, x, self.weight.t())
+        return residual + self(x)
 
 
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -243,8 +250,8 @@ class StaticKVDecoder:
             cos, sin = inner.rotary_emb(probe, positions)
         half = self.head_dim // 2
         sin = sin[0].to(self.dtype)
-        self.cos = cos[0].to(self.dtype)  # [max_len, head_dim]
-        self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # rotate_half's sign folded in
+        signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # rotate_half's sign folded in
+        self.rope_table = torch.stack([cos[0].to(self.dtype), signed_sin], dim=1)  # [max_len, 2, head_dim]
         shape = (len(self.layers), max_slots, self.kv_heads, max_len, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -252,8 +259,10 @@ class StaticKVDecoder:
 
     # -- shared per-layer pieces ------------------------------------------------------------
 
-    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
+    def _rope_at(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin at `pos`, [N, 1, hd] each (one gather for both)."""
+        table = self.rope_table[pos]
+        return table[:, 0:1], table[:, 1:2]
 
     def invalidate(self) -> None:
         """Drop every packed weight copy (the engine calls it before writing new weights).
@@ -344,9 +353,9 @@ class StaticKVDecoder:
         return qk[:, : self.heads], qk[:, self.heads :], v
 
     def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = x + layer.o(attn)
+        x = layer.o.add_to(x, attn)
         gate, up = layer.gate_up(_rms(x, layer.ln2_w, layer.ln2_eps)).chunk(2, dim=-1)
-        return x + layer.down(F.silu(gate) * up)
+        return layer.down.add_to(x, F.silu(gate) * up)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(_rms(x, self.norm_w, self.norm_eps))
@@ -371,7 +380,7 @@ class StaticKVDecoder:
         pos = torch.cat([torch.arange(n) for n in lengths]).to(self.device)
         slot = row + first_slot
         lens = torch.tensor(lengths, device=self.device)
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [N, 1, hd]
+        cos, sin = self._rope_at(pos)  # [N, 1, hd]
         rows = slice(first_slot, first_slot + k_rows)
         x = F.embedding(ids, self.embed)  # [N, D]
         for li, layer in enumerate(self.layers):
@@ -402,9 +411,9 @@ class StaticKVDecoder:
         slots = self._slot_index[:batch]
         keys = torch.arange(span, device=self.device)
         heads_rows = batch * self.kv_heads  # attention runs as one bmm over (slot, kv head) pairs
-        mask = self._additive(keys[None, :] <= pos[:, None])  # [B, L]
-        mask = mask[:, None, None, :].expand(batch, self.kv_heads, 1, span).reshape(heads_rows, 1, span)
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
+        visible = keys <= pos.repeat_interleave(self.kv_heads)[:, None, None]  # [B*KVH, 1, L]
+        mask = torch.where(visible, 0.0, float("-inf")).to(self.dtype)
+        cos, sin = self._rope_at(pos)  # [B, 1, hd]
         x = F.embedding(ids, self.embed)  # [B, D]
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)  # q [B, H, hd]; k, v [B, KVH, hd]
