@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batches", nargs="+", type=int, default=[8, 32])
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--group", type=int, default=8, help="n of the RL-shaped workload (batch/n prompts x n)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--workdir", default=None, help="where model folders are built (default: a temp dir)")
