@@ -160,6 +160,9 @@ def run_local(recipe: Recipe, *, run_dir: Path, resume: str = "auto", dashboard:
     """Start, watch, and always tear down; returns the trainer's exit code."""
     launcher = LocalLauncher(recipe, run_dir=run_dir, resume=resume)
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C must checkpoint and tear down even when the launcher inherited SIGINT as ignored
+    # (a background job of a non-interactive shell does, and Python then leaves it ignored).
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         launcher.start()
         if dashboard and sys.stdout.isatty():
@@ -175,6 +178,7 @@ def run_local(recipe: Recipe, *, run_dir: Path, resume: str = "auto", dashboard:
     finally:
         launcher.shutdown()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def _die_with_parent() -> None:
