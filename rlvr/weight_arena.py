@@ -52,3 +52,22 @@ def build_weight_arena(model: Any) -> Any:
             tensor.data = view
             offset += nbytes
     return arena
+
+
+def back_to_back_bytes(tensors: list[Any]) -> Any:
+    """A uint8 view over `tensors` when each is contiguous and starts where the previous one
+    ends, all in one storage (a bucket's worth of an arena); else None."""
+    import torch
+
+    first = tensors[0]
+    storage = first.untyped_storage()
+    position = first.data_ptr()
+    for tensor in tensors:
+        if not tensor.is_contiguous() or tensor.data_ptr() != position:
+            return None
+        if tensor.untyped_storage().data_ptr() != storage.data_ptr():
+            return None
+        position += tensor.numel() * tensor.element_size()
+    view = torch.empty(0, dtype=torch.uint8, device=first.device)
+    view.set_(storage, first.data_ptr() - storage.data_ptr(), (position - first.data_ptr(),), (1,))
+    return view

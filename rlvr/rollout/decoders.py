@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlvr.weight_arena import back_to_back_bytes
+
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -125,7 +127,8 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise ValueError("cannot fuse linears where only some have a bias")
     rows = sum(w.shape[0] for w in weights)
     cols = weights[0].shape[1]
-    if not any(has_bias) and _back_to_back(weights):
+    same_layout = all(w.dim() == 2 and w.dtype == weights[0].dtype and w.shape[1] == cols for w in weights)
+    if not any(has_bias) and same_layout and back_to_back_bytes(weights) is not None:
         first = weights[0]
         fused = torch.empty(0, dtype=first.dtype, device=first.device)
         fused.set_(first.untyped_storage(), first.storage_offset(), (rows, cols), (cols, 1))
@@ -140,20 +143,6 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
             lin.bias = nn.Parameter(bias[offset : offset + n], requires_grad=False)
         offset += n
     return weight, bias
-
-
-def _back_to_back(weights: list[torch.Tensor]) -> bool:
-    """Contiguous 2-D weights of one dtype and width, each starting where the previous ends."""
-    first = weights[0]
-    position = first.data_ptr()
-    for w in weights:
-        same_storage = w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-        if not (same_storage and w.is_contiguous() and w.dim() == 2 and w.dtype == first.dtype):
-            return False
-        if w.shape[1] != first.shape[1] or w.data_ptr() != position:
-            return False
-        position += w.numel() * w.element_size()
-    return True
 
 
 class _Layer:

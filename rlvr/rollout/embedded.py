@@ -37,7 +37,7 @@ from typing import Any
 
 from rlvr.rollout.engine import GenerateRequest, PauseMode, SamplingParams, parse_version
 from rlvr.types import Completion
-from rlvr.weight_arena import build_weight_arena
+from rlvr.weight_arena import back_to_back_bytes, build_weight_arena
 
 log = logging.getLogger(__name__)
 
@@ -71,26 +71,6 @@ def _nbytes(dtype: Any, shape: Sequence[int]) -> int:
     for dim in shape:
         size *= dim
     return size
-
-
-def _adjacent_bytes(tensors: Sequence[Any], dtypes: Sequence[Any]) -> Any:
-    """A uint8 view over `tensors` when they lie back to back in one storage, in order, with
-    these dtypes and contiguous; else None. (What a flattened bucket can be received into.)"""
-    import torch
-
-    first = tensors[0]
-    position = first.data_ptr()
-    for tensor, dtype in zip(tensors, dtypes, strict=True):
-        if tensor.dtype != dtype or not tensor.is_contiguous() or tensor.data_ptr() != position:
-            return None
-        if tensor.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
-            return None
-        position += tensor.numel() * tensor.element_size()
-    total = position - first.data_ptr()
-    start = first.data_ptr() - first.untyped_storage().data_ptr()
-    whole = torch.empty(0, dtype=torch.uint8, device=first.device)
-    whole.set_(first.untyped_storage(), start, (total,), (1,))
-    return whole
 
 
 class EmbeddedEngine:
@@ -647,7 +627,8 @@ class EmbeddedEngine:
         table = self._weight_table()
         if not problems:
             params = [table[name].detach() for name in names]
-            live = _adjacent_bytes(params, [dtype for dtype, _ in specs])
+            same_dtypes = all(p.dtype == dtype for p, (dtype, _) in zip(params, specs, strict=True))
+            live = back_to_back_bytes(params) if same_dtypes else None
             if live is not None:
                 return live, [], []  # the bucket's bytes are the weights' own bytes: no copy
         staging = self._staging.get(("flat", self.device))

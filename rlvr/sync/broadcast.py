@@ -40,6 +40,7 @@ from urllib.parse import urlparse
 
 from rlvr.sync.base import EngineFailure, SyncError, TensorSpec, plan_buckets, weight_specs
 from rlvr.sync.engines import Engines
+from rlvr.weight_arena import back_to_back_bytes
 
 log = logging.getLogger(__name__)
 
@@ -77,24 +78,6 @@ def _abort(group: Any) -> None:
                 return
             except Exception:  # noqa: BLE001, S112 - try the next way; the group is being dropped anyway
                 continue
-
-
-def _back_to_back_bytes(tensors: list[Any]) -> Any:
-    """A uint8 view over `tensors` when they are contiguous and back to back in one storage, else None."""
-    import torch
-
-    first = tensors[0]
-    storage = first.untyped_storage()
-    position = first.data_ptr()
-    for tensor in tensors:
-        if not tensor.is_contiguous() or tensor.data_ptr() != position:
-            return None
-        if tensor.untyped_storage().data_ptr() != storage.data_ptr():
-            return None
-        position += tensor.numel() * tensor.element_size()
-    view = torch.empty(0, dtype=torch.uint8, device=first.device)
-    view.set_(storage, first.data_ptr() - storage.data_ptr(), (position - first.data_ptr(),), (1,))
-    return view
 
 
 class BroadcastSync:
@@ -421,7 +404,7 @@ class BroadcastSync:
                 raise RuntimeError(f"weight order changed: expected {spec.name}, got {name}")
             target = getattr(torch, spec.dtype)
             tensors.append(tensor if tensor.dtype == target else tensor.to(target))
-        view = _back_to_back_bytes(tensors)
+        view = back_to_back_bytes(tensors)
         if view is not None:
             return view
         total = sum(s.nbytes for s in bucket)
