@@ -511,3 +511,19 @@ def test_flattened_bucket_lands_in_the_weight_arena_without_a_copy(model_dir, re
         assert engine.weight_version == "8"
     finally:
         engine.close()
+
+
+def test_worker_threads_default_to_one_for_narrow_cpu_models(engine):
+    """Small ops on the engine's own thread run faster unsplit (see `_default_threads`);
+    wide models keep every core, GPUs are untouched, and `threads=` overrides."""
+    from types import SimpleNamespace
+
+    from rlvr.rollout.embedded import _default_threads
+
+    def model(hidden):
+        return SimpleNamespace(config=SimpleNamespace(hidden_size=hidden))
+
+    assert _default_threads(model(64), "cpu", 8) == 1
+    assert _default_threads(model(512), "cpu", 8) == 8
+    assert _default_threads(model(64), "cuda", 8) == 8
+    assert engine._threads == 1  # the tiny test model
