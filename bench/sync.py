@@ -4,17 +4,19 @@
     python bench/sync.py --hidden 512 --layers 8 --bucket-mb 64 --repeats 5
 
 Two processes: this one (trainer rank 0, one trainer rank: the FSDP2 gather is not what
-is measured) and an embedded server it starts from this same file (`--serve`), the real
-`rlvr.rollout.server` app plus one bench-only route, `/bench_raw`, that receives N bytes
-into a preallocated buffer over the *same* update group. So both numbers cross the same
-sockets between the same two processes; the ratio is the protocol's overhead: HTTP
-calls (pause, flush, one update per bucket, resume), per-tensor broadcasts, and the
-server's landing of the tensors in the model (received in place since the live-storage
-receive; it used to allocate + copy). `/bench_raw` also times the same per-tensor
-broadcasts into fresh tensors (what the server used to do, minus the copy) and into
-preallocated ones (the floor of SGLang's one-broadcast-per-tensor wire format), which
-splits the remaining gap between the wire format and the server. Each number is the best
-of `--repeats` (the CPU is shared). Prints GB/s for each and the ratios.
+is measured; its model keeps its weights in one arena, as the single-process trainer
+does) and an embedded server it starts from this same file (`--serve`), the real
+`rlvr.rollout.server` app plus bench-only routes: `/bench_raw` receives N bytes into a
+preallocated buffer over the *same* update group, and `/bench_settle` waits for the
+server's background rebuild of its oneDNN weight copies, so that work never slows a
+baseline. Both numbers cross the same sockets between the same two processes; the
+ratio is the protocol's overhead: HTTP calls (pause, flush, one update per bucket,
+resume) and the server's landing of the bucket in its weights. The raw baseline sends
+the weights themselves (a never-written buffer would send the kernel's zero page from
+cache and flatter it). `/bench_raw` also times one broadcast per tensor into fresh and
+into preallocated tensors (the floor of the `per_tensor` wire, `--wire-format per_tensor`
+to sync with it). Each number is the best of `--repeats` (the CPU is shared). Prints
+GB/s for each and the ratios.
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = (tmp / "server.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, os.environ.get("BENCH_SERVE_WRAPPER", __file__), "--serve", str(model_dir), str(port)],
+        [sys.executable, __file__, "--serve", str(model_dir), str(port)],
         env=env,
         stdout=log,
         stderr=log,

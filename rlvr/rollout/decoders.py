@@ -101,14 +101,18 @@ class _Linear:
         with torch.inference_mode():
             return torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 32)
 
+    def _plain(self, x: torch.Tensor) -> bool:
+        """MKL rather than oneDNN for this call: no packed copy (yet), or too little work."""
+        return self.packed is None or x.shape[0] < self.min_rows
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x.shape[0] < self.min_rows:
+        if self._plain(x):
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """`residual + self(x)`; on the plain path one `addmm` instead of a matmul and an add."""
-        if self.bias is None and (self.packed is None or x.shape[0] < self.min_rows):
+        if self.bias is None and self._plain(x):
             return torch.addmm(residual, x, self.weight.t())
         return residual + self(x)
 
@@ -282,17 +286,13 @@ class StaticKVDecoder:
         self.invalidate()
         if not (self.packed_weights and repack):
             return
+        if not background:
+            self._repack(self._pack_generation)
+            return
         with self._pack_lock:
             self._repack_pending = True
-        if not background:
-            self._repack(self._take_pending())
-        elif start:
+        if start:
             self.start_repack()
-
-    def _take_pending(self) -> int:
-        with self._pack_lock:
-            self._repack_pending = False
-            return self._pack_generation
 
     def start_repack(self) -> None:
         """Start the pending rebuild of the packed copies on a background thread, if any."""

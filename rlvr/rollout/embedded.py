@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import random
 import threading
@@ -64,13 +65,6 @@ class _Seq:
     @property
     def pending(self) -> int:
         return self.out[-1]
-
-
-def _nbytes(dtype: Any, shape: Sequence[int]) -> int:
-    size = dtype.itemsize
-    for dim in shape:
-        size *= dim
-    return size
 
 
 SMALL_HIDDEN = 256
@@ -382,13 +376,13 @@ class EmbeddedEngine:
         self._sample_and_check(list(live), logits)
 
     def _sample_and_check(self, seqs: list[_Seq], logits: Any) -> None:
-        from rlvr.rollout.sampling import RowSampling, sample_greedy, sample_plain, sample_rows
+        from rlvr.rollout.sampling import RowSampling, is_greedy, sample_greedy, sample_plain, sample_rows, truncates
 
         params = [s.params for s in seqs]
-        if all(p.temperature <= 1e-6 or p.top_k == 1 for p in params):
+        if all(is_greedy(p.temperature, p.top_k) for p in params):
             tokens, logprobs = sample_greedy(logits)  # no per-row settings or draws to gather
-        elif not self.original_logprobs and all(
-            p.temperature > 1e-6 and p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 for p in params
+        elif not self.original_logprobs and not any(
+            is_greedy(p.temperature, p.top_k) or truncates(p.top_p, p.top_k, p.min_p) for p in params
         ):
             # Every row samples from its full distribution: same draws as sample_rows, less Python.
             tokens, logprobs = sample_plain(logits, [p.temperature for p in params], [s.rng.random() for s in seqs])
@@ -620,8 +614,8 @@ class EmbeddedEngine:
 
     def _check_bucket(
         self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
-    ) -> tuple[list[tuple[Any, tuple[int, ...]]], list[str]]:
-        """Each tensor's (torch dtype, shape), and what is wrong with the bucket (unknown names, shapes)."""
+    ) -> tuple[dict[str, Any], list[tuple[Any, tuple[int, ...]]], list[str]]:
+        """The weight table, each tensor's (torch dtype, shape), and what is wrong with the bucket."""
         from rlvr.rollout.dist import torch_dtype
 
         table = self._weight_table()
@@ -633,7 +627,7 @@ class EmbeddedEngine:
                 problems.append(f"unknown parameter name {name!r}")
             elif tuple(param.shape) != shape:
                 problems.append(f"{name}: shape {shape} != model's {tuple(param.shape)}")
-        return specs, problems
+        return table, specs, problems
 
     def _flat_receive_target(
         self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
@@ -641,10 +635,9 @@ class EmbeddedEngine:
         """Where a flattened bucket lands: (uint8 receive target, (param, view) copies, problems)."""
         import torch
 
-        specs, problems = self._check_bucket(names, dtypes, shapes)
-        sizes = [_nbytes(dtype, shape) for dtype, shape in specs]
+        table, specs, problems = self._check_bucket(names, dtypes, shapes)
+        sizes = [dtype.itemsize * math.prod(shape) for dtype, shape in specs]
         total = sum(sizes)
-        table = self._weight_table()
         if not problems:
             params = [table[name].detach() for name in names]
             same_dtypes = all(p.dtype == dtype for p, (dtype, _) in zip(params, specs, strict=True))
@@ -671,10 +664,9 @@ class EmbeddedEngine:
         """Where each tensor of a bucket lands: (receive targets in order, (param, staging) copies, problems)."""
         import torch
 
-        specs, problems = self._check_bucket(names, dtypes, shapes)
+        table, specs, problems = self._check_bucket(names, dtypes, shapes)
         if problems:  # drain the bucket into scratch so the collective completes, touch nothing
             return [torch.empty(shape, dtype=dtype, device=self.device) for dtype, shape in specs], [], problems
-        table = self._weight_table()
         targets: list[Any] = []
         copies: list[tuple[Any, Any]] = []
         used: dict[tuple[Any, ...], int] = {}

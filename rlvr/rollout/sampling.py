@@ -32,7 +32,17 @@ class RowSampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 1e-6 or self.top_k == 1
+        return is_greedy(self.temperature, self.top_k)
+
+
+def is_greedy(temperature: float, top_k: int) -> bool:
+    """SGLang's greedy rows: temperature 0 (maps to top_k = 1) or top_k = 1."""
+    return temperature <= 1e-6 or top_k == 1
+
+
+def truncates(top_p: float, top_k: int, min_p: float) -> bool:
+    """Whether top-p/top-k/min-p cut the distribution (else a row samples from all of it)."""
+    return top_p < 1.0 or top_k > 0 or min_p > 0.0
 
 
 def sample_greedy(logits: torch.Tensor) -> tuple[list[int], list[float]]:
@@ -77,7 +87,7 @@ def sample_rows(
     vocab = logits.shape[-1]
     cdf = probs.cumsum(dim=-1)
     tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).clamp_(max=vocab - 1).squeeze(1)
-    filtered = [i for i, r in enumerate(rows) if r.top_p < 1.0 or r.top_k > 0 or r.min_p > 0.0]
+    filtered = [i for i, r in enumerate(rows) if truncates(r.top_p, r.top_k, r.min_p)]
     if filtered:
         sub = [rows[i] for i in filtered]
         index = torch.tensor(filtered, device=device)

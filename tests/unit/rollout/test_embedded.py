@@ -240,13 +240,8 @@ async def test_cancelled_generate_frees_its_slots(engine):
 
 
 def test_weight_update_from_disk_changes_outputs_and_version(model_dir, tmp_path):
-    from transformers import AutoModelForCausalLM
 
-    perturbed = AutoModelForCausalLM.from_pretrained(model_dir)
-    with torch.no_grad():
-        torch.manual_seed(1)
-        for weight in perturbed.parameters():
-            weight.add_(torch.randn_like(weight) * 0.5)
+    perturbed = _perturbed(model_dir, seed=1)
     perturbed.save_pretrained(tmp_path / "v2")
 
     engine = EmbeddedEngine(model_dir, max_batch=8, device="cpu")
@@ -334,6 +329,33 @@ def _join_as_trainer(engine: EmbeddedEngine, group_name: str):
     return holder["group"]
 
 
+def _perturbed(model_dir, seed: int):
+    """The model at `model_dir` with every weight moved by N(0, 0.5): "the trainer's new weights"."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        for weight in model.parameters():
+            weight.add_(torch.randn_like(weight) * 0.5)
+    return model
+
+
+def _spy_receives(monkeypatch) -> list[int]:
+    """The data pointers every `receive_into` call of the engine writes to, in order."""
+    import rlvr.rollout.dist as rdist
+
+    received: list[int] = []
+    real_receive_into = rdist.receive_into
+
+    def spy(group, tensors):
+        received.extend(t.data_ptr() for t in tensors)
+        real_receive_into(group, tensors)
+
+    monkeypatch.setattr(rdist, "receive_into", spy)
+    return received
+
+
 def _push(engine: EmbeddedEngine, group, group_name: str, named: list[tuple[str, torch.Tensor]], **kw) -> None:
     """Rank 0 broadcasts `named` while the engine receives them as one bucket; re-raises the engine's error."""
     from rlvr.rollout.dist import dtype_name, send_broadcast
@@ -352,9 +374,12 @@ def _push(engine: EmbeddedEngine, group, group_name: str, named: list[tuple[str,
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
             errors.append(exc)
 
+    tensors = [t for _, t in named]
+    if kw.get("load_format") == "flattened_bucket":  # one broadcast of the bytes back to back
+        tensors = [torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])]
     thread = threading.Thread(target=receive)
     thread.start()
-    send_broadcast(group, [t for _, t in named])
+    send_broadcast(group, tensors)
     thread.join(60)
     assert not thread.is_alive()
     if errors:
@@ -364,19 +389,7 @@ def _push(engine: EmbeddedEngine, group, group_name: str, named: list[tuple[str,
 def test_distributed_update_writes_into_the_live_weights(model_dir, reference, monkeypatch):
     """Received tensors land in the parameters' own storage (fused Q/K/V, gate/up and tied
     lm_head included), and the fast path generates from the new weights."""
-    from transformers import AutoModelForCausalLM
-
-    import rlvr.rollout.dist as rdist
-
-    received: list[int] = []
-    real_receive_into = rdist.receive_into
-
-    def spy(group, tensors):
-        received.extend(t.data_ptr() for t in tensors)
-        real_receive_into(group, tensors)
-
-    monkeypatch.setattr(rdist, "receive_into", spy)
-
+    received = _spy_receives(monkeypatch)
     engine = EmbeddedEngine(model_dir, max_batch=4, device="cpu")
     try:
         assert type(engine.backend).__name__ == "StaticKVDecoder"
@@ -385,11 +398,7 @@ def test_distributed_update_writes_into_the_live_weights(model_dir, reference, m
         pointers = {name: p.data_ptr() for name, p in params.items()}
         fused = [(layer.qkv.weight.data_ptr(), layer.gate_up.weight.data_ptr()) for layer in engine.backend.layers]
 
-        trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        with torch.no_grad():
-            torch.manual_seed(3)
-            for weight in trainer.parameters():
-                weight.add_(torch.randn_like(weight) * 0.5)
+        trainer = _perturbed(model_dir, seed=3)
         from rlvr.trainer.weights import iter_full_weights
 
         named = list(iter_full_weights(trainer))  # skip_tied: the tied lm_head is not sent
@@ -444,54 +453,18 @@ def test_flattened_bucket_lands_in_the_weight_arena_without_a_copy(model_dir, re
     """SGLang's flattened_bucket format: one uint8 broadcast per bucket. The engine keeps its
     weights in one buffer in send order, so an in-order bucket is received straight into it;
     an out-of-order bucket goes through staging. Both leave exactly the trainer's weights."""
-    from transformers import AutoModelForCausalLM
-
-    import rlvr.rollout.dist as rdist
-    from rlvr.rollout.dist import dtype_name, send_broadcast
     from rlvr.trainer.weights import iter_full_weights
 
-    received: list[int] = []
-    real_receive_into = rdist.receive_into
-
-    def spy(group, tensors):
-        received.extend(t.data_ptr() for t in tensors)
-        real_receive_into(group, tensors)
-
-    monkeypatch.setattr(rdist, "receive_into", spy)
+    received = _spy_receives(monkeypatch)
     engine = EmbeddedEngine(model_dir, max_batch=4, device="cpu")
     try:
         arena = engine._weight_arena
         assert arena is not None
-        trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        with torch.no_grad():
-            torch.manual_seed(5)
-            for weight in trainer.parameters():
-                weight.add_(torch.randn_like(weight) * 0.5)
-        named = list(iter_full_weights(trainer))
+        named = list(iter_full_weights(_perturbed(model_dir, seed=5)))
         group = _join_as_trainer(engine, "g-flat")
 
         def push(bucket, version):
-            flat = torch.cat([t.reshape(-1).view(torch.uint8) for _, t in bucket])
-            errors: list[BaseException] = []
-
-            def receive():
-                try:
-                    engine.update_weights_from_distributed_sync(
-                        [n for n, _ in bucket],
-                        [dtype_name(t.dtype) for _, t in bucket],
-                        [list(t.shape) for _, t in bucket],
-                        group_name="g-flat",
-                        version=version,
-                        load_format="flattened_bucket",
-                    )
-                except BaseException as exc:  # noqa: BLE001
-                    errors.append(exc)
-
-            thread = threading.Thread(target=receive)
-            thread.start()
-            send_broadcast(group, [flat])
-            thread.join(60)
-            assert not errors, errors
+            _push(engine, group, "g-flat", bucket, version=version, load_format="flattened_bucket")
 
         half = len(named) // 2
         push(named[:half], None)
@@ -513,7 +486,7 @@ def test_flattened_bucket_lands_in_the_weight_arena_without_a_copy(model_dir, re
         engine.close()
 
 
-def test_worker_threads_default_to_one_for_narrow_cpu_models(engine):
+def test_worker_threads_default_to_one_for_narrow_cpu_models(engine, model_dir):
     """Small ops on the engine's own thread run faster unsplit (see `_default_threads`);
     wide models keep every core, GPUs are untouched, and `threads=` overrides."""
     from types import SimpleNamespace
@@ -527,3 +500,8 @@ def test_worker_threads_default_to_one_for_narrow_cpu_models(engine):
     assert _default_threads(model(512), "cpu", 8) == 8
     assert _default_threads(model(64), "cuda", 8) == 8
     assert engine._threads == 1  # the tiny test model
+    pinned = EmbeddedEngine(model_dir, max_batch=2, device="cpu", threads=2)
+    try:
+        assert pinned._threads == 2
+    finally:
+        pinned.close()
