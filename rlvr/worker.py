@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 RESOLVED = "resolved_recipe.json"
@@ -121,4 +120,7 @@ def build_critic(recipe, *, total_steps: int, device):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    from rlvr.trainer.dist import exit_process
+
+    exit_process(code)  # skips an exit-time teardown that can abort a finished rank

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import torch
 
+from rlvr.trainer.dist import exit_process
+
 PROMPTS = ["hello world", "2+2=", "abc"]
 NEW_TOKENS = 8
 
@@ -182,6 +184,7 @@ def main() -> None:
     worker(args.model_dir, args.url, Path(args.out), Path(args.run_dir))
     torch.distributed.barrier()  # leave together (see rlvr/worker.py)
     torch.distributed.destroy_process_group()
+    exit_process(0)  # as rlvr/worker.py does
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlvr.trainer.dist import exit_process
+
 STEPS = 4
 SAVE_AT = 2
 
@@ -155,6 +157,7 @@ def main() -> None:
     )  # fmt: skip
     torch.distributed.barrier()  # a rank that tears gloo down while its peer still talks aborts the peer
     torch.distributed.destroy_process_group()
+    exit_process(0)  # as rlvr/worker.py does
 
 
 if __name__ == "__main__":
