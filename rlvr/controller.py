@@ -1,14 +1,30 @@
-"""Trainer rank 0's side job: draw prompts, sample groups, score them, shape the batch.
+"""Trainer rank 0's rollout manager: generation, rewards and filters that never wait for training.
 
-The controller owns everything that is not tensors: the data mixture, the HTTP rollout
-client, the reward pool, per-domain reward normalisation and the group filters (dynamic
-sampling with refill, overlong shaping). `collect()` returns plain Python data that rank 0
-broadcasts to the other trainer ranks, which only ever see token ids and floats.
+`RolloutManager` runs on its own thread and event loop (HTTP only, never a collective). It
+draws each step's prompts from the mixture as a *wave*, runs one episode per sample, scores
+each group the moment its n samples finish (rewards overlap generation), applies the group
+filters as groups arrive, refills what dynamic sampling dropped, and keeps finished waves in
+a buffer until the trainer takes them:
+
+    wave s is admitted once the engines serve version >= s - k      (k = rollout.max_staleness)
+    take(s) returns wave s's groups, every token from version >= s - k
+
+So with k = 0 wave s starts right after the weights of step s are pushed: exactly the
+synchronous loop. With k >= 1 waves s+1..s+k generate (and are scored) while the trainer
+trains step s; a weight push pauses the engines with `abort`, episodes wait for the new
+weights and continue from their tokens so far (`rollout.partial`), and every token keeps the
+version that sampled it. `take` re-checks the bound and drops (and counts) any group that
+breaks it, e.g. from an engine that came back with old weights.
+
+Every group started ends exactly once: trained, stale, filtered (including dynamic sampling's
+surplus) or cancelled (in flight or buffered when the run stops); `groups/*` metrics count them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,34 +35,11 @@ from rlvr.data.chat import encode_prompt
 from rlvr.data.mixture import MixtureSampler, hash_seed
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.pool import RewardPool
-from rlvr.rollout.engine import GenerateRequest, RolloutEngine, SamplingParams
-from rlvr.types import Group, Sample
+from rlvr.rollout.engine import RolloutEngine, SamplingParams
+from rlvr.rollout.episode import run_episode
+from rlvr.types import Completion, Group, RolloutBatch, Sample
 
-
-@dataclass
-class RolloutBatch:
-    """What every trainer rank needs from a step's rollouts (picklable, no torch)."""
-
-    prompts: list[list[int]] = field(default_factory=list)
-    responses: list[list[int]] = field(default_factory=list)
-    rollout_logprobs: list[list[float]] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
-    loss_masks: list[float] = field(default_factory=list)
-    group_ids: list[int] = field(default_factory=list)
-    domains: list[str] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.responses)
-
-    def add_group(self, group: Group, rewards: Sequence[float], masks: Sequence[float], group_id: int) -> None:
-        for completion, reward, mask in zip(group.completions, rewards, masks, strict=True):
-            self.prompts.append(list(completion.prompt_token_ids))
-            self.responses.append(list(completion.token_ids))
-            self.rollout_logprobs.append(list(completion.logprobs))
-            self.rewards.append(float(reward))
-            self.loss_masks.append(float(mask))
-            self.group_ids.append(group_id)
-            self.domains.append(group.sample.domain)
+GROUP_ENDS = ("trained", "stale", "filtered", "cancelled")
 
 
 class RunningDomainStats:
@@ -73,7 +66,45 @@ class RunningDomainStats:
         self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
 
 
-class Controller:
+def merge_reward_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Combine the pool's per-group metrics into per-step ones (groups are scored one by one).
+
+    Counts add up; means and accuracies are count-weighted; p50 latency is count-weighted
+    (an approximation), p95 the largest; cumulative `_total` counters keep the latest value.
+    """
+    out: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for part in parts:
+        for key, value in part.items():
+            prefix = key.rsplit("/", 1)[0]
+            count = float(part.get(f"{prefix}/count", 1.0))
+            if key.endswith(("/count", "/timeouts", "/errors")):
+                out[key] = out.get(key, 0.0) + value
+            elif key.endswith("_p95_s"):
+                out[key] = max(out.get(key, value), value)
+            elif key.endswith("_total"):
+                out[key] = value
+            else:
+                out[key] = out.get(key, 0.0) + value * count
+                weights[key] = weights.get(key, 0.0) + count
+    for key, weight in weights.items():
+        out[key] /= max(weight, 1e-12)
+    return out
+
+
+@dataclass
+class Wave:
+    """One step's groups as they finish; `task` resolves when every round is done."""
+
+    step: int
+    prompts: list[Sample]
+    kept: list[Group] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.perf_counter)
+    task: asyncio.Task[None] | None = None
+
+
+class RolloutManager:
     def __init__(
         self,
         recipe: Recipe,
@@ -89,6 +120,7 @@ class Controller:
         self.engine = engine
         self.rewards = rewards
         self.evals = evals
+        self.max_staleness = recipe.rollout.max_staleness
         self.mixture = MixtureSampler(
             train,
             probs=recipe.data.domain_interleave_probs,
@@ -100,10 +132,51 @@ class Controller:
             name: RunningDomainStats() for name, d in recipe.domains.items() if d.reward_norm == "domain"
         }
         self._prompt_ids: dict[tuple[str, str], list[int]] = {}
-        self.policy_version = 0
+        self.version = 0  # the weights the engines serve (trainer steps applied)
+        self.counts: dict[str, int] = dict.fromkeys(("started", *GROUP_ENDS), 0)
+        self._open = 0  # groups started that have not ended
+        self._waves: dict[int, Wave] = {}
+        self._next_wave = 0
+        self._marks: dict[int, dict[str, Any]] = {}  # mixture state before wave s drew
+        self._active = 0  # episodes in flight
+        self._idle_since: float | None = time.perf_counter()
+        self._idle_s = 0.0
+        self._window_start = time.perf_counter()
         self.loop = asyncio.new_event_loop()
+        self._weights_ready = asyncio.Event()
+        self._weights_ready.set()  # closed only while a weight push runs
+        self._thread: threading.Thread | None = None
 
-    # -- prompts -> groups ---------------------------------------------------------------------
+    # -- the trainer's side (any thread) -------------------------------------------------------
+    def start(self, *, version: int) -> None:
+        """Start the manager's thread; waves from `version` on, as far as the bound allows."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.loop.run_forever, name="rlvr-rollout", daemon=True)
+            self._thread.start()
+        self._call(self._open_gate(version, first_wave=version))
+
+    def take(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """Block until wave `step` is complete; its batch and metrics (the trainer is at `step`)."""
+        return self._call(self._take(step))
+
+    def pause(self) -> None:
+        """Before a weight push: no new groups, and aborted episodes hold until `resume`."""
+        self._call(self._close_gate())
+
+    def resume(self, *, version: int) -> None:
+        """After a weight push: the engines serve `version`; admit what the bound now allows."""
+        self._call(self._open_gate(version))
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Greedy answers to every held-out prompt, scored by the domain's reward."""
+        return self._call(self._evaluate(step))
+
+    def _call(self, coro: Any) -> Any:
+        if self._thread is None:  # not started: run inline (tests, eval-only use)
+            return self.loop.run_until_complete(coro)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    # -- prompts -> episodes -> groups -----------------------------------------------------------
     def prompt_ids(self, sample: Sample) -> list[int]:
         key = (sample.domain, sample.id)
         if key not in self._prompt_ids:
@@ -124,64 +197,117 @@ class Controller:
             seed=seed,
         )
 
-    async def _groups(self, samples: Sequence[Sample], *, step: int, n: int, greedy: bool = False) -> list[Group]:
-        fits = [s for s in samples if len(self.prompt_ids(s)) <= self.recipe.data.max_prompt_tokens]
-        requests = [
-            GenerateRequest(
-                input_ids=self.prompt_ids(s),
-                params=self.sampling(
-                    seed=hash_seed(self.recipe.experiment.seed * 100_003 + step, f"{s.id}:{i}"), greedy=greedy
-                ),
-                n=n,
-            )
-            for i, s in enumerate(fits)
-        ]
-        completions = await self.engine.generate(requests)
-        return [Group(sample=s, completions=completions[i * n : (i + 1) * n]) for i, s in enumerate(fits)]
+    def fits(self, samples: Sequence[Sample]) -> list[Sample]:
+        return [s for s in samples if len(self.prompt_ids(s)) <= self.recipe.data.max_prompt_tokens]
 
-    # -- the step's rollouts -----------------------------------------------------------------------
-    def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        return self.loop.run_until_complete(self._collect(step))
+    async def _episodes(self, sample: Sample, *, n: int, seed: int | None, greedy: bool = False) -> list[Completion]:
+        """n episodes of one prompt; sample j is seeded `seed + j` (as SGLang-style n-sampling)."""
+        params = self.sampling(seed=None, greedy=greedy)
+        partial = self.recipe.rollout.partial
 
-    async def _collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        algo, n = self.recipe.algorithm, self.recipe.rollout.n
-        timings = {"rollout": 0.0, "reward": 0.0}
-        metrics: dict[str, float] = {}
-        pending = self.mixture.next_batch()
-        kept: list[Group] = []
-        dropped = 0
+        async def one(j: int) -> Completion:
+            self._episode_started()
+            try:
+                return await run_episode(
+                    self.engine,
+                    prompt_ids=self.prompt_ids(sample),
+                    params=dataclasses.replace(params, seed=None if seed is None else seed + j),
+                    partial=partial,
+                    weights_ready=self._weights_ready.wait,
+                )
+            finally:
+                self._episode_ended()
+
+        return list(await asyncio.gather(*(one(j) for j in range(n))))
+
+    async def _group(self, sample: Sample, *, seed: int, scores: list[dict[str, float]]) -> Group:
+        """Generate and score one group; scoring starts the moment its own n samples are done."""
+        self.counts["started"] += 1
+        self._open += 1
+        group = Group(sample=sample, completions=await self._episodes(sample, n=self.recipe.rollout.n, seed=seed))
+        scores.append(await self.rewards.score_groups([group]))
+        return group
+
+    def _end(self, kind: str, count: int = 1) -> None:
+        self.counts[kind] += count
+        self._open -= count
+
+    # -- waves ----------------------------------------------------------------------------------
+    async def _open_gate(self, version: int, *, first_wave: int | None = None) -> None:
+        self.version = version
+        if first_wave is not None:
+            self._next_wave = first_wave
+        self._weights_ready.set()
+        last = self.recipe.experiment.max_steps - 1
+        while self._next_wave <= min(version + self.max_staleness, last):
+            self._admit(self._next_wave)
+            self._next_wave += 1
+
+    async def _close_gate(self) -> None:
+        self._weights_ready.clear()
+
+    def _admit(self, step: int) -> None:
+        self._marks[step] = self.mixture.state_dict()
+        wave = Wave(step=step, prompts=self.mixture.next_batch())
+        wave.task = self.loop.create_task(self._run_wave(wave))
+        self._waves[step] = wave
+
+    async def _run_wave(self, wave: Wave) -> None:
+        """Rounds of groups for one step: the first from the quota, then dynamic sampling's refills."""
+        algo, per_step = self.recipe.algorithm, self.recipe.data.prompts_per_step
+        pending, kept = wave.prompts, wave.kept
         for round_ in range((algo.max_refill_rounds or 0) + 1):
-            start = time.perf_counter()
-            groups = await self._groups(pending, step=step * 16 + round_, n=n)
-            timings["rollout"] += time.perf_counter() - start
-            start = time.perf_counter()
-            scored = await self.rewards.score_groups(groups)
-            timings["reward"] += time.perf_counter() - start
+            base = self.recipe.experiment.seed * 100_003 + wave.step * 16 + round_
+            scores: list[dict[str, float]] = []
+            groups = await asyncio.gather(
+                *(
+                    self._group(s, seed=hash_seed(base, f"{s.id}:{i}"), scores=scores)
+                    for i, s in enumerate(self.fits(pending))
+                )
+            )
             if round_ == 0:
-                metrics.update(scored)
-                metrics.update(self._group_metrics(groups))
+                wave.metrics.update(merge_reward_metrics(scores))
+                wave.metrics.update(self._group_metrics(groups))
             survivors = [g for g in groups if keep_group(self.shaped_rewards(g), cfg=algo)]
-            dropped += len(groups) - len(survivors)
+            self._end("filtered", len(groups) - len(survivors))
             kept += survivors
-            missing = self.recipe.data.prompts_per_step - len(kept)
+            missing = per_step - len(kept)
             if not algo.dynamic_sampling or missing <= 0:
                 break
             # Refill from the domains whose groups were dropped, in proportion (DAPO's dynamic sampling).
             kept_ids = {id(g) for g in survivors}
             lost = [g.sample.domain for g in groups if id(g) not in kept_ids][:missing]
             pending = [s for domain in lost for s in self.mixture.take(domain, 1)]
-        batch = self.build_batch(kept[: self.recipe.data.prompts_per_step] if algo.dynamic_sampling else kept)
-        metrics.update(
-            {
-                "batch/groups_dropped": float(dropped),
-                "batch/groups_kept": float(len(kept)),
-                "batch/sequences": float(len(batch)),
-                "time/rollout": timings["rollout"],
-                "time/reward": timings["reward"],
-            }
-        )
+        if algo.dynamic_sampling and len(kept) > per_step:
+            self._end("filtered", len(kept) - per_step)
+            del kept[per_step:]
+        wave.metrics["time/rollout"] = time.perf_counter() - wave.started_at
+
+    async def _take(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        if step not in self._waves:  # e.g. take() before the weights of `step - k` were announced
+            await self._open_gate(max(self.version, step - self.max_staleness), first_wave=step)
+        wave = self._waves.pop(step)
+        start = time.perf_counter()
+        assert wave.task is not None
+        await wave.task
+        waited = time.perf_counter() - start
+        for old in [s for s in self._marks if s <= step]:
+            del self._marks[old]
+        fresh = [g for g in wave.kept if all(step - c.oldest_version <= self.max_staleness for c in g.completions)]
+        self._end("stale", len(wave.kept) - len(fresh))
+        self._end("trained", len(fresh))
+        batch = self.build_batch(fresh)
+        metrics = {
+            **wave.metrics,
+            **self._staleness_metrics(fresh, step=step),
+            **self._count_metrics(),
+            "time/wait_rollout": waited,
+            "batch/groups_kept": float(len(fresh)),
+            "batch/sequences": float(len(batch)),
+        }
         return batch, metrics
 
+    # -- shaping ----------------------------------------------------------------------------------
     def shaped_rewards(self, group: Group) -> list[float]:
         """Scores plus DAPO's soft overlong penalty (the filters and advantages see these)."""
         algo, r = self.recipe.algorithm, self.recipe.rollout
@@ -199,6 +325,7 @@ class Controller:
         ]
 
     def build_batch(self, groups: Sequence[Group]) -> RolloutBatch:
+        """The trained groups in wave order; per-domain normalisation is updated here, in step order."""
         batch = RolloutBatch()
         for group_id, group in enumerate(groups):
             rewards = self.shaped_rewards(group)
@@ -212,6 +339,46 @@ class Controller:
             ]
             batch.add_group(group, rewards, masks, group_id)
         return batch
+
+    # -- metrics ----------------------------------------------------------------------------------
+    def _episode_started(self) -> None:
+        if self._active == 0 and self._idle_since is not None:
+            self._idle_s += time.perf_counter() - self._idle_since
+            self._idle_since = None
+        self._active += 1
+
+    def _episode_ended(self) -> None:
+        self._active -= 1
+        if self._active == 0:
+            self._idle_since = time.perf_counter()
+
+    def _count_metrics(self) -> dict[str, float]:
+        """Cumulative group counts, and the share of time since the last take with nothing generating."""
+        now = time.perf_counter()
+        idle = self._idle_s + (now - self._idle_since if self._idle_since is not None else 0.0)
+        window = max(now - self._window_start, 1e-9)
+        self._idle_s, self._window_start = 0.0, now
+        if self._idle_since is not None:
+            self._idle_since = now
+        return {
+            **{f"groups/{k}": float(v) for k, v in self.counts.items()},
+            "groups/in_flight": float(self._open),
+            "rollout/generation_idle_frac": min(idle / window, 1.0),
+        }
+
+    def _staleness_metrics(self, groups: Sequence[Group], *, step: int) -> dict[str, float]:
+        lags = [step - c.oldest_version for g in groups for c in g.completions]
+        if not lags:
+            return {}
+        out = {
+            "rollout/staleness_max": float(max(lags)),
+            "rollout/staleness_mean": sum(lags) / len(lags),
+            "rollout/partial_frac": sum(len(set(c.token_versions)) > 1 for g in groups for c in g.completions)
+            / len(lags),
+        }
+        for lag in range(self.max_staleness + 1):
+            out[f"rollout/staleness_hist/{lag}"] = sum(x == lag for x in lags) / len(lags)
+        return out
 
     def _group_metrics(self, groups: Sequence[Group]) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -227,41 +394,59 @@ class Controller:
             out[f"solve_all/{domain}"] = sum(min(g.scores) >= 1 for g in items) / len(items)
         all_scores = [s for g in groups for s in g.scores]
         out["reward/mean"] = sum(all_scores) / max(len(all_scores), 1)
-        versions = [c.policy_version for g in groups for c in g.completions]
-        if versions:
-            out["rollout/staleness_max"] = float(self.policy_version - min(versions))
         return out
 
-    # -- evaluation ----------------------------------------------------------------------------
-    def evaluate(self, step: int) -> dict[str, float]:
-        """Greedy answers to every held-out prompt, scored by the domain's reward."""
-        return self.loop.run_until_complete(self._evaluate(step))
-
+    # -- evaluation ------------------------------------------------------------------------------
     async def _evaluate(self, step: int) -> dict[str, float]:
-        samples = [s for items in self.evals.values() for s in items]
+        samples = self.fits([s for items in self.evals.values() for s in items])
         if not samples:
             return {}
-        groups = await self._groups(samples, step=step, n=1, greedy=True)
+        completions = await asyncio.gather(*(self._episodes(s, n=1, seed=None, greedy=True) for s in samples))
+        groups = [Group(sample=s, completions=c) for s, c in zip(samples, completions, strict=True)]
         scored = await self.rewards.score_groups(groups)
         return {f"eval/{k}": v for k, v in scored.items() if k.endswith(("/mean", "/accuracy"))}
 
-    # -- weight versions and state --------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    # -- state --------------------------------------------------------------------------------------
+    def state_dict(self, *, step: int) -> dict[str, Any]:
+        """What resumes at `step`: the mixture as it was before wave `step` drew (later waves are
+        in flight or buffered and are dropped on resume, then drawn again), and the reward stats."""
+        return self._call(self._state(step))
+
+    async def _state(self, step: int) -> dict[str, Any]:
         return {
-            "mixture": self.mixture.state_dict(),
+            "mixture": self._marks.get(step) or self.mixture.state_dict(),
             "domain_stats": {k: v.state_dict() for k, v in self.domain_stats.items()},
-            "policy_version": self.policy_version,
+            "counts": dict(self.counts),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.mixture.load_state_dict(state["mixture"])
         for name, stats in self.domain_stats.items():
             stats.load_state_dict(state["domain_stats"][name])
-        self.policy_version = int(state["policy_version"])
+        self.counts.update({k: int(v) for k, v in state.get("counts", {}).items() if k in self.counts})
+        # Groups in flight or buffered at the save are dropped on resume: they end as cancelled.
+        self.counts["cancelled"] += self.counts["started"] - sum(self.counts[k] for k in GROUP_ENDS)
 
     def close(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            self.loop.run_until_complete(close())
-        self.rewards.close()
-        self.loop.close()
+        """Cancel what is in flight or buffered (counted as cancelled), then stop the thread."""
+
+        async def shutdown() -> None:
+            for wave in self._waves.values():
+                if wave.task is not None:
+                    wave.task.cancel()
+            await asyncio.gather(*(w.task for w in self._waves.values() if w.task is not None), return_exceptions=True)
+            self._waves.clear()
+            self._end("cancelled", self._open)
+            close = getattr(self.engine, "close", None)
+            if close is not None:
+                await close()
+
+        try:
+            self._call(shutdown())
+        finally:
+            if self._thread is not None:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self._thread.join(timeout=10)
+            self.rewards.close()
+            if not self.loop.is_running():
+                self.loop.close()

@@ -1,17 +1,19 @@
-"""The RL loop. Every trainer rank runs `RLLoop.run()`; rank 0 also drives rollout and rewards.
+"""The RL loop. Every trainer rank runs `RLLoop.run()`; rank 0 also owns the rollout manager.
 
-One step, as in DESIGN.md:
+One step:
 
-    batch, m  = controller.collect(step)       # rank 0: prompts -> groups -> rewards -> filters
+    batch, m  = manager.take(step)             # rank 0: wave `step`, generated and scored ahead
     batch     = broadcast(batch)               # every rank gets the same token ids and rewards
-    train     = prepare(batch)                 # old/ref logprobs, values, advantages (collective)
+    train     = prepare_batch(batch)           # ref/old logprobs, values, advantages (collective)
     m        |= actor.train_step(train)        # FSDP2 update (+ critic)
-    sync.push(version=step)                    # new weights to the rollout engines
+    manager.pause(); sync.push(version=step+1); manager.resume(version=step+1)
     recorder.log(step, m); maybe_eval(); maybe_save()
 
-A SIGTERM/SIGUSR1 (Ctrl-C in the launcher, SLURM preemption) is noted and acted on at
-the end of the current step: checkpoint, then exit with code 0 after a finished run or
-`PREEMPTED_EXIT` after a stop, so a requeued job resumes from exactly there.
+The manager keeps generating while the trainer trains (`rollout.max_staleness` steps ahead);
+with max_staleness = 0 it starts a step's prompts only after that step's weights are pushed,
+which is the synchronous loop. A SIGTERM/SIGUSR1 (Ctrl-C in the launcher, SLURM preemption) is
+noted and acted on at the end of the current step: checkpoint, then exit with code 0 after a
+finished run or `PREEMPTED_EXIT` after a stop, so a requeued job resumes from exactly there.
 """
 
 from __future__ import annotations
@@ -25,14 +27,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlvr.algorithms.advantages import compute_advantages, raft_mask
-from rlvr.algorithms.kl import kl_penalty, make_kl_controller
-from rlvr.controller import Controller, RolloutBatch
+from rlvr.algorithms.kl import make_kl_controller
+from rlvr.controller import RolloutManager
+from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.schema import Recipe
+from rlvr.sync.base import WeightSync
 from rlvr.trainer import dist as d
 from rlvr.trainer.actor import Actor
-from rlvr.trainer.batch import TrainBatch
 from rlvr.trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from rlvr.trainer.critic import Critic
+from rlvr.trainer.prepare import prepare_batch
+from rlvr.types import RolloutBatch
 
 PREEMPTED_EXIT = 3
 
@@ -62,17 +67,17 @@ class RLLoop:
         *,
         run_dir: Path,
         actor: Actor,
-        critic: Any = None,
-        controller: Controller | None = None,
-        sync: Any = None,
-        recorder: Any = None,
+        critic: Critic | None = None,
+        manager: RolloutManager | None = None,
+        sync: WeightSync | None = None,
+        recorder: RunRecorder | None = None,
         pad_id: int = 0,
     ):
         self.recipe = recipe
         self.run_dir = run_dir
         self.actor = actor
         self.critic = critic
-        self.controller = controller  # rank 0 only
+        self.manager = manager  # rank 0 only
         self.sync = sync
         self.recorder = recorder  # rank 0 only
         self.pad_id = pad_id
@@ -83,19 +88,17 @@ class RLLoop:
     # -- the step --------------------------------------------------------------------------------
     def run(self) -> int:
         exp = self.recipe.experiment
+        if self.manager is not None:
+            self.manager.start(version=self.step)  # the engines serve the weights of `self.step`
         while self.step < exp.max_steps:
             start = time.perf_counter()
             metrics = self.train_one_step()
             self.step += 1
-            if self.sync is not None:
-                t0 = time.perf_counter()
-                metrics.update(self.sync.push(version=self.step) or {})
-                metrics["time/sync"] = time.perf_counter() - t0
-            if self.controller is not None:
-                self.controller.policy_version = self.step
+            metrics.update(self.push_weights())
             if exp.eval_steps and self.step % exp.eval_steps == 0:
                 metrics.update(self.evaluate())
             metrics["time/step"] = time.perf_counter() - start
+            metrics["time/trainer_idle_frac"] = metrics.get("time/wait_rollout", 0.0) / max(metrics["time/step"], 1e-9)
             self.log(metrics)
             stopping = self.stop.agreed()
             if stopping or (exp.save_steps and self.step % exp.save_steps == 0) or self.step == exp.max_steps:
@@ -107,14 +110,17 @@ class RLLoop:
     def train_one_step(self) -> dict[str, float]:
         metrics: dict[str, float] = {}
         rollout = None
-        if self.controller is not None:
-            rollout, metrics = self.controller.collect(self.step)
+        if self.manager is not None:
+            rollout, metrics = self.manager.take(self.step)
         rollout = d.broadcast_object(rollout) if d.is_dist() else rollout
         assert isinstance(rollout, RolloutBatch)
-        if len(rollout) == 0:  # every group was filtered out: nothing to learn from this step
+        if len(rollout) == 0:  # every group was filtered out (or stale): nothing to learn from this step
             return {**metrics, "train/skipped": 1.0}
         t0 = time.perf_counter()
-        batch = self.prepare(rollout)
+        batch = prepare_batch(
+            rollout, actor=self.actor, critic=self.critic, algorithm=self.recipe.algorithm,
+            version=self.step, kl_coef=self.kl.value, pad_id=self.pad_id,
+        )  # fmt: skip
         train = self.actor.train_step(batch, kl_coef=self.kl.value)
         if self.critic is not None:
             train.update({f"critic/{k}": v for k, v in self.critic.train_step(batch).items()})
@@ -125,48 +131,27 @@ class RLLoop:
         metrics["time/train"] = time.perf_counter() - t0
         tokens = sum(len(r) for r in rollout.responses)
         metrics["throughput/tokens_per_s"] = tokens / max(
-            metrics.get("time/rollout", 0.0) + metrics["time/train"], 1e-9
+            metrics.get("time/wait_rollout", 0.0) + metrics["time/train"], 1e-9
         )
         return metrics
 
-    def prepare(self, rollout: RolloutBatch) -> TrainBatch:
-        """Rollout -> TrainBatch with ref logprobs, values and advantages (collective)."""
-        algo = self.recipe.algorithm
-        batch = TrainBatch.from_sequences(
-            rollout.prompts,
-            rollout.responses,
-            rollout_logprobs=rollout.rollout_logprobs,
-            response_masks=rollout.loss_masks,
-            group_ids=rollout.group_ids,
-            rewards=rollout.rewards,
-            pad_id=self.pad_id,
-        )
-        kl = None
-        if algo.kl_in != "none":
-            batch = batch.replace(ref_logprobs=self.actor.compute_ref_logprobs(batch))
-        if algo.kl_in == "reward":  # the KL penalty shapes the rewards, so pi_old is needed before advantages
-            old_logprobs, _ = self.actor.compute_logprobs(batch)
-            batch = batch.replace(old_logprobs=old_logprobs)
-            assert batch.ref_logprobs is not None
-            kl = kl_penalty(old_logprobs, batch.ref_logprobs, estimator=algo.kl_estimator or "k1")
-        # Otherwise the actor fills pi_old itself, and skips that forward for a single on-policy update.
-        values = None
-        if self.critic is not None:
-            values = self.critic.compute_values(batch)
-            batch = batch.replace(old_values=values)
-        rewards = batch.rewards
-        assert rewards is not None
-        mask = batch.response_mask
-        if algo.advantage == "raft":
-            mask = mask * raft_mask(rewards, threshold=algo.raft_threshold or 0.0).unsqueeze(1).to(mask.dtype)
-        advantages, returns = compute_advantages(
-            cfg=algo, rewards=rewards, group_ids=batch.group_ids, mask=mask, values=values, kl=kl, kl_coef=self.kl.value
-        )
-        return batch.replace(advantages=advantages, returns=returns, response_mask=mask)
+    def push_weights(self) -> dict[str, float]:
+        """New weights to the engines as version `self.step`: the manager holds new groups and
+        aborted episodes meanwhile, then admits what the staleness bound allows."""
+        t0 = time.perf_counter()
+        if self.manager is not None:
+            self.manager.pause()
+        try:
+            metrics = dict(self.sync.push(version=self.step) or {}) if self.sync is not None else {}
+        finally:
+            if self.manager is not None:
+                self.manager.resume(version=self.step)
+        metrics["time/sync"] = time.perf_counter() - t0
+        return metrics
 
     # -- eval, logging, checkpoints ----------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        return self.controller.evaluate(self.step) if self.controller is not None else {}
+        return self.manager.evaluate(self.step) if self.manager is not None else {}
 
     def log(self, metrics: dict[str, float]) -> None:
         if self.recorder is not None:
@@ -183,7 +168,7 @@ class RLLoop:
         extra = {
             "step": self.step,
             "kl": self.kl.state_dict(),
-            "controller": self.controller.state_dict() if self.controller is not None else None,
+            "manager": self.manager.state_dict(step=self.step) if self.manager is not None else None,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         }
         path = save_checkpoint(
@@ -203,8 +188,9 @@ class RLLoop:
         extra = load_checkpoint(path, self.parts())
         self.step = int(extra["step"])
         self.kl.load_state_dict(extra["kl"])
-        if self.controller is not None and extra.get("controller") is not None:
-            self.controller.load_state_dict(extra["controller"])
+        state = extra.get("manager") or extra.get("controller")  # "controller": checkpoints before async
+        if self.manager is not None and state is not None:
+            self.manager.load_state_dict(state)
         random.setstate(extra["rng"]["python"])
         np.random.set_state(extra["rng"]["numpy"])
         torch.set_rng_state(extra["rng"]["torch"])

@@ -8,6 +8,7 @@ recipe, data and reward layers (and `rlvr validate`) import in milliseconds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,9 @@ class Completion:
 
     `logprobs[i]` is the sampling policy's log-probability of `token_ids[i]`.
     `policy_version` is the trainer step whose weights produced it, so the loop can
-    bound staleness.
+    bound staleness. A partial rollout (interrupted by a weight update, then continued)
+    spans versions: `token_versions[i]` is the version that sampled token i (empty: every
+    token is `policy_version`).
     """
 
     text: str
@@ -58,6 +61,12 @@ class Completion:
     finish_reason: str = "stop"  # "stop" | "length" | "abort"
     prompt_token_ids: list[int] = field(default_factory=list)
     policy_version: int = 0
+    token_versions: list[int] = field(default_factory=list)
+
+    @property
+    def oldest_version(self) -> int:
+        """The staleness that counts: the oldest weights that produced any of its tokens."""
+        return min(self.token_versions) if self.token_versions else self.policy_version
 
 
 @dataclass(slots=True)
@@ -79,3 +88,39 @@ class Group:
     @property
     def scores(self) -> list[float]:
         return [r.score for r in self.rewards]
+
+
+@dataclass
+class RolloutBatch:
+    """What every trainer rank needs from a step's rollouts (picklable, no torch).
+
+    `versions[i]` is the oldest weight version that sampled any token of sequence i: the
+    trainer recomputes pi_old when one is older than its own weights (off-policy correction).
+    """
+
+    prompts: list[list[int]] = field(default_factory=list)
+    responses: list[list[int]] = field(default_factory=list)
+    rollout_logprobs: list[list[float]] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    loss_masks: list[float] = field(default_factory=list)
+    group_ids: list[int] = field(default_factory=list)
+    domains: list[str] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.responses)
+
+    def add_group(self, group: Group, rewards: Sequence[float], masks: Sequence[float], group_id: int) -> None:
+        for completion, reward, mask in zip(group.completions, rewards, masks, strict=True):
+            self.prompts.append(list(completion.prompt_token_ids))
+            self.responses.append(list(completion.token_ids))
+            self.rollout_logprobs.append(list(completion.logprobs))
+            self.rewards.append(float(reward))
+            self.loss_masks.append(float(mask))
+            self.group_ids.append(group_id)
+            self.domains.append(group.sample.domain)
+            self.versions.append(completion.oldest_version)
+
+    def stale(self, version: int) -> bool:
+        """Whether any sequence was (partly) sampled by weights older than `version`."""
+        return any(v < version for v in self.versions)

@@ -1,7 +1,7 @@
 """torchrun entry of a trainer rank: `python -m rlvr.worker --run-dir RUN [--resume auto|none|PATH]`.
 
 Reads the resolved recipe the launcher wrote into the run directory, joins the process
-group, builds the actor (and critic), and on rank 0 the controller (data, rollout
+group, builds the actor (and critic), and on rank 0 the rollout manager (data, rollout
 client, rewards) and the recorder; then runs the loop. Reads like the list of parts.
 """
 
@@ -49,17 +49,17 @@ def main(argv: list[str] | None = None) -> int:
 
     planned = len(make_plan(recipe).servers)
     servers = wait_for_servers(args.run_dir, count=planned, timeout_s=recipe.rollout.timeout_s)
-    controller = recorder = None
+    manager = recorder = None
     if info.is_main and recipe.judge is not None:  # a judge the launcher serves (recipe [judge])
         os.environ["RLVR_JUDGE_URL"] = wait_for_judge(args.run_dir, timeout_s=recipe.rollout.timeout_s)
     if info.is_main:
-        controller = build_controller(recipe, tokenizer=tokenizer, urls=[s.url for s in servers])
+        manager = build_manager(recipe, tokenizer=tokenizer, urls=[s.url for s in servers])
         recorder = build_recorder(recipe, run_dir=args.run_dir)
-    client = controller.engine if controller is not None else None
+    client = manager.engine if manager is not None else None
     sync = make_weight_sync(recipe.sync, model=actor.model, client=client, run_dir=args.run_dir, tokenizer=tokenizer)
 
     loop = RLLoop(
-        recipe, run_dir=args.run_dir, actor=actor, critic=critic, controller=controller, sync=sync,
+        recipe, run_dir=args.run_dir, actor=actor, critic=critic, manager=manager, sync=sync,
         recorder=recorder, pad_id=tokenizer.pad_token_id or 0,
     )  # fmt: skip
     if loop.resume(args.resume) and sync is not None:
@@ -76,16 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if sync is not None:
             sync.close()
-        if controller is not None:
-            controller.close()
+        if manager is not None:
+            manager.close()
         if recorder is not None:
             recorder.close(state)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
 
-def build_controller(recipe, *, tokenizer, urls):
-    from rlvr.controller import Controller
+def build_manager(recipe, *, tokenizer, urls):
+    from rlvr.controller import RolloutManager
     from rlvr.data.sources import load_recipe_domains
     from rlvr.rewards.pool import RewardPool
     from rlvr.rollout.sglang import SGLangClient
@@ -97,7 +97,7 @@ def build_controller(recipe, *, tokenizer, urls):
         {name: (d.reward, d.reward_args) for name, d in recipe.domains.items()},
         max_workers=max(1, (os.cpu_count() or 2) // 2),
     )
-    return Controller(recipe, train=train, evals=evals, tokenizer=tokenizer, engine=client, rewards=rewards)
+    return RolloutManager(recipe, train=train, evals=evals, tokenizer=tokenizer, engine=client, rewards=rewards)
 
 
 def build_recorder(recipe, *, run_dir: Path):

@@ -263,13 +263,17 @@ def compute_policy_loss(
 
     metrics: dict[str, float] = {}
     tis_cap = float(getattr(cfg, "tis_cap", 0.0) or 0.0)
-    if tis_cap > 0 and rollout_logprobs is not None:
+    if rollout_logprobs is not None:
+        # Clamped log-ratio: finite weights at any gap, exactly 1 (log 0) on masked tokens.
         gap = token_log_ratio(old_logprobs.detach(), rollout_logprobs.detach(), mask)
-        raw = torch.exp(gap)
-        weight = raw.clamp(max=tis_cap)
-        pg_mat = pg_mat * weight
-        metrics["tis_weight_mean"] = _mean(weight, valid)
-        metrics["tis_clip_frac"] = _mean((raw > tis_cap).to(m.dtype), valid)
+        # k3 estimate of KL(pi_rollout || pi_old): how far the sampler (numerics, stale weights) is off.
+        metrics["mismatch_kl"] = _mean(torch.exp(-gap) + gap - 1.0, valid)
+        if tis_cap > 0:
+            raw = torch.exp(gap)
+            weight = raw.clamp(max=tis_cap)
+            pg_mat = pg_mat * weight
+            metrics["tis_weight_mean"] = _mean(weight, valid)
+            metrics["tis_clip_frac"] = _mean((raw > tis_cap).to(m.dtype), valid)
 
     total = pg_mat
     if getattr(cfg, "kl_in", "none") == "loss":

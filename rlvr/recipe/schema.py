@@ -148,6 +148,13 @@ class RolloutConfig(Section):
     """Rollout servers on a local run (on SLURM, one per rollout node / tp group)."""
     max_batch: int = Field(default=64, ge=1)
     """Embedded engine: sequences decoded together."""
+    max_staleness: int = Field(default=0, ge=0)
+    """Asynchronous rollout: step s trains on groups whose every token was sampled by weights at
+    most this many versions old, and step s's prompts start generating as soon as version s - k is
+    served. 0: synchronous (generate, then train). 1-2: generation and rewards overlap training."""
+    partial: bool = True
+    """When a weight update interrupts a sample, continue it from its tokens so far under the new
+    weights (partial rollout); false restarts it from the prompt."""
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
     """SGLang server settings (used when engine = "sglang")."""
 
@@ -290,6 +297,13 @@ class TrainerConfig(Section):
 
 
 class SyncConfig(Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "max_staleness" in data:
+            raise ValueError("sync.max_staleness moved: set rollout.max_staleness instead")
+        return data
+
     method: Literal["auto", "broadcast", "disk", "inprocess"] = "auto"
     """auto: broadcast (NCCL on GPU, gloo on CPU) to servers; disk when nodes can't join a group."""
     bucket_mb: int = Field(default=256, ge=1)
@@ -301,8 +315,6 @@ class SyncConfig(Section):
     """Timeout of every collective and HTTP call in a sync; a dead engine never hangs the run."""
     on_engine_failure: Literal["fail", "continue"] = "fail"
     """Stop the run, or drop the dead engine and go on with the rest."""
-    max_staleness: int = Field(default=0, ge=0)
-    """Largest policy-version lag accepted in a batch (0: fully on-policy)."""
     shared_dir: str | None = None
     """Directory all nodes see, for method = "disk" (default: the run directory)."""
 
@@ -422,6 +434,12 @@ class Recipe(Section):
                 owners[tag] = name
         if self.trainer.micro_batch_size > self.data.prompts_per_step * self.rollout.n:
             raise _at(("trainer", "micro_batch_size"), "is larger than a whole step's batch (prompts_per_step * n)")
+        if self.rollout.max_staleness > 0 and not self.algorithm.tis_cap:
+            raise _at(
+                ("rollout", "max_staleness"),
+                "asynchronous rollout trains on older weights' samples: set algorithm.tis_cap (e.g. 2.0), the cap "
+                "of the importance weight pi_old / pi_rollout that corrects for them",
+            )
         if self.rollout.engine == "sglang" and self.cluster.kind == "slurm" and self.cluster.gpus_per_node == 0:
             raise _at(("rollout", "engine"), "sglang needs GPUs: set cluster.gpus_per_node > 0")
         return self

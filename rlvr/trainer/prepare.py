@@ -1,0 +1,71 @@
+"""Rollouts -> a `TrainBatch` the losses can use: the one place a step's batch is prepared.
+
+In order: token ids and rewards become tensors; the reference log-probs (KL anywhere), pi_old
+(recomputed when the loss cannot take the training forward's own: several updates per batch,
+KL in the reward, or samples from older weights), the critic's values, then advantages (KL in
+the reward shapes the rewards first). `Actor.prepare` computes the log-probs themselves; this
+module decides which are needed and when.
+
+Off-policy correction (asynchronous rollout): when any sequence was sampled by weights older
+than the trainer's, pi_old is the trainer's *current* weights (the proximal policy of
+decoupled PPO) and the loss's truncated importance weight min(pi_old / pi_rollout, tis_cap)
+corrects for the behaviour policy that actually sampled.
+
+Collective: every rank calls it with the same rollouts.
+"""
+
+from __future__ import annotations
+
+from rlvr.algorithms.advantages import compute_advantages, raft_mask
+from rlvr.algorithms.kl import kl_penalty
+from rlvr.recipe.schema import AlgorithmConfig
+from rlvr.trainer.actor import Actor
+from rlvr.trainer.batch import TrainBatch
+from rlvr.trainer.critic import Critic
+from rlvr.types import RolloutBatch
+
+
+def prepare_batch(
+    rollout: RolloutBatch,
+    *,
+    actor: Actor,
+    critic: Critic | None,
+    algorithm: AlgorithmConfig,
+    version: int,
+    kl_coef: float,
+    pad_id: int,
+) -> TrainBatch:
+    """The step's TrainBatch at trainer weights `version` (see the module docstring)."""
+    algo = algorithm
+    batch = TrainBatch.from_sequences(
+        rollout.prompts,
+        rollout.responses,
+        rollout_logprobs=rollout.rollout_logprobs,
+        response_masks=rollout.loss_masks,
+        group_ids=rollout.group_ids,
+        rewards=rollout.rewards,
+        pad_id=pad_id,
+    )
+    if algo.kl_in != "none":
+        batch = batch.replace(ref_logprobs=actor.compute_ref_logprobs(batch))
+    single_update = (algo.ppo_epochs or 1) * (algo.mini_batches or 1) == 1
+    on_policy = not rollout.stale(version)
+    # pi_old from the training forward itself only for one on-policy update with no KL-shaped reward.
+    batch = actor.prepare(batch, on_policy_shortcut=single_update and on_policy and algo.kl_in != "reward")
+    kl = None
+    if algo.kl_in == "reward":
+        assert batch.old_logprobs is not None and batch.ref_logprobs is not None
+        kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator=algo.kl_estimator or "k3")
+    values = None
+    if critic is not None:
+        values = critic.compute_values(batch)
+        batch = batch.replace(old_values=values)
+    rewards = batch.rewards
+    assert rewards is not None
+    mask = batch.response_mask
+    if algo.advantage == "raft":
+        mask = mask * raft_mask(rewards, threshold=algo.raft_threshold or 0.0).unsqueeze(1).to(mask.dtype)
+    advantages, returns = compute_advantages(
+        cfg=algo, rewards=rewards, group_ids=batch.group_ids, mask=mask, values=values, kl=kl, kl_coef=kl_coef
+    )
+    return batch.replace(advantages=advantages, returns=returns, response_mask=mask)

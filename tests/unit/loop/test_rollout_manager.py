@@ -1,0 +1,293 @@
+"""The rollout manager with a fake engine and fake rewards: batch shaping (dynamic sampling with
+refill, overlong masking and shaping, per-domain normalisation), the staleness bound under random
+delays and weight pushes, group conservation, k = 0 against the synchronous loop, and resume."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from rlvr.algorithms.filters import keep_group
+from rlvr.controller import GROUP_ENDS, RolloutManager
+from rlvr.data.chat import encode_prompt
+from rlvr.data.mixture import MixtureSampler, hash_seed
+from rlvr.recipe.schema import Recipe
+from rlvr.types import Completion, Group, RewardResult, Sample
+
+
+class CharTokenizer:
+    chat_template = None
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) % 100 + 3 for c in text]}
+
+
+class FakeEngine:
+    """Sample j of a prompt (j = how many times that prompt was asked, mod n) has j+1 tokens; the last
+    one runs to max_new_tokens (finish "length"). Tokens come out one per `delay` tick; `pause()`
+    aborts what is in flight with its tokens so far, and `version` is stamped on every reply.
+    Token values are derived from the seed so batches can be compared across schedules."""
+
+    def __init__(self, n: int, *, delay: float = 0.0, jitter: float = 0.0, seed: int = 0) -> None:
+        self.n, self.delay, self.jitter = n, delay, jitter
+        self.rng = random.Random(seed)
+        self.seen: Counter[tuple[int, ...]] = Counter()
+        self.calls = 0
+        self.version = 0
+        self.paused = False
+        self.in_flight: set[asyncio.Event] = set()
+
+    async def generate(self, requests: list[Any]) -> list[Completion]:
+        (request,) = requests
+        self.calls += 1
+        assert not self.paused, "a request reached a paused engine"
+        prompt = tuple(request.input_ids)
+        j = self.seen[prompt] % self.n
+        self.seen[prompt] += 1
+        budget = request.params.max_new_tokens
+        length = budget if j == self.n - 1 else min(j + 1, budget)
+        abort = asyncio.Event()
+        self.in_flight.add(abort)
+        tokens: list[int] = []
+        seed = request.params.seed or 0
+        try:
+            for i in range(length):
+                if self.delay or self.jitter:
+                    await asyncio.sleep(self.delay + self.rng.random() * self.jitter)
+                if abort.is_set():
+                    return [self._completion(request, j, tokens, "abort")]
+                tokens.append(3 + (seed + i) % 50)
+            return [self._completion(request, j, tokens, "length" if length == budget else "stop")]
+        finally:
+            self.in_flight.discard(abort)
+
+    def _completion(self, request: Any, j: int, tokens: list[int], finish: str) -> Completion:
+        return Completion(text=str(j), token_ids=tokens, logprobs=[-0.5] * len(tokens), finish_reason=finish,
+                          prompt_token_ids=list(request.input_ids), policy_version=self.version)  # fmt: skip
+
+    def push(self, version: int) -> None:
+        """What a weight sync does to the engine: abort in-flight requests, load, continue."""
+        for event in self.in_flight:
+            event.set()
+        self.version = version
+
+
+class FakeRewards:
+    """Domain "flat": every completion scores 1 (zero variance). Domain "mixed": completion j scores j."""
+
+    async def score_groups(self, groups: list[Group]) -> dict[str, float]:
+        for group in groups:
+            flat = group.sample.domain == "flat"
+            group.rewards = [RewardResult(1.0 if flat else float(c.text)) for c in group.completions]
+        return {"reward/fake/count": 3.0, "reward/fake/mean": 1.0}
+
+    def close(self) -> None:
+        pass
+
+
+def samples(domain: str, count: int) -> list[Sample]:
+    return [
+        Sample(id=f"{domain}{i}", tag=domain, domain=domain, messages=[{"role": "user", "content": f"q{i}"}])
+        for i in range(count)
+    ]
+
+
+def recipe(*, k: int = 0, steps: int = 6, **algorithm: Any) -> Recipe:
+    return Recipe.model_validate({
+        "experiment": {"max_steps": steps},
+        "model": {"config": {}},
+        "data": {"prompts_per_step": 4, "domain_interleave_probs": {"flat": 0.5, "mixed": 0.5}},
+        "domains": {
+            "flat": {"tags": ["flat"], "files": ["x"], "reward": "math_rule"},
+            "mixed": {"tags": ["mixed"], "files": ["x"], "reward": "math_rule", "reward_norm": "domain"},
+        },
+        "rollout": {"n": 3, "max_new_tokens": 10, "max_staleness": k},
+        "algorithm": {"preset": "grpo", "tis_cap": 2.0, **algorithm},
+    })  # fmt: skip
+
+
+def make(engine: FakeEngine | None = None, **kw: Any) -> tuple[RolloutManager, FakeEngine]:
+    engine = engine or FakeEngine(3)
+    manager = RolloutManager(
+        recipe(**kw),
+        train={"flat": samples("flat", 5), "mixed": samples("mixed", 5)},
+        evals={},
+        tokenizer=CharTokenizer(),
+        engine=engine,  # type: ignore[arg-type]
+        rewards=FakeRewards(),  # type: ignore[arg-type]
+    )
+    return manager, engine
+
+
+def drive(manager: RolloutManager, engine: FakeEngine, *, steps: range) -> list[tuple[Any, dict[str, float]]]:
+    """The loop's protocol with the manager: take, (train), pause, push, resume."""
+    out = []
+    manager.start(version=steps.start)
+    for step in steps:
+        out.append(manager.take(step))
+        manager.pause()
+        manager.loop.call_soon_threadsafe(engine.push, step + 1)
+        manager.resume(version=step + 1)
+    return out
+
+
+# -- batch shaping (the synchronous behaviour, k = 0) ------------------------------------------------
+def test_plain_grpo_keeps_every_group_and_masks_nothing() -> None:
+    manager, engine = make()
+    batch, metrics = manager.take(0)
+    assert len(batch) == 4 * 3 and engine.calls == 12  # one request per episode
+    assert set(batch.domains) == {"flat", "mixed"}
+    assert batch.loss_masks == [1.0] * 12
+    assert metrics["groups/filtered"] == 0 and metrics["groups/trained"] == 4
+    rendered = [CharTokenizer()(f"user: q{i}\nassistant: ")["input_ids"] for i in range(5)]
+    assert all(p in rendered for p in batch.prompts)  # the chat-rendered prompt, token for token
+    manager.close()
+
+
+def test_dynamic_sampling_drops_flat_groups_and_refills_from_their_domain() -> None:
+    manager, engine = make(dynamic_sampling=True, max_refill_rounds=2)
+    batch, metrics = manager.take(0)
+    # flat groups never survive; each round refills from "flat" again, so only the 2 mixed groups remain
+    assert engine.calls == (4 + 2 + 2) * 3
+    assert set(batch.domains) == {"mixed"} and len(batch) == 2 * 3
+    assert metrics["groups/filtered"] == 6 and metrics["groups/started"] == 8
+    manager.close()
+
+
+def test_overlong_mask_and_soft_penalty() -> None:
+    manager, _ = make(overlong_mask=True, overlong_buffer=4, overlong_penalty=1.0)
+    batch, _ = manager.take(0)
+    flat = [i for i, d in enumerate(batch.domains) if d == "flat"]
+    # completion 2 of each group is 10 tokens = max_new_tokens: loss-masked and penalised by the full 1.0
+    assert [batch.loss_masks[i] for i in flat[:3]] == [1.0, 1.0, 0.0]
+    assert [batch.rewards[i] for i in flat[:3]] == [1.0, 1.0, 0.0]
+    manager.close()
+
+
+def test_domain_normalisation_uses_running_stats_and_resumes() -> None:
+    manager, _ = make()
+    batch, _ = manager.take(0)
+    mixed = [batch.rewards[i] for i, d in enumerate(batch.domains) if d == "mixed"]
+    assert abs(sum(mixed)) < 1e-6  # raw 0, 1, 2 per group, normalised by the domain's running mean/std
+    state = manager.state_dict(step=1)
+    again, _ = make()
+    again.load_state_dict(state)
+    assert [s.id for s in again.mixture.next_batch()] == [s.id for s in manager.mixture.next_batch()]
+    assert again.domain_stats["mixed"].state_dict() == manager.domain_stats["mixed"].state_dict()
+    manager.close()
+    again.close()
+
+
+# -- the synchronous reference: today's loop, written out ---------------------------------------------
+def sequential_batches(manager: RolloutManager, steps: int) -> list[list[tuple]]:
+    """Generate every group of a step, then score, then filter and refill, then build: the loop rlvr
+    ran before the manager went asynchronous, with the same seeds (sample j of a group: seed + j)."""
+    rec = manager.recipe
+    engine = FakeEngine(rec.rollout.n)
+    rewards = FakeRewards()
+    mixture = MixtureSampler({name: s.samples for name, s in manager.mixture.streams.items()},
+                             probs=rec.data.domain_interleave_probs, prompts_per_step=rec.data.prompts_per_step,
+                             seed=rec.experiment.seed)  # fmt: skip
+    out = []
+    for step in range(steps):
+        pending, kept = mixture.next_batch(), []
+        for round_ in range((rec.algorithm.max_refill_rounds or 0) + 1):
+            groups = []
+            for i, s in enumerate(pending):
+                seed = hash_seed(rec.experiment.seed * 100_003 + step * 16 + round_, f"{s.id}:{i}")
+                prompt = encode_prompt(s.messages, tokenizer=CharTokenizer(), template="auto")
+                completions = []
+                for j in range(rec.rollout.n):
+                    request = type("R", (), {})()
+                    request.input_ids = prompt
+                    request.params = manager.sampling(seed=seed + j)
+                    completions += asyncio.run(engine.generate([request]))
+                groups.append(Group(sample=s, completions=completions))
+            asyncio.run(rewards.score_groups(groups))
+            survivors = [g for g in groups if keep_group(g.scores, cfg=rec.algorithm)]
+            kept += survivors
+            missing = rec.data.prompts_per_step - len(kept)
+            if not rec.algorithm.dynamic_sampling or missing <= 0:
+                break
+            lost = [g.sample.domain for g in groups if g not in survivors][:missing]
+            pending = [s for d in lost for s in mixture.take(d, 1)]
+        kept = kept[: rec.data.prompts_per_step]
+        out.append([(g.sample.id, [c.token_ids for c in g.completions], g.scores) for g in kept])
+    return out
+
+
+def manager_batches(results: list[tuple[Any, dict[str, float]]]) -> list[list[tuple]]:
+    return [[batch.responses[i : i + 3] for i in range(0, len(batch), 3)] for batch, _ in results]
+
+
+@pytest.mark.parametrize("algorithm", [{}, {"dynamic_sampling": True, "max_refill_rounds": 2}])
+def test_k0_reproduces_the_synchronous_loop_under_random_delays(algorithm) -> None:
+    manager, engine = make(FakeEngine(3, delay=0.0005, jitter=0.002, seed=1), k=0, **algorithm)
+    reference = sequential_batches(manager, 4)
+    got = drive(manager, engine, steps=range(4))
+    manager.close()
+    assert [[tokens for _, tokens, _ in step] for step in reference] == manager_batches(got)
+    # k = 0: every token was sampled by exactly the trainer's weights
+    assert all(m["rollout/staleness_max"] == 0 for _, m in got if "rollout/staleness_max" in m)
+
+
+# -- asynchronous: the bound, conservation, resume ------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("partial", [True, False])
+def test_staleness_bound_and_conservation_under_random_delays(k, partial) -> None:
+    engine = FakeEngine(3, delay=0.001, jitter=0.004, seed=k)
+    manager, _ = make(engine, k=k, steps=8, dynamic_sampling=True, max_refill_rounds=1)
+    manager.recipe.rollout.partial = partial
+    results = drive(manager, engine, steps=range(5))
+    for step, (batch, metrics) in enumerate(results):
+        assert all(step - v <= k for v in batch.versions), (step, batch.versions)
+        assert metrics["rollout/staleness_max"] <= k
+    assert any(m["rollout/staleness_max"] > 0 for _, m in results[1:]), "generation never overlapped training"
+    state = manager.state_dict(step=5)
+    manager.close()
+    counts = manager.counts
+    assert counts["started"] == sum(counts[e] for e in GROUP_ENDS)
+    assert counts["cancelled"] > 0  # waves 5..5+k were in flight or buffered at close
+
+    # Resume at step 5 on fresh engines serving version 5: the bound holds right away.
+    engine2 = FakeEngine(3, delay=0.001, jitter=0.004, seed=7)
+    engine2.version = 5
+    again, _ = make(engine2, k=k, steps=8)
+    again.load_state_dict(state)
+    resumed = drive(again, engine2, steps=range(5, 8))
+    again.close()
+    for step, (batch, _) in zip(range(5, 8), resumed, strict=True):
+        assert all(step - k <= v <= step for v in batch.versions)
+    counts = again.counts
+    assert counts["started"] == sum(counts[e] for e in GROUP_ENDS)
+
+
+def test_resume_redraws_exactly_what_the_interrupted_waves_would_have() -> None:
+    """k = 0 with dynamic-sampling refills: a run stopped at step 2 and resumed trains the same prompts."""
+    full, engine = make(k=0, steps=4, dynamic_sampling=True, max_refill_rounds=2)
+    straight = drive(full, engine, steps=range(4))
+    full.close()
+    first, engine = make(k=0, steps=4, dynamic_sampling=True, max_refill_rounds=2)
+    drive(first, engine, steps=range(2))
+    state = first.state_dict(step=2)
+    first.close()
+    second, engine = make(k=0, steps=4, dynamic_sampling=True, max_refill_rounds=2)
+    engine.version = 2  # the worker pushes the checkpoint's weights to fresh engines before the loop
+    second.load_state_dict(state)
+    resumed = drive(second, engine, steps=range(2, 4))
+    second.close()
+    assert [b.prompts for b, _ in resumed] == [b.prompts for b, _ in straight[2:]]
+
+
+def test_stale_groups_are_dropped_and_counted() -> None:
+    """An engine that reports older weights than it should (one that came back stale) never trains."""
+    manager, engine = make(k=0)
+    engine.version = 1  # the engine claims version 1 while the trainer is at 3
+    manager.start(version=3)
+    batch, metrics = manager.take(3)
+    manager.close()
+    assert len(batch) == 0 and metrics["groups/stale"] == 4
