@@ -2,14 +2,15 @@
 
     python bench/e2e.py                  # 20 steps each (a few minutes on 2 CPU cores)
     python bench/e2e.py --steps 10       # shorter, for a loaded machine
-    python bench/e2e.py --only rlvr      # or --only trl
+    python bench/e2e.py --only rlvr      # or rlvr-async1, rlvr-async2, trl
     python bench/e2e.py --repeats 2      # each system twice, alternating; wall = best run
 
 Each system runs as its own child process and is timed from the parent, start-up included
 (imports, model load, the judge server coming up), until it exits:
 
-- rlvr: `python -m rlvr.cli launch recipes/quickstart.toml --no-dashboard` with max_steps = N
-  and no eval/checkpoints; it starts its judge server, one embedded rollout server and one
+- rlvr, three ways: synchronous (`rollout.max_staleness = 0`) and asynchronous (1 and 2, with
+  `algorithm.tis_cap = 2` unless the recipe sets one): `python -m rlvr.cli launch
+  recipes/quickstart.toml --no-dashboard` with max_steps = N and no eval/checkpoints; it starts its judge server, one embedded rollout server and one
   torchrun trainer rank. Rewards come from the run's metrics.jsonl (`reward/mean`).
 - TRL: a judge server (`python -m rlvr.cli serve <recipe judge> --port <free>`) plus one
   process running `trl.GRPOTrainer` for N steps. Rewards come from the trainer's log
@@ -65,6 +66,8 @@ sys.path.insert(0, str(ROOT))
 from rlvr.launch.servers import is_healthy  # noqa: E402 (after the path fix-up)
 
 GROUP = 3  # steps averaged for the "first" and "final" reward
+# system -> rollout.max_staleness (None: TRL)
+SYSTEMS: dict[str, int | None] = {"rlvr": 0, "rlvr-async1": 1, "rlvr-async2": 2, "trl": None}
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -131,14 +134,19 @@ def summarize(rows: list[dict], reward_key: str, step_key: str, seconds: float) 
 
 
 # -- rlvr ------------------------------------------------------------------------------------
-def run_rlvr(recipe_path: str, steps: int, out: Path) -> dict:
+def run_rlvr(recipe_path: str, steps: int, out: Path, *, staleness: int = 0) -> dict:
+    """rlvr with `rollout.max_staleness = staleness` (0: synchronous; asynchronous runs get tis_cap 2)."""
     from rlvr.recipe.load import load_recipe
 
-    name = load_recipe(ROOT / recipe_path).experiment.name
+    recipe = load_recipe(ROOT / recipe_path)
     log = out / "rlvr.log"
+    mode = ["--set", f"rollout.max_staleness={staleness}"]
+    if staleness and not recipe.algorithm.tis_cap:
+        mode += ["--set", "algorithm.tis_cap=2.0"]
     command = [sys.executable, "-m", "rlvr.cli", "launch", recipe_path, "--no-dashboard",
                "--set", f"experiment.output_dir={out / 'rlvr'}", "--set", f"experiment.max_steps={steps}",
-               "--set", "experiment.eval_steps=0", "--set", "experiment.save_steps=0"]  # fmt: skip
+               "--set", "experiment.eval_steps=0", "--set", "experiment.save_steps=0", *mode]  # fmt: skip
+    name = recipe.experiment.name
     start = time.perf_counter()
     with log.open("wb") as handle:
         code = subprocess.call(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=child_env())
@@ -321,7 +329,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps for each system (at least 1)")
     parser.add_argument("--recipe", default="recipes/quickstart.toml", help="relative to the repository root")
-    parser.add_argument("--only", choices=["rlvr", "trl"], help="run one system only")
+    parser.add_argument("--only", choices=SYSTEMS, help="run one system only")
     parser.add_argument("--repeats", type=int, default=1, help="runs per system, alternating; wall = best")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (logs, metrics)")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
@@ -335,8 +343,8 @@ def main() -> None:
         trl_worker(args.recipe, args.steps, Path(args.out), args.judge_url)
         return
 
-    systems = [args.only] if args.only else ["rlvr", "trl"]
-    labels = {"rlvr": "rlvr"}
+    systems = [args.only] if args.only else list(SYSTEMS)
+    labels = {"rlvr": "rlvr sync (k=0)", "rlvr-async1": "rlvr async (k=1)", "rlvr-async2": "rlvr async (k=2)"}
     if "trl" in systems:
         try:
             import trl
@@ -357,7 +365,10 @@ def main() -> None:
                 where = out / f"{system}-{repeat}"
                 where.mkdir()
                 print(f"running {system} for {args.steps} steps (logs in {where}) ...", flush=True)
-                result = (run_rlvr if system == "rlvr" else run_trl)(args.recipe, args.steps, where)
+                if system == "trl":
+                    result = run_trl(args.recipe, args.steps, where)
+                else:
+                    result = run_rlvr(args.recipe, args.steps, where, staleness=SYSTEMS[system])
                 if len(result["rewards"]) != args.steps:
                     print(f"  warning: {system} logged {len(result['rewards'])} steps' rewards, expected {args.steps}")
                 print(f"  {result['seconds']:.1f} s", flush=True)
@@ -382,9 +393,13 @@ def main() -> None:
         print(f"{labels[system]:<28} {best[system]:8.1f} {step[system]:14.2f} {first:13.3f} {final:13.3f} {bad:14.0f}")
     print(f"(first/final: mean reward of the first/last {GROUP} steps; median step: each system's own per-step timer, "
           "generation + rewards + update, robust to a busy CPU; reward errors: errors + timeouts, all steps)")  # fmt: skip
-    if len(runs) == 2:
-        print(f"TRL time / rlvr time: {best['trl'] / best['rlvr']:.2f}x wall, "
-              f"{step['trl'] / step['rlvr']:.2f}x median step")  # fmt: skip
+    if "trl" in runs:
+        for system in [s for s in runs if s != "trl"]:
+            print(f"TRL time / {labels[system]} time: {best['trl'] / best[system]:.2f}x wall, "
+                  f"{step['trl'] / step[system]:.2f}x median step")  # fmt: skip
+    if "rlvr" in runs:
+        for system in [s for s in runs if s.startswith("rlvr-")]:
+            print(f"rlvr sync time / {labels[system]} time: {best['rlvr'] / best[system]:.2f}x wall")
 
 
 if __name__ == "__main__":

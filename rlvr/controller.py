@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -438,8 +439,9 @@ class RolloutManager:
             self._waves.clear()
             self._end("cancelled", self._open)
             close = getattr(self.engine, "close", None)
-            if close is not None:
-                await close()
+            result = close() if close is not None else None
+            if inspect.isawaitable(result):  # an HTTP client closes asynchronously, an in-process engine not
+                await result
 
         try:
             self._call(shutdown())

@@ -234,7 +234,10 @@ def compute_policy_loss(
     kind = cfg.policy_loss
     valid = mask.bool()
     m = valid.to(logprobs.dtype)
-    adv = advantages.detach().to(logprobs.dtype)
+    # Masked positions may hold anything (padding, -inf, nan): zero them before any product, so
+    # their gradient is exactly 0 rather than 0 * inf = nan.
+    logprobs = torch.where(valid, logprobs, torch.zeros_like(logprobs))
+    adv = torch.where(valid, advantages.detach().to(logprobs.dtype), torch.zeros_like(logprobs))
     clip_low = float(cfg.clip_ratio_low)
     clip_high = float(cfg.clip_ratio_high)
 

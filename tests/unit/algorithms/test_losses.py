@@ -308,3 +308,42 @@ def test_value_loss_clipping() -> None:
         mode="token-mean",
     )
     assert math.isclose(unclipped.item(), (0.125 + 0.405) / 2, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("policy_loss", ["ppo_clip", "gspo", "cispo", "topr", "vanilla", "tis"])
+def test_off_policy_weights_stay_finite_and_masked_tokens_contribute_nothing(policy_loss: str) -> None:
+    """Stale samples can be far off: log-ratios of +-1000 or inf must give finite losses and
+    gradients, and a masked token (padding, overlong, a future tool-output token) exactly 0."""
+    lp = torch.tensor([[-0.5, -2.0, -0.1, 0.0], [-1.0, -3.0, 0.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[-1000.0, -0.1, 5.0, -math.inf], [-1.0, 1000.0, math.inf, 0.0]])
+    rollout = torch.tensor([[0.0, -1000.0, -math.inf, math.nan], [-math.inf, -1.0, 0.0, math.nan]])
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0, 1e6, math.nan], [-1.0, -1.0, 1e6, math.nan]])
+    c = cfg(policy_loss=policy_loss, tis_cap=2.0)
+    loss, metrics = compute_policy_loss(
+        cfg=c, logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, rollout_logprobs=rollout
+    )
+    loss.backward()
+    assert lp.grad is not None and torch.isfinite(loss) and torch.isfinite(lp.grad).all()
+    assert (lp.grad[mask == 0] == 0).all()
+    assert all(math.isfinite(v) for v in metrics.values()) and metrics["tis_weight_mean"] <= 2.0
+
+
+@pytest.mark.parametrize("policy_loss", ["ppo_clip", "cispo", "tis"])
+def test_is_correction_with_pi_old_equal_to_pi_rollout_is_the_on_policy_gradient(policy_loss: str) -> None:
+    torch.manual_seed(0)
+    lp = torch.randn(3, 5).clamp(max=0)
+    old = lp + 0.1 * torch.randn(3, 5)
+    adv = torch.randn(3, 5)
+    mask = (torch.rand(3, 5) > 0.2).float()
+    grads = []
+    for rollout in (None, old.clone()):
+        x = lp.clone().requires_grad_(True)
+        loss, metrics = compute_policy_loss(
+            cfg=cfg(policy_loss=policy_loss, tis_cap=2.0), logprobs=x, old_logprobs=old, advantages=adv, mask=mask,
+            rollout_logprobs=rollout,
+        )  # fmt: skip
+        grads.append(grad_of(loss, x))
+        if rollout is not None:
+            assert metrics["mismatch_kl"] == 0.0 and math.isclose(metrics["tis_weight_mean"], 1.0)
+    torch.testing.assert_close(grads[0], grads[1])

@@ -1,0 +1,171 @@
+"""The RL loop end to end in one process: a real tiny actor (and critic), the embedded engine in
+process with in-process weight sync, the rollout manager, and a reward the policy can move.
+
+Covers what only the quickstart used to run: PPO with a critic (GAE) and KL in the reward, KL in
+the loss with the adaptive controller and its state across a resume, several PPO epochs, a step
+whose every group is filtered, resume after dynamic-sampling refills (bit-identical weights), and
+the asynchronous loop (k = 1) with partial rollouts and the off-policy correction.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlvr.controller import GROUP_ENDS, RolloutManager
+from rlvr.loop import RLLoop
+from rlvr.monitor.metrics import RunRecorder
+from rlvr.recipe.schema import Recipe
+from rlvr.rollout.embedded import EmbeddedEngine
+from rlvr.sync.inprocess import InProcessSync
+from rlvr.trainer.actor import Actor
+from rlvr.trainer.critic import Critic
+from rlvr.types import Group, RewardResult, Sample
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+class VowelReward:
+    """Share of vowels in the response (a dense, learnable signal); `flat` makes every score 1."""
+
+    def __init__(self, flat: bool = False) -> None:
+        self.flat = flat
+
+    async def score_groups(self, groups: list[Group]) -> dict[str, float]:
+        for group in groups:
+            group.rewards = [
+                RewardResult(1.0 if self.flat else sum(ch in "aeiou" for ch in c.text) / max(len(c.text), 1))
+                for c in group.completions
+            ]
+        return {"reward/toy/count": float(sum(len(g.completions) for g in groups))}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rlvr.tiny import build_tiny_model_dir
+
+    return build_tiny_model_dir(tmp_path_factory.mktemp("loop") / "tiny")
+
+
+def make_loop(run_dir: Path, model_dir: Path, *, steps: int = 3, k: int = 0, flat: bool = False,
+              algorithm: dict[str, Any] | None = None, **rollout: Any) -> RLLoop:  # fmt: skip
+    recipe = Recipe.model_validate({
+        "experiment": {"max_steps": steps, "save_steps": 0, "seed": 0},
+        "model": {"path": str(model_dir), "dtype": "float32"},
+        "data": {"prompts_per_step": 4},
+        "domains": {"toy": {"tags": ["toy"], "files": ["x"], "reward": "math_rule"}},
+        "rollout": {"n": 4, "max_new_tokens": 12, "temperature": 1.0, "max_staleness": k, **rollout},
+        "trainer": {"strategy": "none", "lr": 3e-3, "micro_batch_size": 4},
+        "algorithm": {"preset": "grpo", "kl_in": "none", "kl_coef": 0.0, "tis_cap": 2.0, **(algorithm or {})},
+    })  # fmt: skip
+    algo = recipe.algorithm
+    updates = steps * (algo.ppo_epochs or 1) * (algo.mini_batches or 1)
+    cpu = torch.device("cpu")
+    actor = Actor.build(recipe.model, recipe.trainer, algo, total_steps=updates, device=cpu, seed=0)
+    critic = Critic.build(recipe.model, recipe.trainer, algo, total_steps=updates, device=cpu) if algo.critic else None
+    engine = EmbeddedEngine(model_dir, max_batch=32, device="cpu")
+    prompts = [
+        Sample(id=f"p{i}", tag="toy", domain="toy", messages=[{"role": "user", "content": f"say {w}"}])
+        for i, w in enumerate(["hi", "ok", "yes", "no", "cat", "dog"])
+    ]
+    manager = RolloutManager(recipe, train={"toy": prompts}, evals={}, tokenizer=engine.tokenizer, engine=engine,
+                             rewards=VowelReward(flat))  # type: ignore[arg-type]  # fmt: skip
+    sync = InProcessSync(actor.model, engine=engine, bucket_mb=16)
+    recorder = RunRecorder(run_dir, max_steps=steps)
+    return RLLoop(recipe, run_dir=run_dir, actor=actor, critic=critic, manager=manager, sync=sync,
+                  recorder=recorder, pad_id=engine.tokenizer.pad_token_id or 0)  # fmt: skip
+
+
+def run(loop: RLLoop, *, resume: str = "none") -> list[dict[str, float]]:
+    import json
+
+    try:
+        loop.resume(resume)
+        if loop.step and loop.sync is not None:
+            loop.sync.push(version=loop.step)  # what the worker does for fresh engines
+        assert loop.run() == 0
+    finally:
+        assert loop.manager is not None
+        loop.manager.close()
+        loop.manager.engine.close()  # type: ignore[attr-defined]
+        if loop.recorder is not None:
+            loop.recorder.close("finished")
+    return [json.loads(line) for line in (loop.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(loop: RLLoop) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in loop.actor.model.state_dict().items()}
+
+
+def test_ppo_with_critic_gae_and_kl_in_the_reward(tmp_path, model_dir):
+    loop = make_loop(
+        tmp_path, model_dir, algorithm={"preset": "ppo", "kl_in": "reward", "kl_coef": 0.02, "critic_lr": 1e-3}
+    )
+    assert loop.recipe.algorithm.kl_in == "reward" and loop.critic is not None
+    before = weights(loop)
+    metrics = run(loop)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    last = metrics[-1]
+    assert "critic/value_loss" in last or any(k.startswith("critic/") for k in last)
+    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in metrics)
+    assert any(not torch.equal(before[k], v) for k, v in weights(loop).items())
+    assert loop.manager is not None and loop.manager.engine.weight_version == "3"  # type: ignore[attr-defined]
+
+
+def test_kl_in_loss_with_adaptive_controller_resumes_its_state(tmp_path, model_dir):
+    algorithm = {"kl_in": "loss", "kl_coef": 0.05, "kl_controller": "adaptive", "kl_target": 0.001, "kl_horizon": 10}
+    first = make_loop(tmp_path, model_dir, steps=2, algorithm=algorithm)
+    first.recipe.experiment.save_steps = 2
+    metrics = run(first)
+    coef = first.kl.value
+    assert coef != 0.05 and metrics[-1]["kl_coef"] == pytest.approx(coef)
+    again = make_loop(tmp_path, model_dir, steps=3, algorithm=algorithm)
+    again.resume("auto")
+    assert again.step == 2 and again.kl.value == pytest.approx(coef)
+
+
+def test_several_ppo_epochs_and_mini_batches(tmp_path, model_dir):
+    loop = make_loop(tmp_path, model_dir, steps=2, algorithm={"ppo_epochs": 2, "mini_batches": 2})
+    metrics = run(loop)
+    # pi_old was recomputed (not the training forward's): after the first update the ratio moves
+    assert all(m["ratio_max"] >= 1.0 for m in metrics) and metrics[-1]["groups/trained"] == 8
+
+
+def test_a_step_whose_every_group_is_filtered_trains_nothing_and_goes_on(tmp_path, model_dir):
+    loop = make_loop(tmp_path, model_dir, steps=2, flat=True, algorithm={"dynamic_sampling": True})
+    before = weights(loop)
+    metrics = run(loop)
+    assert [m.get("train/skipped") for m in metrics] == [1.0, 1.0]
+    assert all(torch.equal(before[k], v) for k, v in weights(loop).items())
+    assert metrics[-1]["groups/filtered"] == metrics[-1]["groups/started"] == 8
+
+
+def test_resume_after_dynamic_sampling_refills_gives_the_same_weights(tmp_path, model_dir):
+    algorithm = {"dynamic_sampling": True, "max_refill_rounds": 2}
+    straight = make_loop(tmp_path / "a", model_dir, steps=4, algorithm=algorithm)
+    run(straight)
+    first = make_loop(tmp_path / "b", model_dir, steps=2, algorithm=algorithm)
+    first.recipe.experiment.save_steps = 2
+    run(first)
+    second = make_loop(tmp_path / "b", model_dir, steps=4, algorithm=algorithm)
+    metrics = run(second, resume="auto")
+    assert metrics[-1]["step"] == 4
+    a, b = weights(straight), weights(second)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_async_loop_bounds_staleness_and_corrects_off_policy(tmp_path, model_dir):
+    loop = make_loop(tmp_path, model_dir, steps=4, k=1, max_new_tokens=48)
+    metrics = run(loop)
+    assert all(m["rollout/staleness_max"] <= 1 for m in metrics)
+    assert any(m["rollout/staleness_max"] == 1 for m in metrics[1:])  # generation overlapped training
+    stale_steps = [m for m in metrics[1:] if m["rollout/staleness_max"] == 1]
+    assert all("mismatch_kl" in m and "tis_weight_mean" in m for m in stale_steps)
+    counts = loop.manager.counts  # type: ignore[union-attr]
+    assert counts["started"] == sum(counts[e] for e in GROUP_ENDS) and counts["trained"] == 16
