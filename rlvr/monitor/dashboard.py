@@ -21,8 +21,11 @@ from rich.text import Text
 
 from rlvr.monitor.metrics import EVENTS_FILE, METRICS_FILE, JsonlTail, read_status
 
-TIME_KEYS = ("rollout", "reward", "train", "sync")
+# The step's critical path: waiting for the rollout wave, training, pushing weights (their shares add
+# up to about the step). Generation and rewards run beside them, shown in the pipeline table.
+TIME_KEYS = {"wait": "wait_rollout", "train": "train", "sync": "sync"}
 DONE_STATES = ("finished", "failed", "stopped")
+GROUP_ENDS = ("trained", "stale", "filtered", "cancelled")  # as rlvr.controller counts them
 
 
 class RunView:
@@ -59,7 +62,7 @@ class RunView:
         )
 
     def render(self) -> Group:
-        return Group(self._header(), self._domain_table(), self._throughput(), self._events())
+        return Group(self._header(), self._domain_table(), self._throughput(), self._pipeline(), self._events())
 
     def _header(self) -> Panel:
         step = int(self.last.get("step") or self.status.get("step") or 0)
@@ -98,8 +101,8 @@ class RunView:
         table = Table(title="Throughput", title_justify="left", show_header=True)
         table.add_column("tokens/s", justify="right")
         table.add_column("step s", justify="right")
-        for key in TIME_KEYS:
-            table.add_column(key, justify="right")
+        for label in TIME_KEYS:
+            table.add_column(label, justify="right")
         for key in ("kl", "entropy", "clip_frac"):
             table.add_column(key, justify="right")
         step_time = self.last.get("time/step")
@@ -107,7 +110,7 @@ class RunView:
             f"{self.last[f'time/{k}']:.2f} ({100 * self.last[f'time/{k}'] / step_time:.0f}%)"
             if f"time/{k}" in self.last and step_time
             else "-"
-            for k in TIME_KEYS
+            for k in TIME_KEYS.values()
         ]
         table.add_row(
             _num(self.last.get("throughput/tokens_per_s"), digits=0),
@@ -116,6 +119,27 @@ class RunView:
             _num(self.last.get("kl"), digits=4),
             _num(self.last.get("entropy")),
             _num(self.last.get("clip_frac")),
+        )
+        return table
+
+    def _pipeline(self) -> Table:
+        """The asynchronous side: how long a wave took, how idle generation was, how stale the
+        trained samples were, and where every started group ended (trained/stale/filtered/cancelled)."""
+        table = Table(title="Rollout pipeline", title_justify="left")
+        columns = ("wave s", "gen idle", "stale max", "stale mean", "partial", "groups t/s/f/c")
+        for column in (*columns, "mismatch kl", "is weight"):
+            table.add_column(column, justify="right")
+        last = self.last
+        counts = "/".join(f"{int(last[f'groups/{k}'])}" if f"groups/{k}" in last else "-" for k in GROUP_ENDS)
+        table.add_row(
+            _num(last.get("time/rollout"), digits=2),
+            _pct(last.get("rollout/generation_idle_frac")),
+            _num(last.get("rollout/staleness_max"), digits=0),
+            _num(last.get("rollout/staleness_mean"), digits=2),
+            _pct(last.get("rollout/partial_frac")),
+            counts,
+            _num(last.get("mismatch_kl"), digits=4),
+            _num(last.get("tis_weight_mean")),
         )
         return table
 
@@ -161,6 +185,10 @@ def watch(
 
 def _num(value: float | None, *, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
 
 
 def _duration(seconds: float | None) -> str:

@@ -6,8 +6,10 @@ read the same files, so nobody needs a socket to the job:
 
 - `metrics.jsonl`: one JSON object per step (`step`, `time`, then flat scalar names:
   `reward/<domain>/mean|accuracy|timeouts|...` from the reward pool, `response_len/<domain>`,
-  `eval/reward/<domain>/mean`, `time/step|rollout|reward|train|sync`,
-  `throughput/tokens_per_s`, and the trainer's `loss`, `kl`, `entropy`, `clip_frac`, ...);
+  `eval/reward/<domain>/mean`, `time/step|wait_rollout|train|sync` (the step's critical path),
+  `time/rollout` (the step's wave, generated beside training when asynchronous), `groups/*`,
+  `rollout/staleness_*`, `throughput/tokens_per_s`, and the trainer's `loss`, `kl`, `entropy`,
+  `clip_frac`, `mismatch_kl`, `tis_weight_mean`, ...);
 - `events.jsonl`: warnings and errors worth showing (`time`, `level`, `message`);
 - `status.json`: the run's state (`running`, `finished`, `failed`, ...), step, max_steps,
   start time and pid; replaced atomically so a reader never sees half a file.

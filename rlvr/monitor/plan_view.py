@@ -92,9 +92,18 @@ def cluster_table(recipe: Recipe, plan: LaunchPlan) -> Table:
         table.add_row(f"rollout {server.index} ({server.engine})", _node(plan, server.node), gpus, str(server.port))
     table.caption = (
         f"trainer world size {plan.trainer_world_size} · {len(plan.servers)} rollout server(s) · "
-        f"sync {recipe.sync.method}, {recipe.sync.bucket_mb} MB buckets"
+        f"sync {recipe.sync.method}, {recipe.sync.bucket_mb} MB buckets · {_rollout_mode(recipe)}"
     )
     return table
+
+
+def _rollout_mode(recipe: Recipe) -> str:
+    k = recipe.rollout.max_staleness
+    if k == 0:
+        return "rollout synchronous (max_staleness 0)"
+    return (
+        f"rollout asynchronous (max_staleness {k}, {'partial' if recipe.rollout.partial else 'restart'} on weight push)"
+    )
 
 
 def _node(plan: LaunchPlan, index: int) -> str:

@@ -301,7 +301,7 @@ class SyncConfig(Section):
     @classmethod
     def _moved_keys(cls, data: Any) -> Any:
         if isinstance(data, dict) and "max_staleness" in data:
-            raise ValueError("sync.max_staleness moved: set rollout.max_staleness instead")
+            raise ValueError("max_staleness moved: set rollout.max_staleness instead")
         return data
 
     method: Literal["auto", "broadcast", "disk", "inprocess"] = "auto"

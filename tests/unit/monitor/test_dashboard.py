@@ -25,10 +25,16 @@ def record(run_dir: Path, steps: int = 3) -> RunRecorder:
                 "reward/math/accuracy": 0.1 * step,
                 "response_len/math": 20.0,
                 "time/step": 2.0,
-                "time/rollout": 1.0,
-                "time/reward": 0.2,
+                "time/rollout": 1.8,
+                "time/wait_rollout": 1.0,
                 "time/train": 0.6,
                 "time/sync": 0.2,
+                "rollout/generation_idle_frac": 0.25,
+                "rollout/staleness_max": 1.0,
+                "groups/trained": 16.0 * step,
+                "groups/stale": 0.0,
+                "groups/filtered": 2.0,
+                "groups/cancelled": 0.0,
                 "throughput/tokens_per_s": 1234.0,
                 "kl": 0.001,
                 "bad": float("nan"),
@@ -70,7 +76,8 @@ def test_view_shows_domains_change_and_split(tmp_path: Path) -> None:
     text = console.export_text()
     assert "step 3/10" in text
     assert "+0.200" in text  # math reward went 0.1 -> 0.3
-    assert "1.00 (50%)" in text  # rollout share of the step time
+    assert "1.00 (50%)" in text  # the trainer waited half the step for its rollouts
+    assert "48/0/2/0" in text and "25%" in text  # group ends, generation idle share
     assert "sandbox: 3 timeouts" in text
 
 
