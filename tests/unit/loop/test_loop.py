@@ -54,14 +54,18 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_loop(run_dir: Path, model_dir: Path, *, steps: int = 3, k: int = 0, flat: bool = False,
-              algorithm: dict[str, Any] | None = None, **rollout: Any) -> RLLoop:  # fmt: skip
+              algorithm: dict[str, Any] | None = None, strategy: str = "none", **rollout: Any) -> RLLoop:  # fmt: skip
+    """The worker's parts, in process; under torchrun (`strategy = "fsdp2"`) only rank 0 gets the
+    engine, the manager and the recorder, as in `rlvr.worker`."""
+    from rlvr.trainer import dist as d
+
     recipe = Recipe.model_validate({
         "experiment": {"max_steps": steps, "save_steps": 0, "seed": 0},
         "model": {"path": str(model_dir), "dtype": "float32"},
         "data": {"prompts_per_step": 4},
         "domains": {"toy": {"tags": ["toy"], "files": ["x"], "reward": "math_rule"}},
         "rollout": {"n": 4, "max_new_tokens": 12, "temperature": 1.0, "max_staleness": k, **rollout},
-        "trainer": {"strategy": "none", "lr": 3e-3, "micro_batch_size": 4},
+        "trainer": {"strategy": strategy, "lr": 3e-3, "micro_batch_size": 4},
         "algorithm": {"preset": "grpo", "kl_in": "none", "kl_coef": 0.0, "tis_cap": 2.0, **(algorithm or {})},
     })  # fmt: skip
     algo = recipe.algorithm
@@ -69,34 +73,37 @@ def make_loop(run_dir: Path, model_dir: Path, *, steps: int = 3, k: int = 0, fla
     cpu = torch.device("cpu")
     actor = Actor.build(recipe.model, recipe.trainer, algo, total_steps=updates, device=cpu, seed=0)
     critic = Critic.build(recipe.model, recipe.trainer, algo, total_steps=updates, device=cpu) if algo.critic else None
-    engine = EmbeddedEngine(model_dir, max_batch=32, device="cpu")
-    prompts = [
-        Sample(id=f"p{i}", tag="toy", domain="toy", messages=[{"role": "user", "content": f"say {w}"}])
-        for i, w in enumerate(["hi", "ok", "yes", "no", "cat", "dog"])
-    ]
-    manager = RolloutManager(recipe, train={"toy": prompts}, evals={}, tokenizer=engine.tokenizer, engine=engine,
-                             rewards=VowelReward(flat))  # type: ignore[arg-type]  # fmt: skip
+    engine = manager = recorder = None
+    if d.rank() == 0:
+        engine = EmbeddedEngine(model_dir, max_batch=32, device="cpu")
+        prompts = [
+            Sample(id=f"p{i}", tag="toy", domain="toy", messages=[{"role": "user", "content": f"say {w}"}])
+            for i, w in enumerate(["hi", "ok", "yes", "no", "cat", "dog"])
+        ]
+        manager = RolloutManager(recipe, train={"toy": prompts}, evals={}, tokenizer=engine.tokenizer,
+                                 engine=engine, rewards=VowelReward(flat))  # type: ignore[arg-type]  # fmt: skip
+        recorder = RunRecorder(run_dir, max_steps=steps)
     sync = InProcessSync(actor.model, engine=engine, bucket_mb=16)
-    recorder = RunRecorder(run_dir, max_steps=steps)
     return RLLoop(recipe, run_dir=run_dir, actor=actor, critic=critic, manager=manager, sync=sync,
-                  recorder=recorder, pad_id=engine.tokenizer.pad_token_id or 0)  # fmt: skip
+                  recorder=recorder, pad_id=0)  # fmt: skip
 
 
-def run(loop: RLLoop, *, resume: str = "none") -> list[dict[str, float]]:
+def run(loop: RLLoop, *, resume: str = "none", expect: int = 0) -> list[dict[str, float]]:
+    """Resume, push the weights to the engine, run (as `rlvr.worker` does); the metrics rank 0 wrote."""
     import json
 
     try:
         loop.resume(resume)
         if loop.step and loop.sync is not None:
             loop.sync.push(version=loop.step)  # what the worker does for fresh engines
-        assert loop.run() == 0
+        assert loop.run() == expect
     finally:
-        assert loop.manager is not None
-        loop.manager.close()
-        loop.manager.engine.close()  # type: ignore[attr-defined]
+        if loop.manager is not None:
+            loop.manager.close()
         if loop.recorder is not None:
             loop.recorder.close("finished")
-    return [json.loads(line) for line in (loop.run_dir / "metrics.jsonl").read_text().splitlines()]
+    path = loop.run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def weights(loop: RLLoop) -> dict[str, torch.Tensor]:
