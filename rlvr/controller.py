@@ -106,6 +106,10 @@ class Wave:
 
 
 class RolloutManager:
+    """Rank 0's rollout side (see the module docstring). Its state lives on its own event loop;
+    the trainer thread reaches it only through `start`, `take`, `pause`, `resume`, `evaluate`,
+    `state_dict` and `close`, which run there and wait for the answer."""
+
     def __init__(
         self,
         recipe: Recipe,
@@ -285,7 +289,7 @@ class RolloutManager:
         wave.metrics["time/rollout"] = time.perf_counter() - wave.started_at
 
     async def _take(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        if step not in self._waves:  # e.g. take() before the weights of `step - k` were announced
+        if step not in self._waves:  # not admitted yet (a caller without start/resume): admit it now
             await self._open_gate(max(self.version, step - self.max_staleness), first_wave=step)
         wave = self._waves.pop(step)
         start = time.perf_counter()
