@@ -57,6 +57,15 @@ def test_data_paths_resolve_relative_to_the_recipe(tmp_path: Path) -> None:
 
 
 BAD_CASES = {
+    "async without an importance cap": (
+        MINIMAL.replace("n = 2", "n = 2\nmax_staleness = 1"),
+        "recipe.toml:25: rollout.max_staleness: asynchronous rollout trains on older weights' samples: set "
+        "algorithm.tis_cap",
+    ),
+    "staleness in its old table": (
+        MINIMAL + "\n[sync]\nmax_staleness = 1\n",
+        "sync: max_staleness moved: set rollout.max_staleness instead",
+    ),
     "unknown key": (
         MINIMAL.replace("temperature = 0.7", "temprature = 0.7"),
         "recipe.toml:25: rollout.temprature: unknown key; did you mean 'temperature'?",
