@@ -2,7 +2,7 @@
 
     python bench/e2e.py                  # 20 steps each (a few minutes on 2 CPU cores)
     python bench/e2e.py --steps 10       # shorter, for a loaded machine
-    python bench/e2e.py --only rlvr      # or rlvr-async1, rlvr-async2, trl
+    python bench/e2e.py --only rlvr rlvr-async1   # any of rlvr, rlvr-async1, rlvr-async2, trl
     python bench/e2e.py --repeats 2      # each system twice, alternating; wall = best run
 
 Each system runs as its own child process and is timed from the parent, start-up included
@@ -42,8 +42,9 @@ rlvr time (wall and median step). The step time is each system's own timer: rlvr
 `time/step` (rollout, rewards, update, weight sync) and TRL's `step_time` (generation and
 rewards inside the first of its gradient-accumulation micro-steps, then all of them; not
 the optimizer step, which is tiny here); a median shrugs off the spikes a busy shared CPU
-adds to single steps, which wall clock does not. Both runs are seeded with the recipe's seed
-and on the same CPU give the same rewards run after run: only the times vary. Exits 0 with a
+adds to single steps, which wall clock does not. TRL and synchronous rlvr are seeded with the
+recipe's seed and on the same CPU give the same rewards run after run: only the times vary
+(asynchronous rlvr's samples depend on timing: which weights a sample started under). Exits 0 with a
 message when TRL is not installed (`pip install -e '.[bench]'`).
 """
 
@@ -329,7 +330,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps for each system (at least 1)")
     parser.add_argument("--recipe", default="recipes/quickstart.toml", help="relative to the repository root")
-    parser.add_argument("--only", choices=SYSTEMS, help="run one system only")
+    parser.add_argument("--only", nargs="+", choices=SYSTEMS, help="run only these systems")
     parser.add_argument("--repeats", type=int, default=1, help="runs per system, alternating; wall = best")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (logs, metrics)")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
@@ -343,7 +344,7 @@ def main() -> None:
         trl_worker(args.recipe, args.steps, Path(args.out), args.judge_url)
         return
 
-    systems = [args.only] if args.only else list(SYSTEMS)
+    systems = args.only or list(SYSTEMS)
     labels = {"rlvr": "rlvr sync (k=0)", "rlvr-async1": "rlvr async (k=1)", "rlvr-async2": "rlvr async (k=2)"}
     if "trl" in systems:
         try:
