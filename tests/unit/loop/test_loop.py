@@ -176,3 +176,55 @@ def test_async_loop_bounds_staleness_and_corrects_off_policy(tmp_path, model_dir
     assert all("mismatch_kl" in m and "tis_weight_mean" in m for m in stale_steps)
     counts = loop.manager.counts  # type: ignore[union-attr]
     assert counts["started"] == sum(counts[e] for e in GROUP_ENDS) and counts["trained"] == 16
+
+
+def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
+    """k = 0 is the loop rlvr ran before it went asynchronous: generate each step's groups with one
+    n-sample request per prompt, score them all, filter and refill, train, push. Same losses, same
+    weights, bit for bit."""
+    import asyncio
+
+    from rlvr.algorithms.filters import keep_group
+    from rlvr.data.mixture import hash_seed
+    from rlvr.rollout.engine import GenerateRequest
+    from rlvr.trainer.prepare import prepare_batch
+
+    algorithm = {"dynamic_sampling": True, "max_refill_rounds": 1, "min_group_std": 0.02}
+    ref = make_loop(tmp_path / "ref", model_dir, steps=3, algorithm=algorithm)
+    manager, rec = ref.manager, ref.recipe
+    assert manager is not None and ref.sync is not None
+    engine, rewards = manager.engine, manager.rewards
+    losses, dropped = [], 0
+    try:
+        for step in range(3):
+            pending, kept = manager.mixture.next_batch(), []
+            for round_ in range(2):
+                requests = [
+                    GenerateRequest(manager.prompt_ids(s), manager.sampling(
+                        seed=hash_seed(rec.experiment.seed * 100_003 + step * 16 + round_, f"{s.id}:{i}")), n=4)
+                    for i, s in enumerate(pending)
+                ]  # fmt: skip
+                completions = asyncio.run(engine.generate(requests))
+                groups = [Group(sample=s, completions=completions[i * 4 : (i + 1) * 4]) for i, s in enumerate(pending)]
+                asyncio.run(rewards.score_groups(groups))
+                survivors = [g for g in groups if keep_group(g.scores, cfg=rec.algorithm)]
+                dropped += len(groups) - len(survivors)
+                kept += survivors
+                missing = rec.data.prompts_per_step - len(kept)
+                if missing <= 0:
+                    break
+                lost = [g.sample.domain for g in groups if g not in survivors][:missing]
+                pending = [s for d in lost for s in manager.mixture.take(d, 1)]
+            rollout = manager.build_batch(kept[: rec.data.prompts_per_step])
+            batch = prepare_batch(rollout, actor=ref.actor, critic=None, algorithm=rec.algorithm, version=step,
+                                  kl_coef=0.0, pad_id=0)  # fmt: skip
+            losses.append(ref.actor.train_step(batch)["loss"])
+            ref.sync.push(version=step + 1)
+    finally:
+        manager.close()
+    assert dropped > 0  # the refill path ran
+    loop = make_loop(tmp_path / "loop", model_dir, steps=3, algorithm=algorithm)
+    metrics = run(loop)
+    assert [m["loss"] for m in metrics] == losses
+    a, b = weights(ref), weights(loop)
+    assert all(torch.equal(a[k], b[k]) for k in a)
