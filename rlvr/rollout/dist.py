@@ -7,11 +7,11 @@ independent group of {trainer rank 0, every engine rank}.
 Store keys must match SGLang's. SGLang 0.5.23 builds its member with
 `sglang.srt.utils.common.init_custom_process_group`: `rendezvous("tcp://addr:port")` (a
 TCPStore; group rank 0 hosts it), wrapped in `PrefixStore(group_name)`, then torch's
-`_new_process_group_helper`, which wraps it again in `PrefixStore(f"{group_name}/")` and,
-per device its backend serves (`Backend.backend_capability`: gloo serves cpu and cuda,
-NCCL cuda), in `PrefixStore(f"{device}/")` before constructing one backend object each,
-in that order. A group built with one `PrefixStore(f"{group_name}/")` waits on other keys
-and never meets it.
+`_new_process_group_helper`, which wraps it again in `PrefixStore(f"{group_name}/")` and
+then in `PrefixStore(f"{device}/")` for the first device its backend serves
+(`Backend.backend_capability`: gloo "cpu", NCCL "cuda"; a single-backend group builds one
+backend object and registers it for every device). A group built with one
+`PrefixStore(f"{group_name}/")` waits on other keys and never meets it.
 
 - `join_group` (the trainer, group rank 0) builds the same key chain by hand, from torch's
   public store and backend classes: it hosts the store without torch's rendezvous (which
@@ -39,9 +39,9 @@ from typing import Any
 class WeightGroup:
     """One member of an update group; holds the store so rank 0's store server outlives the call.
 
-    `backend_group` is the backend that carries this group's tensors (gloo's cpu backend,
-    or NCCL); `others` keeps the remaining per-device backends alive. It also acts as the
-    backend group itself (`broadcast`, `abort`, `shutdown`, ... are forwarded).
+    `backend_group` is the backend that carries this group's tensors (gloo or NCCL);
+    `others` keeps objects that own it alive (the ProcessGroup torch's helper wraps it in).
+    It also acts as the backend group itself (`broadcast`, `abort`, ... are forwarded).
     """
 
     backend_group: Any
@@ -71,15 +71,14 @@ class WeightGroup:
                     continue
 
 
-def backend_devices(backend: str) -> list[str]:
-    """The devices torch's group helper builds a backend for, in its order (gloo: cpu, cuda)."""
+def backend_device(backend: str) -> str:
+    """The device prefix torch's group helper gives a single-backend group's store (gloo: cpu)."""
     import torch.distributed as dist
 
-    capability = getattr(dist.Backend, "backend_capability", {})
-    devices = list(capability.get(backend, []))
+    devices = list(getattr(dist.Backend, "backend_capability", {}).get(backend, []))
     if not devices:
         raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
-    return devices
+    return devices[0]
 
 
 def group_store(store: Any, group_name: str) -> Any:
@@ -114,20 +113,17 @@ def join_group(
     store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]
         master_address, int(master_port), world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False
     )
-    base = group_store(store, group_name)
-    backends: dict[str, Any] = {}
-    for device in backend_devices(backend):
-        prefixed = dist.PrefixStore(f"{device}/", base)  # pyright: ignore[reportPrivateImportUsage]
-        if backend == "gloo":
-            backends[device] = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-        else:
-            options = dist.ProcessGroupNCCL.Options()
-            options.is_high_priority_stream = False
-            options._timeout = timeout
-            backends[device] = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
-    device = "cuda" if backend == "nccl" else "cpu"
-    main = backends.pop(device)
-    return WeightGroup(main, store, rank, world_size, device, list(backends.values()))
+    prefixed = dist.PrefixStore(  # pyright: ignore[reportPrivateImportUsage]
+        f"{backend_device(backend)}/", group_store(store, group_name)
+    )
+    if backend == "gloo":
+        group: Any = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    else:
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+    return WeightGroup(group, store, rank, world_size, "cuda" if backend == "nccl" else "cpu")
 
 
 def join_group_like_sglang(
