@@ -150,13 +150,12 @@ def join_group_like_sglang(
     timeout = timedelta(seconds=timeout_s)
     host = f"[{master_address}]" if ":" in master_address else master_address
     store, rank, world_size = next(
-        c10d.rendezvous(f"tcp://{host}:{int(master_port)}", rank, world_size, timeout=timeout)
+        c10d.rendezvous(f"tcp://{host}:{int(master_port)}", rank, world_size, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage]
     )
     store.set_timeout(timeout)
     prefixed = c10d.PrefixStore(group_name, store)
-    pg, _ = c10d._new_process_group_helper(
-        world_size, rank, [], c10d.Backend(backend), prefixed, group_name=group_name, timeout=timeout
-    )
+    helper: Any = c10d._new_process_group_helper  # group_name is typed as torch's GroupName (a str)
+    pg, _ = helper(world_size, rank, [], c10d.Backend(backend), prefixed, group_name=group_name, timeout=timeout)
     device = "cuda" if backend == "nccl" else "cpu"
     main = pg._get_backend(torch.device(device))
     others = [pg] if main is not pg else []
