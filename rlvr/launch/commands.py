@@ -63,6 +63,7 @@ def server_command(
             host=host,
             port=spec.port,
             dtype=recipe.model.dtype,
+            weight_version="0",  # the base weights; SGLang reports "default" otherwise (a resume pushes its step)
             seed=recipe.experiment.seed,
             tokenizer_path=recipe.model.tokenizer,
         )

@@ -442,7 +442,24 @@ class Recipe(Section):
             )
         if self.rollout.engine == "sglang" and self.cluster.kind == "slurm" and self.cluster.gpus_per_node == 0:
             raise _at(("rollout", "engine"), "sglang needs GPUs: set cluster.gpus_per_node > 0")
+        self._sglang_sync_checks()
         return self
+
+    def _sglang_sync_checks(self) -> None:
+        """Sync methods SGLang 0.5.23 cannot serve (its distributed update routes assert dp_size == 1)."""
+        if self.rollout.engine != "sglang":
+            return
+        if self.sync.method == "inprocess":
+            raise _at(
+                ("sync", "method"), 'inprocess needs the embedded engine; SGLang servers take "broadcast" or "disk"'
+            )
+        dp = self.rollout.sglang.dp_size
+        if dp > 1 and self.sync.method in ("auto", "broadcast"):
+            raise _at(
+                ("sync", "method"),
+                f"{self.sync.method!r} with rollout.sglang.dp_size = {dp}: SGLang updates weights over a group "
+                'only with dp_size = 1; set sync.method = "disk" (or dp_size = 1 and more servers)',
+            )
 
 
 class KeyedError(ValueError):

@@ -2,23 +2,35 @@
 
 Why not `init_process_group`: the trainer already has a default group (torchrun), and a
 rollout server may be a different program (SGLang); the update group must be a second,
-independent group of {trainer rank 0, every engine rank}. We build it from parts:
-a TCPStore at master_address:master_port (group rank 0, the trainer, hosts it),
-namespaced as `"{group_name}/"` the way torch's own group helper prefixes stores, and a
-backend object (gloo on CPU, NCCL on GPU) driven directly, so no global state changes.
+independent group of {trainer rank 0, every engine rank}.
+
+Store keys must match SGLang's. SGLang 0.5.23 builds its member with
+`sglang.srt.utils.common.init_custom_process_group`: `rendezvous("tcp://addr:port")` (a
+TCPStore; group rank 0 hosts it), wrapped in `PrefixStore(group_name)`, then torch's
+`_new_process_group_helper`, which wraps it again in `PrefixStore(f"{group_name}/")` and
+then in `PrefixStore(f"{device}/")` for the first device its backend serves
+(`Backend.backend_capability`: gloo "cpu", NCCL "cuda"; a single-backend group builds one
+backend object and registers it for every device). A group built with one
+`PrefixStore(f"{group_name}/")` waits on other keys and never meets it.
+
+- `join_group` (the trainer, group rank 0) builds the same key chain by hand, from torch's
+  public store and backend classes: it hosts the store without torch's rendezvous (which
+  under torchrun may try to reuse the elastic agent's store) and registers nothing in
+  torch's global group state (so it can never be split from the trainer's default group).
+- `join_group_like_sglang` (the embedded engine) builds its member the way SGLang does,
+  with torch's own rendezvous and group helper, so CI exercises SGLang's keys.
 
 Protocol (SGLang's): after `/init_weights_update_group`, each `/update_weights_from_distributed`
-call names a bucket of tensors (names, dtypes, shapes); rank 0 broadcasts them one by one
-in that order and every engine rank receives and loads them. `send_broadcast` is the
-trainer half, used by the tests and available to the sync layer. `receive_into` is the
-engine half when the destinations already exist (the embedded engine receives straight
-into its live parameters); `receive_broadcast` allocates fresh ones.
+call names a bucket of tensors (names, dtypes, shapes); rank 0 broadcasts them in that order
+and every engine rank receives and loads them. `send_broadcast` is the trainer half;
+`receive_into` is the engine half when the destinations already exist (the embedded engine
+receives straight into its live parameters); `receive_broadcast` allocates fresh ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -27,8 +39,9 @@ from typing import Any
 class WeightGroup:
     """One member of an update group; holds the store so rank 0's store server outlives the call.
 
-    It also acts as the backend group itself (`broadcast`, `abort`, `shutdown`, ... are
-    forwarded), so callers can treat it as a plain torch ProcessGroup.
+    `backend_group` is the backend that carries this group's tensors (gloo or NCCL);
+    `others` keeps objects that own it alive (the ProcessGroup torch's helper wraps it in).
+    It also acts as the backend group itself (`broadcast`, `abort`, ... are forwarded).
     """
 
     backend_group: Any
@@ -36,12 +49,44 @@ class WeightGroup:
     rank: int
     world_size: int
     device: str
+    others: list[Any] = field(default_factory=list)
 
     def broadcast(self, tensors: list[Any], options: Any) -> Any:
         return self.backend_group.broadcast(tensors, options)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend_group, name)
+
+    def shutdown(self) -> None:
+        """Close every backend of this member (best effort: one may already be broken)."""
+        for backend in [self.backend_group, *self.others]:
+            for method in ("abort", "shutdown"):
+                fn = getattr(backend, method, None)
+                if fn is None:
+                    continue
+                try:
+                    fn()
+                    break
+                except Exception:  # noqa: BLE001, S112 - try the next way; the group is being dropped
+                    continue
+
+
+def backend_device(backend: str) -> str:
+    """The device prefix torch's group helper gives a single-backend group's store (gloo: cpu)."""
+    import torch.distributed as dist
+
+    devices = list(getattr(dist.Backend, "backend_capability", {}).get(backend, []))
+    if not devices:
+        raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
+    return devices[0]
+
+
+def group_store(store: Any, group_name: str) -> Any:
+    """The store a group's backends see before their device prefix, as SGLang + torch build it."""
+    import torch.distributed as dist
+
+    outer = dist.PrefixStore(group_name, store)  # pyright: ignore[reportPrivateImportUsage]
+    return dist.PrefixStore(f"{group_name}/", outer)  # pyright: ignore[reportPrivateImportUsage]
 
 
 def join_group(
@@ -54,28 +99,67 @@ def join_group(
     backend: str = "gloo",
     timeout_s: float = 600.0,
 ) -> WeightGroup:
-    """Create this process's member of the update group.
+    """Create this process's member of the update group (the trainer's side; see the module docstring).
 
-    Gloo connects all ranks while constructing (so this returns once everyone joined);
-    NCCL connects lazily at the first broadcast. No extra barrier: SGLang's side does none,
-    and the trainer must interoperate with it.
+    Gloo connects all ranks while constructing each backend (so this returns once everyone
+    joined); NCCL connects lazily at the first broadcast. No extra barrier: SGLang's side
+    does none, and the trainer must interoperate with it.
     """
     import torch.distributed as dist
 
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]
         master_address, int(master_port), world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False
     )
-    prefixed = dist.PrefixStore(f"{group_name}/", store)  # pyright: ignore[reportPrivateImportUsage]
+    prefixed = dist.PrefixStore(  # pyright: ignore[reportPrivateImportUsage]
+        f"{backend_device(backend)}/", group_store(store, group_name)
+    )
     if backend == "gloo":
         group: Any = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-    elif backend == "nccl":
+    else:
         options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False
         options._timeout = timeout
         group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
-    else:
-        raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
     return WeightGroup(group, store, rank, world_size, "cuda" if backend == "nccl" else "cpu")
+
+
+def join_group_like_sglang(
+    *,
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    group_name: str = "weight_update_group",
+    backend: str = "gloo",
+    timeout_s: float = 600.0,
+) -> WeightGroup:
+    """An engine's member, built as SGLang 0.5.23 builds it (torch's rendezvous + group helper).
+
+    Calls the same torch functions in the same order as `init_custom_process_group`
+    (`sglang/srt/utils/common.py`), so its store keys are SGLang's; the conformance tests
+    check that against SGLang's own function.
+    """
+    import torch
+    from torch.distributed import distributed_c10d as c10d
+
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
+    timeout = timedelta(seconds=timeout_s)
+    host = f"[{master_address}]" if ":" in master_address else master_address
+    store, rank, world_size = next(
+        c10d.rendezvous(f"tcp://{host}:{int(master_port)}", rank, world_size, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage]
+    )
+    store.set_timeout(timeout)
+    prefixed = c10d.PrefixStore(group_name, store)
+    helper: Any = c10d._new_process_group_helper  # group_name is typed as torch's GroupName (a str)
+    pg, _ = helper(world_size, rank, [], c10d.Backend(backend), prefixed, group_name=group_name, timeout=timeout)
+    device = "cuda" if backend == "nccl" else "cpu"
+    main = pg._get_backend(torch.device(device))
+    others = [pg] if main is not pg else []
+    return WeightGroup(main, store, rank, world_size, device, others)
 
 
 def torch_dtype(name: str) -> Any:

@@ -134,6 +134,7 @@ class EmbeddedEngine:
         self._closed = False
         self._error: BaseException | None = None
         self._weight_groups: dict[str, Any] = {}
+        self.update_session = False  # SGLang 0.5.23: distributed updates only inside begin/end
         self._staging: dict[tuple[Any, ...], list[Any]] = {}  # (dtype, shape, device) -> receive buffers
         # OpenMP thread counts are per thread: the worker sets its own (see _default_threads).
         self._threads = threads or _default_threads(self.model, self.device, torch.get_num_threads())
@@ -163,6 +164,11 @@ class EmbeddedEngine:
         return RecomputeDecoder(self.model, max_slots=self.max_batch, max_len=self.max_len)
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the input embedding: the token ids a prompt may use."""
+        return int(self.model.get_input_embeddings().weight.shape[0])
+
+    @property
     def policy_version(self) -> int:
         return parse_version(self.weight_version)
 
@@ -173,6 +179,15 @@ class EmbeddedEngine:
             raise ValueError("empty prompt")
         if len(request.input_ids) >= self.max_len:
             raise ValueError(f"prompt has {len(request.input_ids)} tokens; the engine's max_len is {self.max_len}")
+        vocab = self.vocab_size
+        bad = next((t for t in request.input_ids if not 0 <= t < vocab), None)
+        if bad is not None:  # an out-of-range id would fail inside the worker's step, for every request
+            raise ValueError(f"input_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+        bad = next((t for t in request.params.stop_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"stop_token_ids: token id {bad} is outside the vocabulary [0, {vocab})")
+        if request.n < 1:
+            raise ValueError(f"n: must be at least 1, got {request.n}")
         params = request.params
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
         seqs = []
@@ -540,9 +555,11 @@ class EmbeddedEngine:
         backend: str = "gloo",
         timeout_s: float = 600.0,
     ) -> None:
-        from rlvr.rollout.dist import join_group
+        from rlvr.rollout.dist import join_group_like_sglang
 
-        self._weight_groups[group_name] = join_group(
+        if group_name in self._weight_groups:
+            raise ValueError(f"weight update group {group_name!r} already exists; destroy it first")
+        self._weight_groups[group_name] = join_group_like_sglang(
             master_address=master_address,
             master_port=master_port,
             rank=rank_offset,
@@ -588,6 +605,10 @@ class EmbeddedEngine:
 
         from rlvr.rollout.dist import receive_into
 
+        if not self.update_session:
+            raise RuntimeError(
+                "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+            )
         group = self._weight_groups.get(group_name)
         if group is None:
             raise KeyError(f"no weight update group {group_name!r}; call init_weights_update_group first")
@@ -692,7 +713,22 @@ class EmbeddedEngine:
         return table
 
     def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
-        self._weight_groups.pop(group_name, None)
+        """Leave a group (as SGLang: an unknown name is an error)."""
+        group = self._weight_groups.pop(group_name, None)
+        if group is None:
+            raise KeyError("The group to be destroyed does not exist.")
+        group.shutdown()
+
+    def begin_weight_update_sync(self) -> None:
+        """Open a weight-update session (SGLang 0.5.23 refuses a second one)."""
+        if self.update_session:
+            raise RuntimeError("a weight-update session is already open; call end_weight_update() first")
+        self.update_session = True
+
+    def end_weight_update_sync(self) -> None:
+        if not self.update_session:
+            raise RuntimeError("no weight-update session is open; call begin_weight_update() first")
+        self.update_session = False
 
     def close(self) -> None:
         with self._wakeup:
@@ -756,5 +792,15 @@ class EmbeddedEngine:
             flush_cache=flush_cache,
         )
 
+    async def begin_weight_update(self) -> None:
+        self.begin_weight_update_sync()
+
+    async def end_weight_update(self) -> None:
+        self.end_weight_update_sync()
+
     async def health(self) -> bool:
+        return self.worker_alive
+
+    @property
+    def worker_alive(self) -> bool:
         return self._thread.is_alive() and self._error is None

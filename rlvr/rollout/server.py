@@ -3,12 +3,25 @@
 Why SGLang's own protocol: the RL loop's HTTP client (`rlvr.rollout.sglang.SGLangClient`)
 then drives this server and real SGLang servers alike, so CI exercises the exact client
 code that runs against GPUs. Field names follow SGLang 0.5.23 (`GenerateReqInput`,
-`UpdateWeightsFromDiskReqInput`, ...); unknown request fields are ignored as SGLang does.
+`UpdateWeightsFromDiskReqInput`, ...).
 
-Routes: /generate, /health, /health_generate, /get_model_info, /get_server_info,
-/get_weight_version, /flush_cache, /init_weights_update_group, /update_weights_from_distributed,
-/update_weights_from_disk, /pause_generation, /continue_generation (and /resume_generation,
-an rlvr alias), /v1/models, /v1/chat/completions.
+Strict twin: a test that passes against this server should mean something for SGLang,
+so it follows 0.5.23 where rlvr relies on it, and refuses what SGLang would drop:
+- unknown fields are 400 (SGLang: 400 for unknown `sampling_params` keys; other routes
+  ignore them, so a misspelt field would silently do nothing there);
+- every field is checked up front (400 naming it): token ids inside the vocabulary, n >= 1,
+  max_new_tokens >= 0, temperature >= 0, 0 < top_p <= 1, top_k = -1 or >= 1, 0 <= min_p <= 1;
+- `/update_weights_from_distributed` only inside `/begin_weight_update` ... `/end_weight_update`;
+- `/flush_cache` is 400 while requests run or wait;
+- `sampling_seed` seeds all n samples of one item alike (SGLang's semantics: identical samples);
+- the update group is built the way SGLang builds it (`rlvr.rollout.dist.join_group_like_sglang`).
+If the engine's worker thread dies, the process exits with status 3 (a supervisor sees it).
+
+Routes: /generate, /health, /health_generate, /model_info, /server_info (and the deprecated
+/get_model_info, /get_server_info), /get_weight_version, /flush_cache,
+/init_weights_update_group, /destroy_weights_update_group, /begin_weight_update,
+/end_weight_update, /update_weights_from_distributed, /update_weights_from_disk,
+/pause_generation, /continue_generation, /v1/models, /v1/chat/completions.
 
 Auth: with an API key, every route but /health* needs `Authorization: Bearer KEY`
 (SGLang exempts its health routes the same way, so probes need no secret).
@@ -19,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 from typing import Any
@@ -52,11 +66,13 @@ def create_app(engine: Any, *, api_key: str | None = None, served_model_name: st
         ("POST", "/flush_cache", flush_cache),
         ("GET", "/flush_cache", flush_cache),
         ("POST", "/init_weights_update_group", init_weights_update_group),
+        ("POST", "/destroy_weights_update_group", destroy_weights_update_group),
+        ("POST", "/begin_weight_update", begin_weight_update),
+        ("POST", "/end_weight_update", end_weight_update),
         ("POST", "/update_weights_from_distributed", update_weights_from_distributed),
         ("POST", "/update_weights_from_disk", update_weights_from_disk),
         ("POST", "/pause_generation", pause_generation),
         ("POST", "/continue_generation", continue_generation),
-        ("POST", "/resume_generation", continue_generation),
         ("GET", "/v1/models", openai_models),
         ("POST", "/v1/chat/completions", openai_chat),
     ]
@@ -79,6 +95,44 @@ def _auth_middleware(api_key: str) -> Any:
     return check
 
 
+class FieldError(ValueError):
+    """A request field SGLang would refuse (or silently drop): answered with 400."""
+
+
+# The request fields of SGLang 0.5.23 (`sglang/srt/managers/io_struct.py`; `GenerateRequest`
+# and `SamplingParams` of `sglang/api/v1/api_types.py` for /generate) this server accepts.
+ROUTE_FIELDS = {
+    "/generate": {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid", "stream",
+                  "top_logprobs_num", "return_text_in_logprobs"},
+    "/update_weights_from_disk": {"model_path", "load_format", "abort_all_requests", "weight_version", "is_async",
+                                  "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "token_step",
+                                  "flush_cache", "rid"},
+    "/update_weights_from_distributed": {"names", "dtypes", "shapes", "group_name", "flush_cache",
+                                         "abort_all_requests", "weight_version", "load_format", "selector",
+                                         "torch_empty_cache", "rid"},
+    "/init_weights_update_group": {"master_address", "master_port", "rank_offset", "world_size", "group_name",
+                                   "backend", "rid"},
+    "/destroy_weights_update_group": {"group_name", "rid"},
+    "/begin_weight_update": {"selector", "rid"},
+    "/end_weight_update": {"rid"},
+    "/pause_generation": {"mode", "rid"},
+    "/continue_generation": {"torch_empty_cache", "rid"},
+}  # fmt: skip
+SAMPLING_FIELDS = {
+    "max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p", "n", "ignore_eos",
+    "skip_special_tokens", "sampling_seed", "min_new_tokens", "no_stop_trim", "spaces_between_special_tokens",
+}  # fmt: skip
+
+
+def _check_fields(route: str, body: dict[str, Any]) -> None:
+    allowed = ROUTE_FIELDS.get(route)
+    if allowed is None:
+        return
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise FieldError(f"unknown field {unknown[0]!r} for {route}")
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
     if not request.can_read_body:
         return {}
@@ -89,6 +143,12 @@ async def _body(request: web.Request) -> dict[str, Any]:
         raise web.HTTPBadRequest(text=message, content_type="application/json") from exc
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text=json.dumps({"error": "expected a JSON object"}), content_type="application/json")
+    try:
+        _check_fields(request.path, body)
+    except FieldError as exc:
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": {"message": str(exc)}}), content_type="application/json"
+        ) from exc
     return body
 
 
@@ -123,8 +183,15 @@ def _parse_generate(body: dict[str, Any], tokenizer: Any) -> tuple[list[Generate
         prompts = [tokenizer.encode(t) for t in (text if batched else [text])]
     else:
         assert input_ids is not None
-        batched = bool(input_ids) and isinstance(input_ids[0], list)
-        prompts = [[int(t) for t in ids] for ids in (input_ids if batched else [input_ids])]
+        if not isinstance(input_ids, list) or not input_ids:
+            raise FieldError("input_ids: expected a non-empty list of token ids (or of lists)")
+        batched = isinstance(input_ids[0], list)
+        prompts = input_ids if batched else [input_ids]
+        for ids in prompts:
+            if not isinstance(ids, list) or not ids:
+                raise FieldError("input_ids: every prompt must be a non-empty list of token ids")
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise FieldError("input_ids: token ids must be integers")
     count = len(prompts)
     params_list = _per_item(body.get("sampling_params"), count, batched, {})
     return_logprob = _per_item(body.get("return_logprob"), count, batched, False)
@@ -132,12 +199,46 @@ def _parse_generate(body: dict[str, Any], tokenizer: Any) -> tuple[list[Generate
     requests = []
     logprob_flags = []
     for prompt, params, want_lp, rid in zip(prompts, params_list, return_logprob, rids, strict=True):
-        parsed = SamplingParams.from_sglang(params)
-        n = int((params or {}).get("n", 1))
-        requests.append(GenerateRequest(prompt, parsed, n=n, rid=rid))
+        parsed, n = _sampling(params)
+        if parsed.seed is not None and n > 1:
+            # SGLang seeds every sample of one item alike: n identical samples (see the module docstring)
+            requests.extend(GenerateRequest(prompt, parsed, n=1, rid=rid) for _ in range(n))
+        else:
+            requests.append(GenerateRequest(prompt, parsed, n=n, rid=rid))
         logprob_flags.extend([bool(want_lp)] * n)
-    many = batched or any(r.n > 1 for r in requests)
+    many = batched or any((p or {}).get("n", 1) != 1 for p in params_list)
     return requests, logprob_flags, many
+
+
+def _number(params: dict[str, Any], name: str, default: float, ok: Any, rule: str) -> float:
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
+        raise FieldError(f"sampling_params.{name}: {rule}, got {value!r}")
+    return value
+
+
+def _sampling(params: Any) -> tuple[SamplingParams, int]:
+    """Validate one item's `sampling_params` (400 naming the field) and parse it."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise FieldError(f"sampling_params: expected an object, got {type(params).__name__}")
+    unknown = sorted(set(params) - SAMPLING_FIELDS)
+    if unknown:
+        raise FieldError(f"sampling_params: unknown field {unknown[0]!r}")
+    n = _number(params, "n", 1, lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1")
+    _number(params, "max_new_tokens", 128, lambda v: isinstance(v, int) and v >= 0, "must be an integer >= 0")
+    _number(params, "temperature", 1.0, lambda v: v >= 0, "must be >= 0")
+    _number(params, "top_p", 1.0, lambda v: 0 < v <= 1, "must be in (0, 1]")
+    _number(params, "top_k", -1, lambda v: isinstance(v, int) and (v == -1 or v >= 1), "must be -1 or >= 1")
+    _number(params, "min_p", 0.0, lambda v: 0 <= v <= 1, "must be in [0, 1]")
+    seed = params.get("sampling_seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise FieldError(f"sampling_params.sampling_seed: must be an integer, got {seed!r}")
+    ids = params.get("stop_token_ids") or []
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise FieldError("sampling_params.stop_token_ids: must be a list of integers")
+    return SamplingParams.from_sglang(params), int(n)
 
 
 def _sglang_output(seq: Any, *, rid: str, want_logprob: bool, latency: float) -> dict[str, Any]:
@@ -172,6 +273,8 @@ async def generate(request: web.Request) -> web.Response:
         requests, logprob_flags, many = _parse_generate(body, engine.tokenizer)
     except (ValueError, TypeError) as exc:
         return _error(str(exc))
+    if not engine.worker_alive:
+        return _error("the engine's worker is dead", status=503)
     start = time.monotonic()
     try:
         results = await _run(engine, requests)
@@ -186,7 +289,7 @@ async def generate(request: web.Request) -> web.Response:
             rid = base if req.n == 1 else f"{base}-{j}"
             outputs.append(_sglang_output(results[index], rid=rid, want_logprob=logprob_flags[index], latency=latency))
             index += 1
-    return web.json_response(outputs if many else outputs[0])
+    return web.json_response(outputs if many or len(outputs) > 1 else outputs[0])
 
 
 # -- health and info ------------------------------------------------------------------------
@@ -241,6 +344,9 @@ async def server_info(request: web.Request) -> web.Response:
             "max_total_num_tokens": engine.max_len * engine.max_batch,
             "context_length": engine.max_len,
             "weight_version": engine.weight_version,
+            "tp_size": 1,
+            "dp_size": 1,
+            "dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
             "paused": engine.paused,
             "running": engine.num_running(),
         }
@@ -252,7 +358,10 @@ async def weight_version(request: web.Request) -> web.Response:
 
 
 async def flush_cache(request: web.Request) -> web.Response:
-    # No prefix cache exists: every prefill is fresh, so flushing always succeeds.
+    """No prefix cache exists (every prefill is fresh), but the answer follows SGLang: 400 while
+    requests run or wait, so a caller that forgets to pause first fails here too."""
+    if request.app[ENGINE_KEY].num_running():
+        return web.Response(text="Flush cache failed: requests are running or waiting.\n", status=400)
     return web.Response(text="Cache flushed.\n", status=200)
 
 
@@ -297,6 +406,37 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     except Exception as exc:  # noqa: BLE001
         return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
     return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
+
+
+def _result(ok: bool, message: str) -> web.Response:
+    return web.json_response({"success": ok, "message": message}, status=200 if ok else 400)
+
+
+async def begin_weight_update(request: web.Request) -> web.Response:
+    await _body(request)
+    try:
+        request.app[ENGINE_KEY].begin_weight_update_sync()
+    except RuntimeError as exc:
+        return _result(False, str(exc))
+    return _result(True, "Success")
+
+
+async def end_weight_update(request: web.Request) -> web.Response:
+    await _body(request)
+    try:
+        request.app[ENGINE_KEY].end_weight_update_sync()
+    except RuntimeError as exc:
+        return _result(False, str(exc))
+    return _result(True, "Success")
+
+
+async def destroy_weights_update_group(request: web.Request) -> web.Response:
+    body = await _body(request)
+    try:
+        request.app[ENGINE_KEY].destroy_weights_update_group(str(body.get("group_name", "weight_update_group")))
+    except KeyError as exc:
+        return _result(False, str(exc.args[0]))
+    return _result(True, "Succeeded to destroy custom process group.")
 
 
 async def update_weights_from_distributed(request: web.Request) -> web.Response:
@@ -416,5 +556,23 @@ async def openai_chat(request: web.Request) -> web.Response:
 def run_server(engine: Any, *, host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None) -> None:
     """Serve until interrupted (SIGINT/SIGTERM)."""
     app = create_app(engine, api_key=api_key)
+    app.on_startup.append(_start_watchdog)
     log.info("rlvr embedded server on http://%s:%d (model %s)", host, port, engine.model_path)
     web.run_app(app, host=host, port=port, print=None, access_log=None)
+
+
+WORKER_DIED = 3
+
+
+async def _start_watchdog(app: web.Application) -> None:
+    app["watchdog"] = asyncio.get_running_loop().create_task(_watch(app[ENGINE_KEY]))
+
+
+async def _watch(engine: Any, interval_s: float = 0.5) -> None:
+    """Exit the process (status 3) once the engine's worker is dead: a server that answers
+    every request with 500 is worse than none, and the launcher's supervisor sees an exit."""
+    while engine.worker_alive:
+        await asyncio.sleep(interval_s)
+    log.error("embedded engine worker died (%r); exiting", getattr(engine, "_error", None))
+    logging.shutdown()
+    os._exit(WORKER_DIED)

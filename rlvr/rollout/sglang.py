@@ -9,6 +9,15 @@ exponential backoff on another server. A server that fails a request is probed a
 
 Control calls (pause, resume, weight updates) go to every live server concurrently.
 
+Conformance: the routes, request bodies and semantics follow SGLang `SGLANG_VERSION`
+(tested against that wheel's own request types, group construction and bucket code in
+tests/conformance). Weight updates over a group run in a session: `/begin_weight_update`,
+the buckets (`/update_weights_from_distributed`), `/end_weight_update`; 0.5.23 refuses a
+bucket outside one. A request with a seed is sent as n one-sample items with seeds
+seed + j (SGLang gives all n samples of one item the same `sampling_seed`, which makes
+them identical when it honours seeds). A server the weight sync dropped (`hold`) stays
+out of rotation, whatever its /health says, until the sync re-admits it (`admit`).
+
 Command lines: SGLang pins its own torch and CUDA packages, so it runs from its own
 Python (`rollout.sglang.python`); rlvr never imports it. The tokenizer stays enabled
 (no `--skip-tokenizer-init`): the client sends `input_ids`, but stop strings and the
@@ -21,6 +30,7 @@ import asyncio
 import logging
 import random
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +44,9 @@ from rlvr.types import Completion
 
 log = logging.getLogger(__name__)
 
+SGLANG_VERSION = "0.5.23"
+"""The SGLang release rlvr's client, sync and launch command are conformance-tested against."""
+
 
 class _RetryableError(Exception):
     """A failure that another server (or a later try) may not have."""
@@ -46,6 +59,7 @@ class _Server:
     alive: bool = True
     dead_since: float = 0.0
     failures: int = 0
+    held: bool = False  # dropped by the weight sync: stale weights, never revived by /health
 
 
 def completions_from_sglang(outputs: dict[str, Any] | list[dict[str, Any]], prompt: list[int]) -> list[Completion]:
@@ -74,6 +88,32 @@ def completions_from_sglang(outputs: dict[str, Any] | list[dict[str, Any]], prom
     return result
 
 
+def generate_payload(request: GenerateRequest) -> dict[str, Any]:
+    """The /generate body for one request.
+
+    Without a seed: one item with `n` (SGLang samples n completions sharing one prefill).
+    With a seed: a batch of n one-sample items with `sampling_seed` seed + j, because SGLang
+    gives every sample of one item the same seed (identical samples, zero GRPO advantage,
+    under `--enable-deterministic-inference`, the only mode that honours seeds).
+    """
+    params = request.params.to_sglang()
+    seed = params.pop("sampling_seed", None)
+    if seed is None or request.n == 1:
+        if seed is not None:
+            params["sampling_seed"] = seed
+        params["n"] = request.n
+        payload: dict[str, Any] = {"input_ids": list(request.input_ids), "sampling_params": params}
+        if request.rid:
+            payload["rid"] = request.rid
+    else:
+        items = [{**params, "n": 1, "sampling_seed": int(seed) + j} for j in range(request.n)]
+        payload = {"input_ids": [list(request.input_ids) for _ in items], "sampling_params": items}
+        if request.rid:
+            payload["rid"] = [f"{request.rid}-{j}" for j in range(request.n)]
+    payload["return_logprob"] = True
+    return payload
+
+
 class SGLangClient:
     """A `RolloutEngine` over SGLang-protocol servers (real SGLang or `rlvr serve`)."""
 
@@ -100,6 +140,7 @@ class SGLangClient:
         self.revive_after_s = revive_after_s
         self.ranks_per_server = ranks_per_server
         self._session: aiohttp.ClientSession | None = None
+        self._lock = threading.Lock()  # the weight sync holds/admits servers from its own thread
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -153,9 +194,12 @@ class SGLangClient:
 
     def _pick(self, exclude: set[str]) -> _Server | None:
         now = time.monotonic()
-        candidates = [
-            s for s in self.servers if s.url not in exclude and (s.alive or now - s.dead_since > self.revive_after_s)
-        ]
+        with self._lock:
+            candidates = [
+                s
+                for s in self.servers
+                if s.url not in exclude and not s.held and (s.alive or now - s.dead_since > self.revive_after_s)
+            ]
         if not candidates:
             return None
         least = min(s.outstanding for s in candidates)
@@ -164,10 +208,11 @@ class SGLangClient:
     async def _mark_failed(self, server: _Server, error: Exception) -> None:
         server.failures += 1
         if not await self._probe(server):
-            if server.alive:
-                log.warning("rollout server %s is dead: %s", server.url, error)
-            server.alive = False
-            server.dead_since = time.monotonic()
+            with self._lock:
+                if server.alive:
+                    log.warning("rollout server %s is dead: %s", server.url, error)
+                server.alive = False
+                server.dead_since = time.monotonic()
 
     async def _call_balanced(self, path: str, payload: dict[str, Any]) -> Any:
         """POST to the least-loaded live server, retrying elsewhere with backoff."""
@@ -180,9 +225,10 @@ class SGLangClient:
             server.outstanding += 1
             try:
                 result = await self._request(server, "POST", path, json=payload)
-                if not server.alive:
-                    log.info("rollout server %s is back", server.url)
-                server.alive = True
+                with self._lock:
+                    if not server.alive and not server.held:
+                        log.info("rollout server %s is back", server.url)
+                        server.alive = True
                 return result
             except _RetryableError as exc:
                 last_error = exc
@@ -195,7 +241,7 @@ class SGLangClient:
 
     async def _broadcast(self, path: str, payload: dict[str, Any] | None = None, *, method: str = "POST") -> list[Any]:
         """Call every live server concurrently; any failure raises."""
-        live = [s for s in self.servers if s.alive]
+        live = [s for s in self.servers if s.alive and not s.held]
         if not live:
             raise RolloutError("no live rollout servers")
         results = await asyncio.gather(
@@ -215,16 +261,7 @@ class SGLangClient:
         """One /generate per request (its n samples stay on one server to share the prompt's prefill)."""
 
         async def one(request: GenerateRequest) -> list[Completion]:
-            params = request.params.to_sglang()
-            params["n"] = request.n
-            payload: dict[str, Any] = {
-                "input_ids": list(request.input_ids),
-                "sampling_params": params,
-                "return_logprob": True,
-            }
-            if request.rid:
-                payload["rid"] = request.rid
-            output = await self._call_balanced("/generate", payload)
+            output = await self._call_balanced("/generate", generate_payload(request))
             completions = completions_from_sglang(output, request.input_ids)
             if len(completions) != request.n:
                 raise RolloutError(f"asked for {request.n} samples, got {len(completions)}")
@@ -306,14 +343,55 @@ class SGLangClient:
             payload["load_format"] = load_format
         await self._broadcast("/update_weights_from_distributed", payload)
 
+    async def begin_weight_update(self) -> None:
+        """Open a weight-update session (SGLang refuses distributed updates outside one)."""
+        await self._broadcast("/begin_weight_update", {})
+
+    async def end_weight_update(self) -> None:
+        await self._broadcast("/end_weight_update", {})
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        await self._broadcast("/destroy_weights_update_group", {"group_name": group_name})
+
+    async def server_info(self) -> dict[str, Any]:
+        """The first live server's /server_info (SGLang: its resolved launch arguments, e.g. tp_size)."""
+        results = await self._broadcast("/server_info", method="GET")
+        return results[0] if results and isinstance(results[0], dict) else {}
+
+    async def model_info(self) -> dict[str, Any]:
+        results = await self._broadcast("/model_info", method="GET")
+        return results[0] if results and isinstance(results[0], dict) else {}
+
+    def hold(self, url: str) -> None:
+        """Keep `url` out of rotation (its weights are stale) until `admit(url)`; thread-safe."""
+        with self._lock:
+            for server in self.servers:
+                if server.url == url.rstrip("/"):
+                    server.held = True
+                    server.alive = False
+                    server.dead_since = time.monotonic()
+
+    def admit(self, url: str) -> None:
+        """Put a held server back in rotation (it has the current weights); thread-safe."""
+        with self._lock:
+            for server in self.servers:
+                if server.url == url.rstrip("/"):
+                    server.held = False
+                    server.alive = True
+
+    @property
+    def held_servers(self) -> list[str]:
+        return [s.url for s in self.servers if s.held]
+
     async def health(self) -> bool:
         """True when at least one server answers /health (and refreshes every server's state)."""
         results = await asyncio.gather(*(self._probe(s) for s in self.servers))
         now = time.monotonic()
-        for server, ok in zip(self.servers, results, strict=True):
-            if not ok and server.alive:
-                server.dead_since = now
-            server.alive = ok
+        with self._lock:
+            for server, ok in zip(self.servers, results, strict=True):
+                if not ok and server.alive:
+                    server.dead_since = now
+                server.alive = ok and not server.held
         return any(results)
 
     async def wait_ready(self, *, timeout_s: float = 300.0, interval_s: float = 0.5) -> None:
@@ -327,12 +405,18 @@ class SGLangClient:
                 raise RolloutError(f"servers not ready after {timeout_s:.0f}s: {[s.url for s in pending]}")
             if pending:
                 await asyncio.sleep(interval_s)
-        for server in self.servers:
-            server.alive = True
+        with self._lock:
+            for server in self.servers:
+                server.alive = not server.held
 
     @property
     def live_servers(self) -> list[str]:
-        return [s.url for s in self.servers if s.alive]
+        """Servers in rotation: answering, and not held by the weight sync."""
+        return [s.url for s in self.servers if s.alive and not s.held]
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
 
 
 # -- command lines ---------------------------------------------------------------------------

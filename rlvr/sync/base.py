@@ -113,7 +113,10 @@ def plan_buckets(specs: Iterable[TensorSpec], *, bucket_mb: float) -> list[list[
     """Split specs, in order, into buckets of at most `bucket_mb` MB.
 
     Order is kept (the receiver gets tensors in the order the trainer gathers them); a
-    tensor larger than a bucket travels alone in its own bucket; no bucket is empty.
+    tensor larger than a bucket travels alone in its own bucket; no bucket is empty. A
+    tensor whose byte offset in the bucket would not be a multiple of its dtype's size
+    starts a new bucket: SGLang's `FlattenedTensorBucket.empty` refuses unaligned offsets
+    (only possible with mixed wire dtypes, e.g. a bf16 tensor after an odd count of bytes).
     """
     if bucket_mb <= 0:
         raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
@@ -122,7 +125,7 @@ def plan_buckets(specs: Iterable[TensorSpec], *, bucket_mb: float) -> list[list[
     current: list[TensorSpec] = []
     size = 0
     for spec in specs:
-        if current and size + spec.nbytes > limit:
+        if current and (size + spec.nbytes > limit or size % spec.itemsize):
             buckets.append(current)
             current, size = [], 0
         current.append(spec)

@@ -1,9 +1,20 @@
 """Weight sync by collective broadcast: trainer rank 0 -> every engine rank, SGLang's protocol.
 
-Group: {trainer rank 0 (group rank 0, hosts the TCPStore), every engine rank}; world size
-1 + servers x ranks_per_server; gloo on CPU, NCCL on GPU. Rank 0 asks every server to
-`/init_weights_update_group` *while* joining itself (gloo's constructor blocks until all
-ranks are in), on a fresh port and a fresh group name each time it is (re)built.
+Group: {trainer rank 0 (group rank 0, hosts the TCPStore), every engine rank}; gloo on CPU,
+NCCL on GPU. Each server's tensor-parallel workers take ranks rank_offset + tp_rank (SGLang's
+`init_weights_update_group`), so the sync reads every server's `tp_size` (and `dp_size`,
+`dtype`) from /server_info first: world size 1 + sum of tp sizes. A server with dp_size > 1
+is refused (SGLang's distributed update routes assert dp_size == 1; use sync.method = disk).
+Rank 0 asks every server to `/init_weights_update_group` *while* joining itself (gloo's
+constructor blocks until all ranks are in), on a fresh port and a fresh group name each
+time it is (re)built; the previous group is destroyed on the engines that were in it.
+
+Order of one push (SGLang 0.5.23 refuses a bucket outside a session): pause -> flush ->
+`/begin_weight_update` -> buckets -> `/end_weight_update` -> continue. A failed push ends
+the session on the engines that remain, so the next begin is not refused.
+
+Wire dtype: the engines' own (`dtype` in /server_info; "auto" means the model config's),
+unless the recipe forces one: bf16 engines receive bf16, half the bytes of fp32.
 
 Wire formats (`wire_format`), both SGLang's `/update_weights_from_distributed`:
 
@@ -71,6 +82,11 @@ def free_port(address: str) -> int:
 
 def _abort(group: Any) -> None:
     """Close rank 0's end of a group so engines blocked in a broadcast fail now, not at their timeout."""
+    from rlvr.rollout.dist import WeightGroup
+
+    if isinstance(group, WeightGroup):
+        group.shutdown()
+        return
     for method in ("abort", "shutdown"):
         fn = getattr(group, method, None)
         if fn is not None:
@@ -116,8 +132,10 @@ class BroadcastSync:
         self.timeout_s = float(timeout_s)
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.device = "cpu" if self.backend == "gloo" else None
-        self.specs = weight_specs(model, dtype=dtype)
-        self.buckets = plan_buckets(self.specs, bucket_mb=bucket_mb)
+        self.forced_dtype = dtype
+        self.bucket_mb = bucket_mb
+        self.wire_dtype: str | None = None
+        self._set_wire_dtype(None if dtype is None else str(dtype).removeprefix("torch."))
         self.group_name = group_name
         self.pause_mode = pause_mode
         if wire_format not in ("flattened_bucket", "per_tensor"):
@@ -134,9 +152,19 @@ class BroadcastSync:
         self._group: Any = None
         self._group_label = ""
         self._members: list[str] = []
+        self._stale: tuple[list[str], str] = ([], "")  # the last group's engines and name, to destroy
         self._generation = 0
         self._staging: dict[Any, Any] = {}
         self._fatal: str | None = None
+
+    def _set_wire_dtype(self, name: str | None) -> None:
+        """Plan the buckets for tensors cast to `name` (None: each tensor's own dtype)."""
+        import torch
+
+        self.wire_dtype = name
+        self.specs = weight_specs(self.model, dtype=None if name is None else getattr(torch, name))
+        self.buckets = plan_buckets(self.specs, bucket_mb=self.bucket_mb)
+        self._flat_buffers, self._staging = [], {}
 
     # -- the Protocol --------------------------------------------------------------------
 
@@ -148,11 +176,13 @@ class BroadcastSync:
         attempts = 0
         while True:
             attempts += 1
-            decision = self._prepare(version) if self.rank == 0 else None
+            decision = self._prepare(version, recover=attempts == 1) if self.rank == 0 else None
             decision = d.broadcast_object(decision)
             assert isinstance(decision, dict)
             if decision["state"] == "fail":
                 raise SyncError(decision["message"], [EngineFailure(*f) for f in decision["failures"]])
+            if decision.get("wire_dtype") != self.wire_dtype:
+                self._set_wire_dtype(decision.get("wire_dtype"))
             transfer_start = time.monotonic()
             failures = self._transfer(version)
             transfer_s = time.monotonic() - transfer_start
@@ -183,11 +213,13 @@ class BroadcastSync:
 
     # -- rank 0: before the transfer -----------------------------------------------------
 
-    def _prepare(self, version: int) -> dict[str, Any]:
-        """Rank 0: (re)build the group if membership changed, then pause and flush every engine."""
+    def _prepare(self, version: int, *, recover: bool = True) -> dict[str, Any]:
+        """Rank 0: (re)build the group if membership changed, then pause, flush and begin on every engine."""
         engines = self.engines
         assert engines is not None
         try:
+            if recover:  # once per push: an engine dropped by this push does not rejoin it
+                engines.recover()
             for _ in range(len(engines.live()) + 2):
                 members = engines.live()
                 if not members:
@@ -198,19 +230,78 @@ class BroadcastSync:
                         engines.handle(failures, version=version)
                         continue
                 failures = engines.call(members, "pause", "pause", self.pause_mode)
-                failures += engines.call(
-                    [m for m in members if m not in {f.url for f in failures}], "flush", "flush_cache"
-                )
+                ok = [m for m in members if m not in {f.url for f in failures}]
+                failures += engines.call(ok, "flush", "flush_cache")
+                ok = [m for m in ok if m not in {f.url for f in failures}]
+                failures += self._begin(ok)
                 if failures:
+                    self._end([m for m in members if m not in {f.url for f in failures}])
                     engines.handle(failures, version=version)
                     continue
-                return {"state": "go"}
+                return {"state": "go", "wire_dtype": self.wire_dtype}
             raise SyncError(f"weight sync to version {version}: engines kept failing during setup")
         except SyncError as exc:
             return self._fail(exc)
         except Exception as exc:  # noqa: BLE001 - every rank must learn that rank 0 failed
             log.exception("weight sync setup failed")
             return self._fail(SyncError(f"weight sync to version {version} failed on trainer rank 0: {exc!r}"))
+
+    def _begin(self, members: list[str]) -> list[EngineFailure]:
+        """Open the weight-update session; one left open by a failed push is ended and reopened."""
+        engines = self.engines
+        assert engines is not None
+        failures = engines.call(members, "begin_weight_update", "begin_weight_update")
+        stale = [f.url for f in failures if "already open" in f.error]
+        if stale:
+            engines.call(stale, "end_weight_update", "end_weight_update")
+            retried = engines.call(stale, "begin_weight_update", "begin_weight_update")
+            failures = [f for f in failures if f.url not in stale] + retried
+        return failures
+
+    def _end(self, members: list[str]) -> list[EngineFailure]:
+        engines = self.engines
+        assert engines is not None
+        return engines.call(members, "end_weight_update", "end_weight_update") if members else []
+
+    def _layout(self, members: list[str]) -> tuple[dict[str, int], str | None, list[EngineFailure]]:
+        """Each engine's rank count (its tp_size) and the engines' weight dtype, from /server_info.
+
+        An engine without the route (or a fake without the method) counts as the client's
+        `ranks_per_server` ranks. dp_size > 1 is refused: SGLang's distributed update routes
+        assert dp_size == 1.
+        """
+        engines = self.engines
+        assert engines is not None
+        answers = engines.results(members, "server_info")
+        ranks: dict[str, int] = {}
+        dtypes: set[str] = set()
+        failures: list[EngineFailure] = []
+        for url in members:
+            info = answers.get(url)
+            info = info if isinstance(info, dict) else {}
+            dp = int(info.get("dp_size") or 1)
+            if dp > 1:
+                why = f"dp_size = {dp}: SGLang's distributed weight update needs dp_size == 1 (use sync.method = disk)"
+                failures.append(EngineFailure(url, "server_info", why))
+                continue
+            ranks[url] = int(info.get("tp_size") or engines.ranks_per_server)
+            if isinstance(info.get("dtype"), str):
+                dtypes.add(self._resolve_dtype(info["dtype"]))
+        dtypes.discard("")
+        if len(dtypes) > 1:
+            raise SyncError(f"rollout engines serve different dtypes {sorted(dtypes)}; one wire dtype is needed")
+        return ranks, (dtypes.pop() if dtypes else None), failures
+
+    def _resolve_dtype(self, name: str) -> str:
+        """An engine's dtype name ("bfloat16", "torch.float16", "auto") as a wire dtype ("" if unknown)."""
+        name = name.removeprefix("torch.")
+        if name == "auto":
+            config = getattr(self.model, "config", None)
+            value = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
+            name = str(value).removeprefix("torch.") if value is not None else ""
+        aliases = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+        name = aliases.get(name, name)
+        return name if name in ("float32", "bfloat16", "float16") else ""
 
     def _fail(self, exc: SyncError) -> dict[str, Any]:
         return {
@@ -226,13 +317,26 @@ class BroadcastSync:
         engines = self.engines
         assert engines is not None
         self._drop_group()
+        old_members, old_label = [m for m in self._stale[0] if m in members], self._stale[1]
+        self._stale = ([], "")
+        if old_members and old_label:  # free the engines' member of the old group (SGLang keeps it otherwise)
+            for failure in engines.call(
+                old_members, "destroy_weights_update_group", "destroy_weights_update_group", old_label
+            ):
+                log.info("weight sync: destroying group %s: %s", old_label, failure)
+        ranks, dtype, failures = self._layout(members)
+        if failures:
+            return failures
+        if self.forced_dtype is None and dtype is not None and dtype != self.wire_dtype:
+            self._set_wire_dtype(dtype)
         self._generation += 1
         label = self.group_name if self._generation == 1 else f"{self.group_name}-{self._generation}"
         address = self.master_address or reachable_address(members)
         port = free_port(address)
-        rps = engines.ranks_per_server
-        world = 1 + len(members) * rps
-        offsets = {url: 1 + i * rps for i, url in enumerate(members)}
+        world = 1 + sum(ranks.values())
+        offsets, next_rank = {}, 1
+        for url in members:
+            offsets[url], next_rank = next_rank, next_rank + ranks[url]
         futures = engines.submit(
             members,
             "init_weights_update_group",
@@ -293,6 +397,7 @@ class BroadcastSync:
     def _drop_group(self) -> None:
         if self._group is not None:
             _abort(self._group)
+            self._stale = (list(self._members), self._group_label)  # engines still hold their member
         self._group, self._members = None, []
 
     # -- every rank: the transfer --------------------------------------------------------
@@ -501,13 +606,19 @@ class BroadcastSync:
         engines = self.engines
         assert engines is not None
         try:
+            members = list(self._members) or engines.live()
             if self._fatal:
+                self._end([m for m in members if m not in {f.url for f in failures}])
                 raise SyncError(self._fatal)
             if failures:
+                self._end([m for m in members if m not in {f.url for f in failures}])
                 engines.handle(failures, version=version)  # raises in fail mode
                 return {"state": "retry"}
-            failures = engines.call(self._members, "resume", "resume")
+            failures = self._end(members)
+            ok = [m for m in members if m not in {f.url for f in failures}]
+            failures += engines.call(ok, "resume", "resume")
             engines.handle(failures, version=version)
+            engines.admit_rejoined()
             return {"state": "ok", "engines": len(engines.live()), "dropped": len(engines.dropped)}
         except SyncError as exc:
             return self._fail(exc)

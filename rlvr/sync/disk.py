@@ -94,6 +94,7 @@ class DiskSync:
         assert engines is not None
         start = time.monotonic()
         try:
+            engines.recover()
             members = engines.live()
             if not members:
                 raise SyncError(f"weight sync to version {version}: no live rollout engine")
@@ -106,6 +107,7 @@ class DiskSync:
                 failures = engines.call(members, stage, method, *args, **kwargs)
                 engines.handle(failures, version=version)  # raises in fail mode or when none is left
                 members = [m for m in members if m not in engines.dropped]
+            engines.admit_rejoined()
             return {
                 "state": "ok",
                 "engines": len(members),

@@ -85,6 +85,7 @@ class Engines:
         self.on_failure = on_failure
         self.ranks_per_server = int(getattr(client, "ranks_per_server", 1))
         self.dropped: dict[str, EngineFailure] = {}
+        self.rejoining: list[str] = []  # dropped engines that answer /health again: synced, then admitted
         self._factory = factory or _default_factory(client, timeout_s)
         self._clients: dict[str, Any] = {}
         self._loop = _LoopThread()
@@ -92,8 +93,32 @@ class Engines:
     # -- membership ----------------------------------------------------------------------
 
     def live(self) -> list[str]:
+        """The engines this sync updates: the client's servers in rotation plus those rejoining."""
         urls = list(getattr(self.client, "live_servers", None) or getattr(self.client, "urls", []))
-        return [u for u in urls if u not in self.dropped]
+        live = [u for u in urls if u not in self.dropped]
+        return live + [u for u in self.rejoining if u not in live]
+
+    def recover(self) -> None:
+        """Dropped engines that answer /health again rejoin at this sync (they stay held, out of
+        rotation, until `admit_rejoined` after a sync that gave them the current weights)."""
+        if not self.dropped:
+            return
+        for url in sorted(self.healthy(list(self.dropped))):
+            log.info("weight sync: engine %s answers again; it rejoins the update group", url)
+            del self.dropped[url]
+            self.rejoining.append(url)
+
+    def admit_rejoined(self) -> None:
+        """Every engine that rejoined has the current weights now: back in the client's rotation."""
+        admit = getattr(self.client, "admit", None)
+        for url in self.rejoining:
+            if callable(admit):
+                admit(url)
+                continue
+            for server in getattr(self.client, "servers", []) or []:
+                if getattr(server, "url", None) == url and hasattr(server, "alive"):
+                    server.alive = True
+        self.rejoining.clear()
 
     def one(self, url: str) -> Any:
         if url not in self._clients:
@@ -131,6 +156,19 @@ class Engines:
     def call(self, urls: Sequence[str], stage: str, method: str, *args: Any, **kw: Any) -> list[EngineFailure]:
         return self.collect(self.submit(urls, method, *args, **kw), stage)
 
+    def results(self, urls: Sequence[str], method: str) -> dict[str, Any]:
+        """`method()` on every engine that has it; the answers (an exception for a failed call)."""
+        futures = {u: self._loop.submit(getattr(self.one(u), method)()) for u in urls if hasattr(self.one(u), method)}
+        answers: dict[str, Any] = {}
+        deadline = time.monotonic() + self.timeout_s
+        for url, future in futures.items():
+            try:
+                answers[url] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                future.cancel()
+                answers[url] = exc
+        return answers
+
     def healthy(self, urls: Sequence[str]) -> set[str]:
         """The engines that answer /health within min(10 s, timeout)."""
         futures = self.submit(urls, "health")
@@ -156,6 +194,8 @@ class Engines:
             if failure.url not in self.dropped:
                 log.warning("weight sync: dropping engine %s", failure)
                 self.dropped[failure.url] = failure
+                if failure.url in self.rejoining:
+                    self.rejoining.remove(failure.url)
                 self._mark_dead(failure.url)
         if not self.live():
             raise SyncError(f"weight sync to version {version}: no engine left ({detail})", failures)
@@ -163,13 +203,15 @@ class Engines:
     def _mark_dead(self, url: str) -> None:
         """Tell the loop's client to stop routing generations to `url` (it has stale weights).
 
-        Best effort, by duck typing: `mark_dead(url)` if the client has it, else the
-        `alive` flag of its server record.
+        `hold(url)` (SGLangClient, thread-safe) keeps it out of rotation whatever its /health
+        says, until `admit_rejoined`; other clients by duck typing (`mark_dead`, or the
+        `alive` flag of its server record).
         """
-        mark = getattr(self.client, "mark_dead", None)
-        if callable(mark):
-            mark(url)
-            return
+        for name in ("hold", "mark_dead"):
+            mark = getattr(self.client, name, None)
+            if callable(mark):
+                mark(url)
+                return
         for server in getattr(self.client, "servers", []) or []:
             if getattr(server, "url", None) == url and hasattr(server, "alive"):
                 server.alive = False

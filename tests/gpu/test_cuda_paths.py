@@ -64,3 +64,53 @@ def test_fsdp2_bf16_step_on_nccl(tiny_model_dir: Path, tmp_path: Path) -> None:
         timeout=600,
     )
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+WEIGHT_RECEIVER = """
+import sys, torch
+from rlvr.rollout.dist import join_group_like_sglang, receive_broadcast
+port, name = int(sys.argv[1]), sys.argv[2]
+torch.cuda.set_device(1)
+group = join_group_like_sglang(master_address="127.0.0.1", master_port=port, rank=1, world_size=2,
+                               group_name=name, backend="nccl", timeout_s=120)
+[(_, flat)] = receive_broadcast(group, ["flat"], ["uint8"], [[int(sys.argv[3])]], device="cuda")
+torch.cuda.synchronize()
+print("sum", int(flat.to(torch.int64).sum()))
+"""
+
+
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available() or __import__("torch").cuda.device_count() < 2,
+    reason="NCCL needs one GPU per rank (two processes on one GPU: 'Duplicate GPU detected')",
+)
+def test_nccl_weight_group_between_two_processes(tmp_path: Path) -> None:
+    """Trainer rank 0 (this process, cuda:0) and an engine member built the way SGLang builds
+    it (another process, cuda:1) meet over NCCL and move a 256 MB bf16 bucket; prints GB/s."""
+    import socket
+    import time
+
+    import torch
+
+    from rlvr.rollout.dist import join_group, send_broadcast
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    flat = torch.randint(0, 255, (256 * 2**20,), dtype=torch.uint8, device="cuda:0")
+    script = tmp_path / "receiver.py"
+    script.write_text(WEIGHT_RECEIVER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(port), "g", str(flat.numel())], stdout=subprocess.PIPE, text=True
+    )
+    torch.cuda.set_device(0)
+    group = join_group(
+        master_address="127.0.0.1", master_port=port, rank=0, world_size=2, group_name="g", backend="nccl"
+    )
+    start = time.monotonic()
+    send_broadcast(group, [flat])
+    torch.cuda.synchronize()
+    seconds = time.monotonic() - start
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and f"sum {int(flat.to(torch.int64).sum())}" in out, out
+    print(f"nccl weight group: 256 MB in {seconds:.3f}s ({0.268 / seconds:.1f} GB/s, first broadcast incl. setup)")
+    group.shutdown()

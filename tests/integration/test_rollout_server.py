@@ -173,7 +173,7 @@ async def test_api_key_is_required_except_for_health(server):
     async with aiohttp.ClientSession() as session:
         async with session.get(server + "/health") as resp:
             assert resp.status == 200
-        async with session.get(server + "/get_model_info") as resp:
+        async with session.get(server + "/model_info") as resp:
             assert resp.status == 401
     status, _ = await _post(server, "/generate", {"text": "hi"}, key="wrong")
     assert status == 401
@@ -208,7 +208,7 @@ async def test_pause_holds_new_requests_until_continue(client, server):
     task = asyncio.create_task(client.generate([long]))
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_KEY}"}) as session:
         for _ in range(500):  # wait until the server is decoding it
-            async with session.get(server + "/get_server_info") as resp:
+            async with session.get(server + "/server_info") as resp:
                 if (await resp.json())["running"] > 0:
                     break
             await asyncio.sleep(0.01)
@@ -275,6 +275,11 @@ async def test_update_weights_from_distributed_with_an_in_test_sender(client, mo
 
     named = list(model.named_parameters())
     buckets = [named[: len(named) // 2], named[len(named) // 2 :]]
+    with pytest.raises(RolloutError, match="between begin_weight_update"):  # SGLang 0.5.23: sessions only
+        await client.update_weights_from_distributed(["x"], ["float32"], [[1]])
+    await client.begin_weight_update()
+    with pytest.raises(RolloutError, match="already open"):
+        await client.begin_weight_update()
     for i, bucket in enumerate(buckets):
         version = 7 if i == len(buckets) - 1 else None
         names = [n for n, _ in bucket]
@@ -285,6 +290,10 @@ async def test_update_weights_from_distributed_with_an_in_test_sender(client, mo
         )
         await asyncio.to_thread(send_broadcast, group, [t.detach() for _, t in bucket])
         await asyncio.wait_for(update, 60)
+    await client.end_weight_update()
+    await client.destroy_weights_update_group()
+    with pytest.raises(RolloutError, match="does not exist"):
+        await client.destroy_weights_update_group()
     after = (await client.generate([request]))[0]
     assert after.policy_version == 7 and after.token_ids != before.token_ids
 
@@ -316,3 +325,89 @@ def test_server_command_is_runnable_python():
     argv = build_embedded_server_command(RolloutConfig(max_batch=4), model_path="/m", port=1234)
     assert argv[:3] == [sys.executable, "-m", "rlvr.rollout.commands"]
     assert "--max-batch" in argv and argv[argv.index("--max-batch") + 1] == "4"
+
+
+async def test_seeds_follow_sglang_and_the_client_gives_each_sample_its_own(server, client, model_dir):
+    """The twin seeds all n samples of one item alike, as SGLang does (identical samples);
+    the client therefore sends a seeded group as n items with seeds seed + j, which differ."""
+    tok = _tokenizer(model_dir)
+    params = {"temperature": 1.0, "max_new_tokens": 12, "ignore_eos": True, "n": 4, "sampling_seed": 5}
+    status, raw = await _post(server, "/generate", {"input_ids": tok.encode("hello"), "sampling_params": params})
+    assert status == 200 and isinstance(raw, list) and len({tuple(o["output_ids"]) for o in raw}) == 1
+    request = GenerateRequest(
+        tok.encode("hello"), SamplingParams(temperature=1.0, max_new_tokens=12, ignore_eos=True, seed=5), n=4
+    )
+    group = await client.generate([request])
+    assert len(group) == 4 and len({tuple(c.token_ids) for c in group}) == 4
+    assert [c.token_ids for c in await client.generate([request])] == [c.token_ids for c in group]  # reproducible
+
+
+BAD_REQUESTS = [
+    ({"input_ids": [1000000000]}, "input_ids"),
+    ({"input_ids": [-1]}, "input_ids"),
+    ({"input_ids": [1, 2], "sampling_params": {"n": 0}}, "sampling_params.n"),
+    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -3}}, "sampling_params.max_new_tokens"),
+    ({"input_ids": [1, 2], "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+    ({"input_ids": [1, 2], "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
+    ({"input_ids": [1, 2], "sampling_params": {"top_k": 0}}, "sampling_params.top_k"),
+    ({"input_ids": [1, 2], "sampling_params": {"stop_token_ids": [10**9]}}, "stop_token_ids"),
+    ({"input_ids": [1, 2], "sampling_params": {"tempreature": 1}}, "tempreature"),
+    ({"input_ids": [1, 2], "smapling_params": {}}, "smapling_params"),
+    ({"input_ids": []}, "input_ids"),
+    ({"input_ids": ["a"]}, "input_ids"),
+]
+
+
+async def test_bad_requests_are_400_naming_the_field_and_the_engine_survives_them(server, model_dir):
+    """Concurrent good requests interleaved with every bad one: each bad one is a 400 that
+    names its field; the good ones, and one after all of them, still succeed."""
+    tok = _tokenizer(model_dir)
+    good = {"input_ids": tok.encode("hello"), "sampling_params": {"max_new_tokens": 6, "n": 2}}
+    calls = []
+    for bad, _ in BAD_REQUESTS:
+        calls += [_post(server, "/generate", good), _post(server, "/generate", bad)]
+    results = await asyncio.gather(*calls)
+    for (bad, field), (status, body) in zip(BAD_REQUESTS, results[1::2], strict=True):
+        assert status == 400 and field in str(body), (bad, status, body)
+    assert all(status == 200 for status, _ in results[0::2])
+    status, out = await _post(server, "/generate", good)
+    assert status == 200 and len(out) == 2  # type: ignore[arg-type]
+    status, _ = await _post(server, "/update_weights_from_disk", {"model_path": str(model_dir), "bogus": 1})
+    assert status == 400  # unknown fields are refused on every route, not silently dropped
+
+
+async def test_flush_cache_is_refused_while_requests_run(server, client, model_dir):
+    tok = _tokenizer(model_dir)
+    long = GenerateRequest(tok.encode("hi"), SamplingParams(max_new_tokens=400, ignore_eos=True))
+    task = asyncio.create_task(client.generate([long]))
+    try:
+        deadline = time.monotonic() + 30
+        refused = False
+        while time.monotonic() < deadline and not task.done():
+            try:
+                await client.flush_cache()
+            except RolloutError as exc:
+                refused = "HTTP 400" in str(exc)
+                break
+            await asyncio.sleep(0.01)
+        assert refused or task.done()
+    finally:
+        await client.pause("abort")
+        await client.resume()
+        await task
+    await client.flush_cache()  # idle: fine
+
+
+def test_a_dead_engine_worker_stops_the_server(tmp_path):
+    """If the worker thread dies the process exits non-zero instead of answering 500s forever."""
+    from rlvr.rollout import server as srv
+
+    script = tmp_path / "die.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "from rlvr.rollout import server as srv\n"
+        "class E:\n    worker_alive = False\n    _error = RuntimeError('boom')\n"
+        "asyncio.run(srv._watch(E(), interval_s=0.01))\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == srv.WORKER_DIED, proc.stderr

@@ -19,7 +19,7 @@ def test_sglang_server_command_for_the_flagship() -> None:
     assert argv == [
         "/opt/sglang-env/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/Qwen2.5-7B-Instruct",
         "--host", "10.0.0.2", "--port", "30001", "--tp-size", "2", "--dp-size", "1", "--mem-fraction-static", "0.8",
-        "--dtype", "bfloat16", "--random-seed", "42",
+        "--dtype", "bfloat16", "--weight-version", "0", "--random-seed", "42",
     ]  # fmt: skip
 
 

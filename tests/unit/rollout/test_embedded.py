@@ -364,6 +364,7 @@ def _push(engine: EmbeddedEngine, group, group_name: str, named: list[tuple[str,
     errors: list[BaseException] = []
 
     def receive():
+        engine.begin_weight_update_sync()  # SGLang 0.5.23 takes buckets only inside a session
         try:
             engine.update_weights_from_distributed_sync(
                 [n for n, _ in named],
@@ -374,6 +375,8 @@ def _push(engine: EmbeddedEngine, group, group_name: str, named: list[tuple[str,
             )
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
             errors.append(exc)
+        finally:
+            engine.end_weight_update_sync()
 
     tensors = [t for _, t in named]
     if kw.get("load_format") == "flattened_bucket":  # one broadcast of the bytes back to back

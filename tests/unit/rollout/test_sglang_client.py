@@ -88,3 +88,22 @@ def test_least_outstanding_pick():
     assert client._pick({"http://b"}).url == "http://a"  # type: ignore[union-attr]
     with pytest.raises(ValueError):
         SGLangClient([])
+
+
+def test_a_held_server_stays_out_of_rotation_past_the_revive_time(monkeypatch) -> None:
+    """The weight sync holds a dropped engine (stale weights): the real client must not revive
+    it after `revive_after_s` like a crashed one, even when /health answers; `admit` does."""
+    import rlvr.rollout.sglang as sg
+
+    client = SGLangClient(["http://a:1", "http://b:1"], revive_after_s=30)
+    client.hold("http://b:1")
+    now = [1000.0]
+    monkeypatch.setattr(sg.time, "monotonic", lambda: now[0])
+    client.servers[1].dead_since = now[0]
+    now[0] += 3600  # long past the revive time
+    assert {client._pick(set()).url for _ in range(50)} == {"http://a:1"}  # type: ignore[union-attr]
+    assert client._pick({"http://a:1"}) is None
+    assert client.live_servers == ["http://a:1"] and client.held_servers == ["http://b:1"]
+    client.admit("http://b:1")
+    assert client.live_servers == ["http://a:1", "http://b:1"] and client.held_servers == []
+    assert client._pick({"http://a:1"}).url == "http://b:1"  # type: ignore[union-attr]

@@ -54,6 +54,8 @@ class FakeEngine:
     def __init__(self, url: str, log: list[tuple[str, str, dict[str, Any]]], behave: dict[str, str]):
         self.url, self.log, self.behave = url, log, behave
         self.healthy = True
+        self.session = False
+        self.info: dict[str, Any] = {}
 
     async def _call(self, method: str, **fields: Any) -> Any:
         self.log.append((self.url, method, fields))
@@ -75,10 +77,30 @@ class FakeEngine:
     async def resume(self) -> Any:
         return await self._call("resume")
 
+    async def begin_weight_update(self) -> Any:
+        if self.session:  # as SGLang 0.5.23's SchedulerWeightUpdaterManager.begin_weight_update
+            return {"success": False, "message": "a weight-update session is already open"}
+        result = await self._call("begin_weight_update")
+        self.session = result is None
+        return result
+
+    async def end_weight_update(self) -> Any:
+        self.session = False
+        return await self._call("end_weight_update")
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> Any:
+        return await self._call("destroy_weights_update_group", group_name=group_name)
+
+    async def server_info(self) -> Any:
+        await self._call("server_info")
+        return dict(self.info)
+
     async def init_weights_update_group(self, **kw: Any) -> Any:
         return await self._call("init_weights_update_group", **kw)
 
     async def update_weights_from_distributed(self, names, dtypes, shapes, **kw: Any) -> Any:
+        if not self.session:  # SGLang 0.5.23 refuses a bucket outside a session
+            return {"success": False, "message": "must run between begin_weight_update() and end_weight_update()"}
         return await self._call("update_weights_from_distributed", names=names, dtypes=dtypes, shapes=shapes, **kw)
 
     async def update_weights_from_disk(self, path: str, *, version: int | None = None) -> Any:
@@ -138,8 +160,10 @@ class Harness:
         self.groups.append(group)
         return group
 
-    def calls(self, url: str | None = None) -> list[str]:
-        return [m for u, m, _ in self.log if url is None or u == url]
+    def calls(self, url: str | None = None, *, all_calls: bool = False) -> list[str]:
+        """The methods called on `url` (server_info and destroy omitted unless `all_calls`)."""
+        quiet = () if all_calls else ("server_info", "destroy_weights_update_group")
+        return [m for u, m, _ in self.log if (url is None or u == url) and m not in quiet]
 
 
 @pytest.fixture

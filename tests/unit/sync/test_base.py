@@ -54,3 +54,22 @@ def test_auto_method() -> None:
     assert resolve_method("disk", has_client=True, has_engine=False) == "disk"
     with pytest.raises(ValueError, match="auto"):
         resolve_method("auto", has_client=False, has_engine=False)
+
+
+def test_mixed_dtypes_never_give_an_unaligned_offset() -> None:
+    """SGLang's FlattenedTensorBucket refuses a tensor whose byte offset is not a multiple of
+    its dtype size; a bucket closes before such a tensor."""
+    specs = [
+        TensorSpec("a", "uint8", (3,), 1),
+        TensorSpec("b", "bfloat16", (4,), 2),
+        TensorSpec("c", "float32", (2,), 4),
+        TensorSpec("d", "uint8", (2,), 1),
+        TensorSpec("e", "float32", (1,), 4),
+    ]
+    buckets = plan_buckets(specs, bucket_mb=1)
+    assert [[s.name for s in b] for b in buckets] == [["a"], ["b", "c", "d"], ["e"]]
+    for bucket in buckets:
+        offset = 0
+        for spec in bucket:
+            assert offset % spec.itemsize == 0
+            offset += spec.nbytes

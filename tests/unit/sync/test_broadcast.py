@@ -46,7 +46,9 @@ def test_order_versions_and_payloads(harness, model) -> None:
         "init_weights_update_group",
         "pause",
         "flush_cache",
+        "begin_weight_update",
         *["update_weights_from_distributed"] * n,
+        "end_weight_update",
         "resume",
     ]
     updates = [f for _, m, f in harness.log if m == "update_weights_from_distributed"]
@@ -61,7 +63,7 @@ def test_order_versions_and_payloads(harness, model) -> None:
     assert len(harness.sent) == len(expected)
     for sent, (_, tensor) in zip(harness.sent, expected, strict=True):
         assert torch.equal(sent, tensor)
-    init = harness.log[0][2]
+    init = next(f for _, m, f in harness.log if m == "init_weights_update_group")
     assert init["world_size"] == 2 and init["rank_offset"] == 1 and init["backend"] == "gloo"
     assert init["master_address"] == "127.0.0.1" and init["group_name"] == harness.groups[0].kw["group_name"]
     assert harness.groups[0].kw["rank"] == 0 and harness.groups[0].kw["world_size"] == 2
@@ -125,9 +127,50 @@ def test_continue_mode_drops_the_failed_engine_and_retries(harness, model) -> No
     assert calls[-1] == "resume" and calls.count("resume") == 1
     updates = [f for u, m, f in harness.log if u == A and m == "update_weights_from_distributed"]
     assert updates[-1]["version"] == 4
+    harness.engines[B].healthy = False  # still down at the next push
     sync.push(version=5)  # the next push reuses the rebuilt group
     assert len(harness.groups) == 2
     sync.close()
+
+
+def test_a_dropped_engine_rejoins_only_with_the_current_weights(harness, model) -> None:
+    """B fails and is held out of rotation; once it answers /health again it rejoins the next
+    push (a new group with both), receives every bucket, and only then serves again."""
+    harness.behave[B] = {"update_weights_from_distributed": "raise"}
+    client = ParentClient([A, B])
+    sync = make(harness, model, client, on_engine_failure="continue")
+    sync.push(version=1)
+    assert client.live_servers == [A]
+    harness.behave[B].clear()  # B is back and healthy
+    metrics = sync.push(version=2)
+    assert metrics["sync/engines"] == 2 and client.live_servers == [A, B]
+    updates = [f for u, m, f in harness.log if u == B and m == "update_weights_from_distributed"]
+    assert updates[-1]["version"] == 2 and len(harness.groups) == 3
+    assert harness.calls(B)[-2:] == ["end_weight_update", "resume"]
+    sync.close()
+
+
+def test_ranks_and_wire_dtype_come_from_server_info(harness, model) -> None:
+    """Each server's tp workers take ranks rank_offset + tp_rank, so offsets follow each tp_size;
+    the engines' dtype is the wire dtype (bf16: half the bytes); dp_size > 1 is refused."""
+    sync = make(harness, model, ParentClient([A, B]))
+    harness.factory(A).info.update(tp_size=2, dtype="bfloat16")
+    harness.factory(B).info.update(tp_size=4, dtype="bfloat16")
+    sync.engines._clients.update(harness.engines)  # pyright: ignore[reportOptionalMemberAccess]
+    sync.push(version=1)
+    inits = [(u, f["rank_offset"], f["world_size"]) for u, m, f in harness.log if m == "init_weights_update_group"]
+    assert inits == [(A, 1, 7), (B, 3, 7)]
+    updates = [f for _, m, f in harness.log if m == "update_weights_from_distributed"]
+    assert {d for u in updates for d in u["dtypes"]} == {"bfloat16"}
+    assert all(t.dtype == torch.bfloat16 for t in harness.sent)
+    sync.close()
+    harness2_model = model
+    other = make(harness, harness2_model, ParentClient(["http://10.0.0.3:30000"]))
+    harness.factory("http://10.0.0.3:30000").info.update(dp_size=2)
+    other.engines._clients.update(harness.engines)  # pyright: ignore[reportOptionalMemberAccess]
+    with pytest.raises(SyncError, match="dp_size = 2"):
+        other.push(version=1)
+    other.close()
 
 
 def test_a_broken_broadcast_blames_the_engine_that_lost_its_health(harness, model) -> None:

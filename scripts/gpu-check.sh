@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The GPU checks CI cannot run, as one script (budget: under 8 minutes on one node):
+# the embedded engine on CUDA in bf16, an FSDP2 step on NCCL, and the NCCL weight-update
+# group between two processes (needs two GPUs; skipped with a reason on one). Prints the
+# GPU, each test's outcome and duration, and the numbers the tests print.
+#
+#   bash scripts/gpu-check.sh            # from the repository root, in the project's venv
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python - <<'PY'
+import torch
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s):",
+      ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) or "none")
+PY
+start=$(date +%s)
+timeout 470 python -m pytest -m gpu tests/gpu -q -s -rA --durations=0 -p no:cacheprovider --timeout=400
+echo "gpu-check: $(( $(date +%s) - start )) s"
