@@ -155,6 +155,7 @@ class LocalSandbox:
         uid: int | None,
         run_id: str,
         ro_binds: list[tuple[str, str]],
+        args: tuple[str, ...] = (),
     ) -> list[str]:
         """The argv for one run (public so tests and docs can show exactly what is executed)."""
         cpu = int(limits.cpu_s or limits.timeout_s + 1)
@@ -172,17 +173,22 @@ class LocalSandbox:
         drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid is not None else []
         if self.mode != "unshare":  # unshare needs root for its namespaces: it drops the uid after
             argv += drop
-        inner = [self.python, "-I", "-S", "-B", script]
+        inner = [self.python, "-I", "-S", "-B", script, *args]
         env = {"PATH": "/usr/bin:/bin", "HOME": SANDBOX_DIR, "LANG": "C.UTF-8", "RLVR_SANDBOX_RUN": run_id}
         if self.mode == "bwrap":
             argv += ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", *_root_binds()]
             prefix = _python_prefix(self.python)
             if prefix:
                 argv += ["--ro-bind", prefix, prefix]
-            argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", scratch, SANDBOX_DIR]
+            # One size-bounded tmpfs is the only writable place (/tmp points into it); the
+            # run's files are bound read-only into it, and /, /dev are remounted read-only.
+            argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.max_scratch_mb * 1024 * 1024),
+                     "--tmpfs", SANDBOX_DIR, "--dir", f"{SANDBOX_DIR}/.tmp", "--symlink", f"{SANDBOX_DIR}/.tmp", "/tmp"]  # fmt: skip
+            for name in sorted(os.listdir(scratch)):
+                argv += ["--ro-bind", os.path.join(scratch, name), f"{SANDBOX_DIR}/{name}"]
             for src, dst in ro_binds:
                 argv += ["--ro-bind", src, dst]
-            argv += ["--chdir", SANDBOX_DIR, "--clearenv"]
+            argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_DIR, "--clearenv"]
             for key, value in env.items():
                 argv += ["--setenv", key, value]
             return [*argv, "--", *inner]
@@ -201,8 +207,17 @@ class LocalSandbox:
         *,
         limits: Limits,
         ro_binds: list[tuple[str, str]] | None = None,
+        stdin: int | None = None,
+        stdout: int | None = None,
+        pass_fds: tuple[int, ...] = (),
+        stop: asyncio.Event | None = None,
+        args: tuple[str, ...] = (),
     ) -> RunResult:
-        """Write `files` into a fresh scratch dir, run `script` there, clean up; never leaks processes."""
+        """Write `files` into a fresh scratch dir, run `script` there, clean up; never leaks processes.
+
+        `stdin`/`stdout` (fds) and `pass_fds` wire a run to a peer (the judge and the solution
+        talk over pipes); `stop` ends the run early once its peer is done with it.
+        """
         run_id = secrets.token_hex(8)
         scratch = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=self.workdir)
         uid = self._uid()
@@ -214,8 +229,12 @@ class LocalSandbox:
                     os.chown(path, uid, uid)
             if self.mode != "bwrap":
                 ro_binds = []  # pytest only works under bwrap's binds; elsewhere the harness reports it missing
-            argv = self.command(scratch, script, limits=limits, uid=uid, run_id=run_id, ro_binds=ro_binds or [])
-            result = await self._execute(argv, cwd=scratch, limits=limits)
+            argv = self.command(
+                scratch, script, limits=limits, uid=uid, run_id=run_id, ro_binds=ro_binds or [], args=args
+            )
+            result = await self._execute(
+                argv, cwd=scratch, limits=limits, stdin=stdin, stdout=stdout, pass_fds=pass_fds, stop=stop
+            )
             result.run_id = run_id
             result.info.update({"mode": self.mode, "scratch": scratch})
             return result
@@ -224,16 +243,32 @@ class LocalSandbox:
                 reap(uid=uid, run_id=run_id)
             shutil.rmtree(scratch, ignore_errors=True)
 
-    async def _execute(self, argv: list[str], *, cwd: str, limits: Limits) -> RunResult:
+    async def _execute(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        limits: Limits,
+        stdin: int | None,
+        stdout: int | None,
+        pass_fds: tuple[int, ...],
+        stop: asyncio.Event | None,
+    ) -> RunResult:
         start = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=cwd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=cwd,
+                stdin=asyncio.subprocess.DEVNULL if stdin is None else stdin,
+                stdout=asyncio.subprocess.PIPE if stdout is None else stdout,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=pass_fds,
+                env={},  # the sandbox's pid 1 (bwrap) shows its environment in /proc/1/environ: give it none
+            )
+        finally:  # the child has its copies: ours must go, or its peer never sees end-of-file
+            for fd in {fd for fd in (stdin, stdout, *pass_fds) if fd is not None}:
+                os.close(fd)
         killed: list[str] = []
 
         def kill(reason: str) -> None:
@@ -242,17 +277,28 @@ class LocalSandbox:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
 
-        async def read(stream: asyncio.StreamReader | None, cap: int) -> bytes:
+        async def read(stream: asyncio.StreamReader | None, cap: int, reason: str) -> bytes:
             buf = bytearray()
             if stream is None:
                 return b""
             while chunk := await stream.read(65536):  # drain to EOF even past the cap: closes the transport
                 if len(buf) + len(chunk) > cap and not killed:
-                    kill("output_limit")
+                    kill(reason)
                 buf += chunk[: max(0, cap - len(buf))]
             return bytes(buf)
 
-        tasks = asyncio.gather(read(proc.stdout, limits.max_output_bytes), read(proc.stderr, 65536), proc.wait())
+        async def stopped() -> None:
+            if stop is not None:
+                await stop.wait()
+                await asyncio.sleep(0.05)  # let it exit on its own first (its pipe closed)
+                if proc.returncode is None:
+                    kill("stopped")
+
+        cap = limits.max_output_bytes
+        tasks = asyncio.gather(
+            read(proc.stdout, cap, "stdout_limit"), read(proc.stderr, cap, "stderr_limit"), proc.wait()
+        )
+        stopper = asyncio.ensure_future(stopped())
         try:
             out, err, _ = await asyncio.wait_for(asyncio.shield(tasks), timeout=limits.timeout_s)
         except TimeoutError:
@@ -266,6 +312,7 @@ class LocalSandbox:
             await asyncio.shield(proc.wait())
             raise
         finally:
+            stopper.cancel()
             if proc.returncode is None:
                 kill("cleanup")
                 await proc.wait()

@@ -134,7 +134,9 @@ async def test_killing_the_parent_and_everything_reachable():
 
 async def test_huge_output_is_bounded():
     result = await run("while True:\n    print('x' * 10000)", max_output_bytes=100_000)
-    assert result.info["reason"] == "output limit exceeded"
+    assert result.info["reason"] == "output limit exceeded: stdout (max_output_bytes = 100000)"
+    noisy = await run("import sys\nwhile True:\n    sys.stderr.write('x' * 10000)", max_output_bytes=100_000)
+    assert noisy.info["reason"] == "output limit exceeded: stderr (max_output_bytes = 100000)"
 
 
 async def test_setsid_and_double_fork_leave_nothing_behind():
