@@ -152,3 +152,54 @@ async def test_setsid_and_double_fork_leave_nothing_behind():
         "print('escaped')\n"
     )
     await run(code, expected="ok")  # prints 'escaped', exits 0; the grandchild must die with the namespace
+
+
+async def contained(code: str, **args) -> None:
+    """A program that checks a containment property from inside and prints `contained`."""
+    sample = make_sample(case_type="stdin_stdout", test_cases=[{"input": "", "output": "contained"}])
+    result = await score(sample, code_completion(code), **{"timeout_s": 20, **args})
+    assert result.score == 1.0, result.info
+    assert_no_leftovers()
+
+
+async def test_sandbox_pid1_and_the_run_have_an_empty_environment(monkeypatch):
+    monkeypatch.setenv("RLVR_TEST_API_KEY", "hunter2-secret")
+    code = (
+        "import os\n"
+        "seen = b''\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    if pid.isdigit():\n"
+        "        try:\n"
+        "            seen += open(f'/proc/{pid}/environ', 'rb').read()\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "leak = b'hunter2' in seen or any('hunter2' in v for v in os.environ.values())\n"
+        "print('leaked' if leak else 'contained')"
+    )
+    await contained(code)
+
+
+async def test_total_bytes_written_are_bounded():
+    # 320 MB offered to every writable-looking place; the sandbox takes at most max_scratch_mb in all.
+    code = (
+        "import os\n"
+        "total = 0\n"
+        "chunk = b'x' * (1 << 20)\n"
+        "for n, d in enumerate(('.', '/tmp', '/', '/dev', '/dev/shm', '/sandbox')):\n"
+        "    for i in range(64):\n"
+        "        try:\n"
+        "            with open(os.path.join(d, f'f{n}-{i}'), 'wb') as f:\n"
+        "                for _ in range(5):\n"
+        "                    f.write(chunk)\n"
+        "                    f.flush()\n"
+        "                    total += len(chunk)\n"
+        "        except OSError:\n"
+        "            break\n"
+        "print('contained' if total <= 17 * (1 << 20) else f'wrote {total}')"
+    )
+    await contained(code, memory_mb=128, max_scratch_mb=16)
+
+
+async def test_stderr_follows_max_output_bytes():
+    # A correct program that is chatty on stderr (200 KB, past the old hard 64 KiB cap) still passes.
+    await contained("import sys\nsys.stderr.write('debug ' * 35000)\nprint('contained')")
