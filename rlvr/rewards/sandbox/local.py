@@ -35,7 +35,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from rlvr.rewards.sandbox import Limits, RunResult
 
@@ -140,6 +142,7 @@ class LocalSandbox:
         self.mode = available_mode(mode)
         self.python = python or sandbox_python()
         self.workdir = workdir
+        self._forkserver: Any = None  # started on first use (root + bwrap): see forkserver.py
 
     def _uid(self) -> int | None:
         if os.geteuid() != 0:
@@ -218,9 +221,25 @@ class LocalSandbox:
         `stdin`/`stdout` (fds) and `pass_fds` wire a run to a peer (the judge and the solution
         talk over pipes); `stop` ends the run early once its peer is done with it.
         """
+        uid = self._uid()
+        if self.mode == "bwrap" and uid is not None and os.environ.get("RLVR_SANDBOX_FORKSERVER", "1") != "0":
+            if self._forkserver is None:
+                from rlvr.rewards.sandbox.forkserver import ForkServer
+
+                self._forkserver = ForkServer(python=self.python, ro_binds=pytest_binds())
+            return await self._forkserver.run(
+                files,
+                script,
+                limits=limits,
+                uid=uid,
+                stdin=stdin,
+                stdout=stdout,
+                pass_fds=pass_fds,
+                stop=stop,
+                args=args,
+            )
         run_id = secrets.token_hex(8)
         scratch = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=self.workdir)
-        uid = self._uid()
         try:
             for name, text in files.items():
                 Path(scratch, name).write_text(text)
@@ -269,60 +288,77 @@ class LocalSandbox:
         finally:  # the child has its copies: ours must go, or its peer never sees end-of-file
             for fd in {fd for fd in (stdin, stdout, *pass_fds) if fd is not None}:
                 os.close(fd)
-        killed: list[str] = []
-
-        def kill(reason: str) -> None:
-            if not killed:
-                killed.append(reason)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-        async def read(stream: asyncio.StreamReader | None, cap: int, reason: str) -> bytes:
-            buf = bytearray()
-            if stream is None:
-                return b""
-            while chunk := await stream.read(65536):  # drain to EOF even past the cap: closes the transport
-                if len(buf) + len(chunk) > cap and not killed:
-                    kill(reason)
-                buf += chunk[: max(0, cap - len(buf))]
-            return bytes(buf)
-
-        async def stopped() -> None:
-            if stop is not None:
-                await stop.wait()
-                await asyncio.sleep(0.05)  # let it exit on its own first (its pipe closed)
-                if proc.returncode is None:
-                    kill("stopped")
-
-        cap = limits.max_output_bytes
-        tasks = asyncio.gather(
-            read(proc.stdout, cap, "stdout_limit"), read(proc.stderr, cap, "stderr_limit"), proc.wait()
+        return await _supervise(
+            proc, lambda: os.killpg(proc.pid, signal.SIGKILL), limits=limits, stop=stop, start=start
         )
-        stopper = asyncio.ensure_future(stopped())
-        try:
-            out, err, _ = await asyncio.wait_for(asyncio.shield(tasks), timeout=limits.timeout_s)
-        except TimeoutError:
-            kill("timeout")
-            try:  # a stray holding the pipes open (weaker modes) must not hang us: reap() follows
-                out, err, _ = await asyncio.wait_for(tasks, timeout=5)
-            except TimeoutError:
-                out, err = b"", b""
-        except asyncio.CancelledError:
-            kill("cancelled")
-            await asyncio.shield(proc.wait())
-            raise
-        finally:
-            stopper.cancel()
+
+
+class _Proc(Protocol):
+    stdout: asyncio.StreamReader | None
+    stderr: asyncio.StreamReader | None
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
+async def _supervise(
+    proc: _Proc, hard_kill: Callable[[], None], *, limits: Limits, stop: asyncio.Event | None, start: float
+) -> RunResult:
+    """Read a run's output under the caps, enforce the wall timeout, kill it early on `stop`."""
+    killed: list[str] = []
+
+    def kill(reason: str) -> None:
+        if not killed:
+            killed.append(reason)
+        with contextlib.suppress(ProcessLookupError):
+            hard_kill()
+
+    async def read(stream: asyncio.StreamReader | None, cap: int, reason: str) -> bytes:
+        buf = bytearray()
+        if stream is None:
+            return b""
+        while chunk := await stream.read(65536):  # drain to EOF even past the cap: closes the transport
+            if len(buf) + len(chunk) > cap and not killed:
+                kill(reason)
+            buf += chunk[: max(0, cap - len(buf))]
+        return bytes(buf)
+
+    async def stopped() -> None:
+        if stop is not None:
+            await stop.wait()
+            await asyncio.sleep(0.05)  # let it exit on its own first (its pipe closed)
             if proc.returncode is None:
-                kill("cleanup")
-                await proc.wait()
-        return RunResult(
-            exit_code=proc.returncode,
-            stdout=out.decode("utf-8", "replace"),
-            stderr=err.decode("utf-8", "replace"),
-            killed=killed[0] if killed else None,
-            seconds=time.perf_counter() - start,
-        )
+                kill("stopped")
+
+    cap = limits.max_output_bytes
+    tasks = asyncio.gather(read(proc.stdout, cap, "stdout_limit"), read(proc.stderr, cap, "stderr_limit"), proc.wait())
+    stopper = asyncio.ensure_future(stopped())
+    try:
+        out, err, _ = await asyncio.wait_for(asyncio.shield(tasks), timeout=limits.timeout_s)
+    except TimeoutError:
+        kill("timeout")
+        try:  # a stray holding the pipes open (weaker modes) must not hang us: reap() follows
+            out, err, _ = await asyncio.wait_for(tasks, timeout=5)
+        except TimeoutError:
+            out, err = b"", b""
+    except asyncio.CancelledError:
+        kill("cancelled")
+        await asyncio.shield(proc.wait())
+        raise
+    finally:
+        stopper.cancel()
+        if proc.returncode is None:
+            kill("cleanup")
+            await proc.wait()
+    return RunResult(
+        exit_code=proc.returncode,
+        stdout=out.decode("utf-8", "replace"),
+        stderr=err.decode("utf-8", "replace"),
+        killed=killed[0] if killed else None,
+        seconds=time.perf_counter() - start,
+    )
 
 
 def reap(*, uid: int | None, run_id: str) -> int:
