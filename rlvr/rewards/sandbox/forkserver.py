@@ -138,12 +138,13 @@ class ForkServer:
             with contextlib.suppress(OSError):
                 self._send({"kill": run_id}, [])
 
-        result = None
+        clean = False
         try:
             result = await _supervise(proc, kill, limits=limits, stop=stop, start=start)
+            clean = not result.killed and result.exit_code is not None and result.exit_code >= 0
         finally:
             self.pending.pop(run_id, None)
-            if result is None or result.killed or result.exit_code is None or result.exit_code < 0:
+            if not clean:
                 reap(uid=uid, run_id=run_id)  # a clean exit of the run's pid 1 already took its namespace down
             shutil.rmtree(spool, ignore_errors=True)
         result.run_id = run_id
