@@ -238,12 +238,26 @@ class Controller:
         return self.loop.run_until_complete(self._evaluate(step))
 
     async def _evaluate(self, step: int) -> dict[str, float]:
-        samples = [s for items in self.evals.values() for s in items]
-        if not samples:
-            return {}
-        groups = await self._groups(samples, step=step, n=1, greedy=True)
-        scored = await self.rewards.score_groups(groups)
-        return {f"eval/{k}": v for k, v in scored.items() if k.endswith(("/mean", "/accuracy"))}
+        from dataclasses import replace
+
+        from rlvr.evaluation import evaluate_groups
+
+        async def generate(samples: list[Sample], n: int, temperature: float) -> list[Group]:
+            fits = [s for s in samples if len(self.prompt_ids(s)) <= self.recipe.data.max_prompt_tokens]
+            base = self.recipe.experiment.seed * 100_003 + step
+            requests = [
+                GenerateRequest(
+                    input_ids=self.prompt_ids(s),
+                    params=replace(self.sampling(seed=hash_seed(base, f"eval:{s.id}:{i}")), temperature=temperature),
+                    n=n,
+                )
+                for i, s in enumerate(fits)
+            ]
+            completions = await self.engine.generate(requests)
+            return [Group(sample=s, completions=completions[i * n : (i + 1) * n]) for i, s in enumerate(fits)]
+
+        settings = {name: (d.eval_n, d.eval_temperature) for name, d in self.recipe.domains.items()}
+        return await evaluate_groups(self.evals, generate=generate, rewards=self.rewards, settings=settings)
 
     # -- weight versions and state --------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

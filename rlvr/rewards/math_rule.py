@@ -22,6 +22,7 @@ reward_args:
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -105,6 +106,7 @@ def _warmup() -> None:
     judge_text("\\frac{1}{2}", "$0.5$", timeout_s=5)
 
 
+@functools.cache
 def _configs(*, anchorless: bool) -> list:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig
 
