@@ -103,6 +103,7 @@ class ForkServer:
         pass_fds: tuple[int, ...] = (),
         stop: asyncio.Event | None = None,
         args: tuple[str, ...] = (),
+        share_net: bool = False,
     ) -> RunResult:
         from rlvr.rewards.sandbox.local import _supervise, reap
 
@@ -124,7 +125,7 @@ class ForkServer:
             cpu = int(limits.cpu_s or limits.timeout_s + 1)
             moved = {str(fd): str(3 + i) for i, fd in enumerate(pass_fds)}  # pass_fds land at 3, 4, ... in the run
             request = {"id": run_id, "spool": run_id, "uid": uid, "script": script, "args": [moved.get(a, a) for a in args],
-                       "precompile": [n for n in files if n.startswith("_rlvr_") and n.endswith(".py")],
+                       "precompile": [n for n in files if n.startswith("_rlvr_") and n.endswith(".py")], "share_net": share_net,
                        "limits": {"memory_mb": limits.memory_mb, "cpu_s": max(1, cpu), "max_file_mb": limits.max_file_mb,
                                   "max_procs": limits.max_procs, "max_scratch_mb": limits.max_scratch_mb}}  # fmt: skip
             self._send(request, theirs)

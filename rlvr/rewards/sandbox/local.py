@@ -215,11 +215,14 @@ class LocalSandbox:
         pass_fds: tuple[int, ...] = (),
         stop: asyncio.Event | None = None,
         args: tuple[str, ...] = (),
+        trusted: bool = False,
     ) -> RunResult:
         """Write `files` into a fresh scratch dir, run `script` there, clean up; never leaks processes.
 
         `stdin`/`stdout` (fds) and `pass_fds` wire a run to a peer (the judge and the solution
-        talk over pipes); `stop` ends the run early once its peer is done with it.
+        talk over pipes); `stop` ends the run early once its peer is done with it. `trusted` (the
+        judge, which runs the dataset's tests, never model code) lets a forked run share the fork
+        server's network namespace (loopback only) instead of creating its own.
         """
         uid = self._uid()
         if self.mode == "bwrap" and uid is not None and os.environ.get("RLVR_SANDBOX_FORKSERVER", "1") != "0":
@@ -237,6 +240,7 @@ class LocalSandbox:
                 pass_fds=pass_fds,
                 stop=stop,
                 args=args,
+                share_net=trusted,
             )
         run_id = secrets.token_hex(8)
         scratch = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=self.workdir)

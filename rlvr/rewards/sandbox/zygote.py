@@ -153,7 +153,10 @@ def _spawn(request, fds):
         return pid
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        _check(libc.unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET), "unshare")
+        # The judge (dataset test code) may share this sandbox's network namespace (loopback only,
+        # no route out); model code always gets its own.
+        net = 0 if request.get("share_net") else CLONE_NEWNET
+        _check(libc.unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | net), "unshare")
         child = os.fork()
         if child == 0:
             _run(request, fds)
