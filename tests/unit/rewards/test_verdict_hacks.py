@@ -97,6 +97,20 @@ HACKS = {
     "exit_early_zero": "import os\nos._exit(0)\ndef f(x):\n    return x + 1",
     "huge_reply": "def f(x):\n    return 'x' * 50_000_000",
     "deep_reply": "def f(x):\n    v = []\n    for _ in range(100000):\n        v = [v]\n    return v",
+    "read_the_tests": "import os\n"  # looks for `f(2) ==` (spelt as bytes: not its own source) anywhere
+    "def found():\n"
+    "    for top in ('/spool', '/proc', '/tmp', '/sandbox', '/', '..'):\n"
+    "        for root, dirs, files in os.walk(top):\n"
+    "            if root.startswith('/proc/') and root.count('/') > 3:\n"
+    "                continue\n"
+    "            for name in files:\n"
+    "                try:\n"
+    "                    if bytes([102, 40, 50, 41, 32, 61, 61]) in open(os.path.join(root, name), 'rb').read(1 << 16):\n"
+    "                        return True\n"
+    "                except OSError:\n"
+    "                    pass\n"
+    "    return False\n"
+    "SEEN = found()\n\ndef f(x):\n    return 2 * x if SEEN else x + 1",
     "kill_the_judge": "import os, signal\n"
     "for pid in range(1, 200):\n    try:\n        os.kill(pid, signal.SIGKILL) if pid != os.getpid() else None\n"
     "    except OSError:\n        pass\n\ndef f(x):\n    return x + 1",
