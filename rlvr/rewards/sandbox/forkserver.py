@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -60,6 +61,7 @@ class ForkServer:
         argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--clearenv", "--",
                  self.python, "-I", "-S", "-B", "/zygote.py", str(theirs.fileno())]  # fmt: skip
         self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), env={}, stdin=subprocess.DEVNULL)
+        atexit.register(self.close)  # the zygote dies with us (--die-with-parent); the spool must go too
         theirs.close()
         self.sock = ours
         threading.Thread(target=self._read_replies, args=(ours, self.proc), daemon=True).start()
@@ -159,14 +161,17 @@ class ForkServer:
         return self.spool
 
     def close(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-        if self.sock is not None:
-            self.sock.close()
-        if self.spool:
-            shutil.rmtree(self.spool, ignore_errors=True)
-            Path(self.spool + "-zygote.py").unlink(missing_ok=True)
+        with self.lock:
+            proc, sock, spool = self.proc, self.sock, self.spool
+            self.proc, self.sock, self.spool = None, None, ""
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        if sock is not None:
+            sock.close()
+        if spool:
+            shutil.rmtree(spool, ignore_errors=True)
+            Path(spool + "-zygote.py").unlink(missing_ok=True)
 
 
 def _settle(future: asyncio.Future, code: int) -> None:
