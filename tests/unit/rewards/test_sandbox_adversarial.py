@@ -7,6 +7,7 @@ processes alive, and no process of a sandbox uid (>= 100000, picked per run) lef
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import subprocess
@@ -23,9 +24,15 @@ from .conftest import code_completion, make_sample, needs_bwrap
 pytestmark = needs_bwrap
 
 
+# Orphans of anything we start are reparented to this process, not to init, so "descends from
+# this test process" stays true for a process that escapes its sandbox's pid namespace: that is
+# what tells our sandboxes' processes from other test sessions' on a shared machine.
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 def sandbox_processes() -> list[int]:
-    """Live host pids whose real uid is in the sandbox range (other engineers' processes are not)."""
-    pids = []
+    """Live descendants of this test process whose real uid is in the sandbox range."""
+    table: dict[int, tuple[int, int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -34,10 +41,20 @@ def sandbox_processes() -> list[int]:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
         except OSError:
             continue
-        zombie = fields.get("State", "").strip().startswith("Z")  # already dead, waiting for init to reap it
-        if not zombie and int(fields.get("Uid", "0").split()[0]) >= 100_000:
-            pids.append(int(entry.name))
-    return pids
+        if fields.get("State", "").strip().startswith("Z"):  # already dead, waiting to be reaped
+            continue
+        table[int(entry.name)] = (int(fields["PPid"]), int(fields.get("Uid", "0").split()[0]))
+
+    def ours(pid: int) -> bool:
+        for _ in range(64):
+            pid = table.get(pid, (0, 0))[0]
+            if pid == os.getpid():
+                return True
+            if pid <= 1:
+                return False
+        return False
+
+    return [pid for pid, (_, uid) in table.items() if uid >= 100_000 and ours(pid)]
 
 
 def assert_no_leftovers() -> None:
