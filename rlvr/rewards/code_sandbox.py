@@ -164,11 +164,11 @@ def judge_events(
         load_error = load_error or event.get("load_error")
     total = max(job.total, len(results))
     passed = sum(ok for ok, _ in results.values())
+    sol_killed = solution_run is not None and solution_run.killed in ("timeout", "stdout_limit", "stderr_limit")
+    if sol_killed and solution_run is not None and (passed < total or load_error):  # the cause, not the symptom
+        return passed, max(total, 1), _failure(solution_run, limits)
     if load_error:
         return 0, max(total, 1), str(load_error)
-    sol_killed = solution_run is not None and solution_run.killed in ("timeout", "stdout_limit", "stderr_limit")
-    if sol_killed and solution_run is not None and passed < total:
-        return passed, total, _failure(solution_run, limits)
     if not done and judge_run.killed:
         return passed, max(total, 1), _failure(judge_run, limits)
     if not done:

@@ -154,6 +154,10 @@ async def test_huge_output_is_bounded():
     assert result.info["reason"] == "output limit exceeded: stdout (max_output_bytes = 100000)"
     noisy = await run("import sys\nwhile True:\n    sys.stderr.write('x' * 10000)", max_output_bytes=100_000)
     assert noisy.info["reason"] == "output limit exceeded: stderr (max_output_bytes = 100000)"
+    judged = make_sample(case_type="assert", test_cases=["assert f(1) == 1"])  # the judged kinds say so too
+    flood = "import sys\nsys.stderr.write('x' * 300_000)\ndef f(x):\n    return x"
+    result = await score(judged, code_completion(flood), max_output_bytes=100_000)
+    assert result.score == 0.0 and result.info["reason"] == "output limit exceeded: stderr (max_output_bytes = 100000)"
 
 
 async def test_setsid_and_double_fork_leave_nothing_behind():
