@@ -54,6 +54,7 @@ def load_or_exit(path: Path, overrides: list[str] | None, *, check_data: bool = 
 
         try:
             load_recipe_domains(recipe)
+            load_recipe_domains(recipe, eval_files=True)  # a run reads these too: a bad row must fail here
         except DataError as exc:
             raise fail(str(exc)) from None
     return recipe

@@ -34,6 +34,7 @@ from typing import Any
 from rlvr.algorithms.filters import keep_group, soft_overlong_penalty
 from rlvr.data.chat import encode_prompt
 from rlvr.data.mixture import MixtureSampler, hash_seed
+from rlvr.evaluation import evaluate_groups
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.pool import RewardPool
 from rlvr.rollout.engine import RolloutEngine, SamplingParams
@@ -190,10 +191,10 @@ class RolloutManager:
             )
         return self._prompt_ids[key]
 
-    def sampling(self, *, seed: int | None, greedy: bool = False) -> SamplingParams:
+    def sampling(self, *, seed: int | None) -> SamplingParams:
         r = self.recipe.rollout
         return SamplingParams(
-            temperature=0.0 if greedy else r.temperature,
+            temperature=r.temperature,
             top_p=r.top_p,
             top_k=r.top_k,
             max_new_tokens=r.max_new_tokens,
@@ -205,9 +206,14 @@ class RolloutManager:
     def fits(self, samples: Sequence[Sample]) -> list[Sample]:
         return [s for s in samples if len(self.prompt_ids(s)) <= self.recipe.data.max_prompt_tokens]
 
-    async def _episodes(self, sample: Sample, *, n: int, seed: int | None, greedy: bool = False) -> list[Completion]:
-        """n episodes of one prompt; sample j is seeded `seed + j` (as SGLang-style n-sampling)."""
-        params = self.sampling(seed=None, greedy=greedy)
+    async def _episodes(
+        self, sample: Sample, *, n: int, seed: int | None, temperature: float | None = None
+    ) -> list[Completion]:
+        """n episodes of one prompt; sample j is seeded `seed + j` (as SGLang-style n-sampling).
+        `temperature` overrides the recipe's (evaluation)."""
+        params = self.sampling(seed=None)
+        if temperature is not None:
+            params = dataclasses.replace(params, temperature=temperature)
         partial = self.recipe.rollout.partial
 
         async def one(j: int) -> Completion:
@@ -403,13 +409,22 @@ class RolloutManager:
 
     # -- evaluation ------------------------------------------------------------------------------
     async def _evaluate(self, step: int) -> dict[str, float]:
-        samples = self.fits([s for items in self.evals.values() for s in items])
-        if not samples:
-            return {}
-        completions = await asyncio.gather(*(self._episodes(s, n=1, seed=None, greedy=True) for s in samples))
-        groups = [Group(sample=s, completions=c) for s, c in zip(samples, completions, strict=True)]
-        scored = await self.rewards.score_groups(groups)
-        return {f"eval/{k}": v for k, v in scored.items() if k.endswith(("/mean", "/accuracy"))}
+        """Each domain's held-out rows, `eval_n` samples at `eval_temperature` (0: greedy), scored by
+        the domain's reward and reported per benchmark tag (`rlvr.evaluation`)."""
+        base = self.recipe.experiment.seed * 100_003 + step
+
+        async def generate(samples: list[Sample], n: int, temperature: float) -> list[Group]:
+            fits = self.fits(samples)
+            completions = await asyncio.gather(
+                *(
+                    self._episodes(s, n=n, seed=hash_seed(base, f"eval:{s.id}:{i}"), temperature=temperature)
+                    for i, s in enumerate(fits)
+                )
+            )
+            return [Group(sample=s, completions=c) for s, c in zip(fits, completions, strict=True)]
+
+        settings = {name: (d.eval_n, d.eval_temperature) for name, d in self.recipe.domains.items()}
+        return await evaluate_groups(self.evals, generate=generate, rewards=self.rewards, settings=settings)
 
     # -- state --------------------------------------------------------------------------------------
     def state_dict(self, *, step: int) -> dict[str, Any]:

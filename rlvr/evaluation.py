@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -116,6 +117,58 @@ def evaluate(
         for g in groups
         for c, r in zip(g.completions, g.rewards, strict=True)
     ]
+
+
+Generate = Callable[[list[Sample], int, float], Awaitable[list[Group]]]
+
+
+async def evaluate_groups(
+    evals: Mapping[str, Sequence[Sample]],
+    *,
+    generate: Generate,
+    rewards: Any,
+    settings: Mapping[str, tuple[int, float]] | None = None,
+) -> dict[str, float]:
+    """Answer every domain's eval rows (`n` samples at `temperature`, per domain) and score them.
+
+    `generate(samples, n, temperature)` returns one Group per sample (the controller passes
+    its engine call); `rewards` is the run's RewardPool, so each row is judged by its
+    domain's reward whatever its own tag. Returns `eval_metrics` of the scored groups.
+    """
+    groups: list[Group] = []
+    for domain, samples in evals.items():
+        if samples:
+            n, temperature = (settings or {}).get(domain, (1, 0.0))
+            groups += await generate(list(samples), n, temperature)
+    if not groups:
+        return {}
+    await rewards.score_groups(groups)
+    return eval_metrics(groups, threshold=float(getattr(rewards, "threshold", 1.0)))
+
+
+def eval_metrics(groups: Sequence[Group], *, threshold: float = 1.0) -> dict[str, float]:
+    """Per benchmark: `eval/<domain>/<tag>/{mean,accuracy}` (+ `pass@k` when k > 1); per domain:
+    `eval/reward/<domain>/{mean,accuracy}`.
+
+    With k samples per row (`eval_n`), mean and accuracy are over all k samples (mean@k)
+    and pass@k is the fraction of rows with at least one sample at or above `threshold`,
+    so small benchmarks such as AIME can be read both ways.
+    """
+    buckets: dict[tuple[str, ...], list[Group]] = {}
+    for group in groups:
+        domain = group.sample.domain or group.sample.tag
+        buckets.setdefault(("reward", domain), []).append(group)
+        buckets.setdefault((domain, group.sample.tag), []).append(group)
+    out: dict[str, float] = {}
+    for key, items in buckets.items():
+        scores = [s for g in items for s in g.scores]
+        prefix = "eval/" + "/".join(key)
+        out[f"{prefix}/mean"] = sum(scores) / max(len(scores), 1)
+        out[f"{prefix}/accuracy"] = sum(s >= threshold for s in scores) / max(len(scores), 1)
+        k = max(len(g.scores) for g in items)
+        if k > 1 and key[0] != "reward":
+            out[f"{prefix}/pass@{k}"] = sum(max(g.scores, default=0.0) >= threshold for g in items) / len(items)
+    return out
 
 
 def summarize(rows: list[EvalRow]) -> dict[str, dict[str, float]]:

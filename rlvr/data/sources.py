@@ -150,8 +150,13 @@ def load_domain_samples(
     max_difficulty: float | None = None,
     max_prompt_chars: int | None = None,
     report: LoadReport | None = None,
+    any_tag: bool = False,
 ) -> list[Sample]:
-    """All rows of a domain's files as Samples (filters applied), or DataError on a bad row."""
+    """All rows of a domain's files as Samples (filters applied), or DataError on a bad row.
+
+    `any_tag` (eval files): rows keep whatever tag they carry (one per benchmark) instead of
+    having to be one of the domain's training tags; the domain's reward judges them all.
+    """
     report = report if report is not None else LoadReport()
     default_tag = tags[0] if len(tags) == 1 else None
     samples: list[Sample] = []
@@ -160,7 +165,7 @@ def load_domain_samples(
             where = f"{file}:{number}"
             try:
                 sample = row_to_sample(row, where=where, default_tag=default_tag, reward=reward)
-                if sample.tag not in tags:
+                if sample.tag not in tags and not any_tag:
                     raise ValueError(f"tag {sample.tag!r} is not owned by domain {domain!r} (tags: {tags})")
             except (ValueError, DataError) as exc:
                 message = str(exc) if isinstance(exc, DataError) else f"{where}: {exc}"
@@ -203,5 +208,6 @@ def load_recipe_domains(
             max_difficulty=domain.filter.max_difficulty,
             max_prompt_chars=domain.filter.max_prompt_chars,
             report=report,
+            any_tag=eval_files,
         )
     return out, reports

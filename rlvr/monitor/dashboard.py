@@ -95,7 +95,16 @@ class RunView:
                 _num(self.last.get(f"response_len/{name}"), digits=1),
                 _num(self.last.get(f"eval/reward/{name}/mean")),
             )
+            for tag in self._benchmarks(name):  # one line per eval benchmark (row tag) of this domain
+                mean = self.last.get(f"eval/{name}/{tag}/mean")
+                table.add_row(Text(f"  {tag}", style="dim"), "", "", "", "", "", _num(mean))
         return table
+
+    def _benchmarks(self, domain: str) -> list[str]:
+        prefix = f"eval/{domain}/"
+        return sorted(
+            {k[len(prefix) : -len("/mean")] for k in self.last if k.startswith(prefix) and k.endswith("/mean")}
+        )
 
     def _throughput(self) -> Table:
         table = Table(title="Throughput", title_justify="left", show_header=True)

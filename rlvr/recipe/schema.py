@@ -81,7 +81,12 @@ class DomainConfig(Section):
     files: list[str] = Field(min_length=1)
     """Training data: .jsonl, .parquet, or a local HF `datasets` folder (relative to the recipe)."""
     eval_files: list[str] = []
-    """Held-out prompts scored every `experiment.eval_steps`."""
+    """Held-out prompts scored every `experiment.eval_steps` by this domain's reward; rows keep their
+    own tags (benchmarks such as `aime2024`, `MATH-500`) and are reported as `eval/<domain>/<tag>/...`."""
+    eval_n: int = Field(default=1, ge=1)
+    """Samples per eval prompt: mean@k and accuracy over all k, plus `pass@k` when k > 1."""
+    eval_temperature: float = Field(default=0.0, ge=0.0)
+    """Sampling temperature for eval (0: greedy; use > 0 with `eval_n` > 1 for pass@k)."""
     reward: str
     """A registered reward (`rlvr rewards list`) or a plug-in as `package.module:function`."""
     reward_args: dict[str, Any] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 KNOWN_ARGS: dict[str, frozenset[str]] = {
     "math_rule": frozenset({"fallback", "format_weight", "require_think", "timeout_s", "max_answer_chars", "max_workers"}),
     "code_sandbox": frozenset({
-        "partial_credit", "timeout_s", "memory_mb", "max_procs", "max_output_bytes",
+        "partial_credit", "timeout_s", "memory_mb", "max_procs", "max_output_bytes", "max_scratch_mb",
         "sandbox", "sandbox_mode", "e2b_template", "python",
     }),
     "llm_judge": frozenset({

@@ -5,16 +5,20 @@
 * `stdin_stdout`: a list of `{"input", "output"}` (or `{"inputs": [...], "outputs": [...]}`);
   each case is a separate sandboxed run of the program; stdout is compared with the expected
   output line by line, trailing whitespace ignored. The host compares, not the sandbox.
-* `assert`: a list of assert statements (one case each) or one code string (one case), run
-  after the solution in its namespace.
-* `pytest`: the text of a pytest file that does `from solution import ...`; the host's pytest
-  is bound read-only into the sandbox (a test counts when its call phase passes).
-* `check_based`: `{"test": "def check(candidate): ...", "entry_point": "f"}`, HumanEval style:
-  `check(f)` passing is the one case.
+* `assert`: a list of assert statements (one case each) or one code string (one case).
+* `pytest`: the text of a pytest file that does `from solution import ...`.
+* `check_based`: `{"test": "def check(candidate): ...", "entry_point": "f"}`, HumanEval style,
+  optionally `"prelude"`: trusted code the test relies on (HumanEval's prompt), run judge-side.
+
+The three test kinds are judged in a SEPARATE sandboxed judge process (`sandbox/judge.py`):
+the test code runs there with pristine builtins and calls the solution's functions over a
+pipe; return values come back by value (plain builtin types, `sandbox/wire.py`), so nothing
+the solution does in its own process (an `__eq__` that always answers True, a patched
+`json`, a stack walk to a report function, a pytest plugin) reaches the verdict.
 
 reward_args: `partial_credit` (default false: all-or-nothing; true: fraction of cases
 passed), `timeout_s` (per run, default 10), `memory_mb` (default 512), `max_procs` (32),
-`max_output_bytes` (1 MiB), `sandbox` ("local" default, or "e2b"), `sandbox_mode` (local:
+`max_output_bytes` (1 MiB, stdout and stderr each), `max_scratch_mb` (64: all a run may write), `sandbox` ("local" default, or "e2b"), `sandbox_mode` (local:
 "auto" | "bwrap" | "unshare" | "insecure"), `e2b_template`.
 """
 
@@ -23,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import weakref
 from dataclasses import dataclass
 from importlib import resources
@@ -37,26 +40,34 @@ from rlvr.rewards.text import last_code_block, split_think
 from rlvr.types import Completion, RewardResult, Sample
 
 RUNNER = "_rlvr_run.py"
+JUDGE = "_rlvr_judge.py"
+WIRE = "_rlvr_wire.py"
+PAIR = "_rlvr_pair.py"
 _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 _local_sandboxes: dict[tuple[str, str | None], Any] = {}
 
 
 @dataclass(slots=True)
 class Job:
-    """One sandbox run: its files, and for stdin_stdout the expected output the host compares."""
+    """One sandbox run: the solution's files, and either the expected stdout (stdin_stdout,
+    compared on the host) or the judge's files (test modes, judged in a separate process)."""
 
     files: dict[str, str]
     expected: str | None = None
-    nonce: str = ""
+    judge_files: dict[str, str] | None = None
     total: int = 1
     needs_pytest: bool = False
 
 
+def _harness(name: str) -> str:
+    return resources.files("rlvr.rewards.sandbox").joinpath(name).read_text()
+
+
 def _runner_source() -> str:
-    return resources.files("rlvr.rewards.sandbox").joinpath("runner.py").read_text()
+    return _harness("runner.py")
 
 
-def build_jobs(sample: Sample, code: str, *, max_procs: int) -> list[Job]:
+def build_jobs(sample: Sample, code: str, *, max_procs: int, max_reply_bytes: int = 1 << 20) -> list[Job]:
     """Turn a sample's test cases into sandbox runs; ValueError for a malformed sample."""
     kind, cases = sample.case_type, sample.test_cases
     if isinstance(cases, str) and kind in ("stdin_stdout", "check_based"):
@@ -64,13 +75,16 @@ def build_jobs(sample: Sample, code: str, *, max_procs: int) -> list[Job]:
             cases = json.loads(cases)
         except json.JSONDecodeError as exc:
             raise ValueError(f"test_cases for {kind} is not valid JSON: {exc}") from exc
-    runner = _runner_source()
+    wire = _harness("wire.py")
 
-    def job(spec: dict[str, Any], extra: dict[str, str] | None = None, **kw: Any) -> Job:
-        nonce = "RLVR-" + secrets.token_hex(12) + ":"
-        spec = {"nonce": nonce, "nproc": max_procs + 1, **spec}
-        files = {"solution.py": code, RUNNER: runner, "_rlvr_spec.json": json.dumps(spec), **(extra or {})}
-        return Job(files=files, nonce=nonce, **kw)
+    def solution(mode: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        spec = json.dumps({"mode": mode, "nproc": max_procs + 1, "stdin_file": "_stdin.txt" if extra else None})
+        return {"solution.py": code, RUNNER: _runner_source(), WIRE: wire, "_rlvr_spec.json": spec, **(extra or {})}
+
+    def judged(spec: dict[str, Any], total: int, extra: dict[str, str] | None = None, **kw: Any) -> Job:
+        spec = {**spec, "max_reply_bytes": max_reply_bytes}
+        judge = {JUDGE: _harness("judge.py"), WIRE: wire, "_rlvr_spec.json": json.dumps(spec), **(extra or {})}
+        return Job(files=solution("serve"), judge_files=judge, total=total, **kw)
 
     if kind == "stdin_stdout":
         if isinstance(cases, dict) and "inputs" in cases:
@@ -78,22 +92,29 @@ def build_jobs(sample: Sample, code: str, *, max_procs: int) -> list[Job]:
         if not isinstance(cases, list) or not cases or not all(isinstance(c, dict) and "input" in c for c in cases):
             raise ValueError("stdin_stdout test_cases must be a non-empty list of {input, output}")
         return [
-            job({"mode": "program", "stdin_file": "_stdin.txt"}, {"_stdin.txt": str(c["input"])}, expected=str(c.get("output", "")))
+            Job(files=solution("program", {"_stdin.txt": str(c["input"])}), expected=str(c.get("output", "")))
             for c in cases
-        ]  # fmt: skip
+        ]
     if kind == "assert":
         items = [cases] if isinstance(cases, str) else cases
         if not isinstance(items, list) or not items or not all(isinstance(c, str) for c in items):
             raise ValueError("assert test_cases must be a string or a non-empty list of strings")
-        return [job({"mode": "assert", "cases": items, "total": len(items)}, total=len(items))]
+        return [judged({"mode": "assert", "cases": items}, len(items))]
     if kind == "pytest":
         if not isinstance(cases, str) or not cases.strip():
             raise ValueError("pytest test_cases must be the text of a pytest file")
-        return [job({"mode": "pytest", "pylib": "/opt/rlvr-pylib"}, {"test_solution.py": cases}, needs_pytest=True)]
+        spec = {"mode": "pytest", "pylib": "/opt/rlvr-pylib", "test_file": "test_solution.py"}
+        return [judged(spec, 0, {"test_solution.py": cases}, needs_pytest=True)]
     if kind == "check_based":
         if not isinstance(cases, dict) or "test" not in cases or "entry_point" not in cases:
             raise ValueError('check_based test_cases must be {"test": "def check(candidate): ...", "entry_point": "f"}')
-        return [job({"mode": "check", "test": cases["test"], "entry_point": cases["entry_point"]})]
+        spec = {
+            "mode": "check",
+            "test": cases["test"],
+            "entry_point": cases["entry_point"],
+            "prelude": cases.get("prelude"),
+        }
+        return [judged(spec, 1)]
     raise ValueError(
         f"code_sandbox: unsupported case_type {kind!r}; expected stdin_stdout, assert, pytest or check_based"
     )
@@ -103,37 +124,59 @@ def _lines(text: str) -> list[str]:
     return [line.rstrip() for line in text.strip().splitlines()]
 
 
-def _failure(run: RunResult) -> str:
+def _failure(run: RunResult, limits: Limits | None = None) -> str:
+    cap = f" (max_output_bytes = {limits.max_output_bytes})" if limits else ""
     if run.killed == "timeout":
         return "timeout"
-    if run.killed == "output_limit":
-        return "output limit exceeded"
+    if run.killed in ("stdout_limit", "output_limit"):
+        return f"output limit exceeded: stdout{cap}"
+    if run.killed == "stderr_limit":
+        return f"output limit exceeded: stderr{cap}"
     if run.exit_code and run.exit_code < 0:
         return f"killed by signal {-run.exit_code}"
     last = next((line for line in reversed(run.stderr.strip().splitlines()) if line.strip()), "")
     return f"runtime error: {last[:200]}" if last else f"exit code {run.exit_code}"
 
 
-def judge(job: Job, run: RunResult) -> tuple[int, int, str]:
-    """(passed, total, reason) for one run: the host-side half of the verdict."""
-    if job.expected is not None:  # stdin_stdout: the host compares stdout
-        if run.killed or run.exit_code != 0:
-            return 0, 1, _failure(run)
-        return (1, 1, "ok") if _lines(run.stdout) == _lines(job.expected) else (0, 1, "wrong answer")
-    if run.killed:
-        return 0, job.total, _failure(run)
-    for line in reversed(run.stdout.splitlines()):
-        if line.startswith(job.nonce):
-            try:
-                verdict = json.loads(line[len(job.nonce) :])
-                passed, total = int(verdict["passed"]), int(verdict["total"])
-            except (ValueError, KeyError, TypeError):
-                break
-            errors = verdict.get("errors") or []
-            if passed == total and total:
-                return passed, total, "ok"
-            return passed, total, errors[0] if errors else "no tests ran"
-    return 0, job.total, _failure(run) if run.exit_code != 0 else "harness reported nothing (solution exited early?)"
+def judge_program(job: Job, run: RunResult, limits: Limits | None = None) -> tuple[int, int, str]:
+    """stdin_stdout: the host compares stdout line by line."""
+    if run.killed or run.exit_code != 0:
+        return 0, 1, _failure(run, limits)
+    return (1, 1, "ok") if _lines(run.stdout) == _lines(job.expected or "") else (0, 1, "wrong answer")
+
+
+def judge_events(
+    job: Job, judge_run: RunResult, solution_run: RunResult | None, limits: Limits | None = None
+) -> tuple[int, int, str]:
+    """(passed, total, reason) from the judge's event lines; cases it never reported failed."""
+    results: dict[int, tuple[bool, str]] = {}
+    done, load_error = False, None
+    for line in judge_run.stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        if "case" in event:
+            results[int(event["case"])] = (bool(event.get("ok")), str(event.get("error", "")))
+        done = done or bool(event.get("done"))
+        load_error = load_error or event.get("load_error")
+    total = max(job.total, len(results))
+    passed = sum(ok for ok, _ in results.values())
+    sol_killed = solution_run is not None and solution_run.killed in ("timeout", "stdout_limit", "stderr_limit")
+    if sol_killed and solution_run is not None and (passed < total or load_error):  # the cause, not the symptom
+        return passed, max(total, 1), _failure(solution_run, limits)
+    if load_error:
+        return 0, max(total, 1), str(load_error)
+    if not done and judge_run.killed:
+        return passed, max(total, 1), _failure(judge_run, limits)
+    if not done:
+        return passed, max(total, 1), "judge error: " + _failure(judge_run, limits)
+    if total == 0:
+        return 0, 0, "no tests ran"
+    first = next((error for ok, error in results.values() if not ok), "")
+    return passed, total, "ok" if passed == total else first or "failed"
 
 
 def _semaphore() -> asyncio.Semaphore:
@@ -143,22 +186,60 @@ def _semaphore() -> asyncio.Semaphore:
     return _semaphores[loop]
 
 
-async def _run_local(job: Job, limits: Limits, reward_args: dict[str, Any]) -> RunResult:
-    from rlvr.rewards.sandbox.local import LocalSandbox, pytest_binds
+def _local_sandbox(reward_args: dict[str, Any]) -> Any:
+    from rlvr.rewards.sandbox.local import LocalSandbox
 
     key = (str(reward_args.get("sandbox_mode", "auto")), reward_args.get("python"))
     if key not in _local_sandboxes:
         _local_sandboxes[key] = LocalSandbox(mode=key[0], python=key[1])
-    sandbox = _local_sandboxes[key]
-    binds = pytest_binds() if job.needs_pytest else []
+    return _local_sandboxes[key]
+
+
+async def _run_local(job: Job, limits: Limits, reward_args: dict[str, Any]) -> tuple[int, int, str, RunResult]:
+    from rlvr.rewards.sandbox.local import pytest_binds
+
+    sandbox = _local_sandbox(reward_args)
     async with _semaphore():
-        return await sandbox.run(job.files, RUNNER, limits=limits, ro_binds=binds)
+        if job.judge_files is None:
+            run = await sandbox.run(job.files, RUNNER, limits=limits)
+            return (*judge_program(job, run, limits), run)
+        # Two sandboxes, two pipes: judge -> solution requests, solution -> judge replies.
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        stop = asyncio.Event()
+        solution = asyncio.ensure_future(
+            sandbox.run(job.files, RUNNER, limits=limits, stdin=req_r, stdout=rep_w, stop=stop)
+        )
+        try:
+            binds = pytest_binds() if job.needs_pytest else []
+            judge_run = await sandbox.run(
+                job.judge_files,
+                JUDGE,
+                limits=limits,
+                ro_binds=binds,
+                stdin=rep_r,
+                pass_fds=(req_w,),
+                args=(str(req_w),),
+                trusted=True,
+            )
+        finally:
+            stop.set()
+        solution_run = await solution
+        return (*judge_events(job, judge_run, solution_run, limits), judge_run)
 
 
-async def _run_e2b(job: Job, limits: Limits, reward_args: dict[str, Any]) -> RunResult:
+async def _run_e2b(job: Job, limits: Limits, reward_args: dict[str, Any]) -> tuple[int, int, str, RunResult]:
     from rlvr.rewards.sandbox.e2b import E2BSandbox
 
-    return await E2BSandbox(template=reward_args.get("e2b_template")).run(job.files, RUNNER, limits=limits)
+    sandbox = E2BSandbox(template=reward_args.get("e2b_template"))
+    if job.judge_files is None:
+        run = await sandbox.run(job.files, RUNNER, limits=limits)
+        return (*judge_program(job, run, limits), run)
+    files = {PAIR: _harness("pair.py")}
+    files.update({f"solution/{name}": text for name, text in job.files.items()})
+    files.update({f"judge/{name}": text for name, text in job.judge_files.items()})
+    run = await sandbox.run(files, PAIR, limits=limits)
+    return (*judge_events(job, run, None, limits), run)
 
 
 @register("code_sandbox")
@@ -173,18 +254,19 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
         memory_mb=int(reward_args.get("memory_mb", 512)),
         max_procs=int(reward_args.get("max_procs", 32)),
         max_output_bytes=int(reward_args.get("max_output_bytes", 1 << 20)),
+        max_scratch_mb=int(reward_args.get("max_scratch_mb", 64)),
     )
     text = completion.text if isinstance(completion.text, str) else ""
     code = last_code_block(split_think(text)[0])
     if code is None or not code.strip():
         return zero("no code block found")
     try:
-        jobs = build_jobs(sample, code, max_procs=limits.max_procs)
+        jobs = build_jobs(sample, code, max_procs=limits.max_procs, max_reply_bytes=limits.max_output_bytes)
     except ValueError as exc:
         return zero(f"bad sample: {exc}", error=True)
     run = _run_e2b if backend == "e2b" else _run_local
-    runs = await asyncio.gather(*(run(job, limits, reward_args) for job in jobs))
-    verdicts = [judge(job, r) for job, r in zip(jobs, runs, strict=True)]
+    verdicts = await asyncio.gather(*(run(job, limits, reward_args) for job in jobs))
+    runs = [v[3] for v in verdicts]
     passed = sum(v[0] for v in verdicts)
     total = sum(v[1] for v in verdicts)
     failures = [v[2] for v in verdicts if v[0] < v[1] or v[1] == 0]

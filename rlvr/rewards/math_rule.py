@@ -1,15 +1,19 @@
 """`math_rule`: extract the final answer and check it against `sample.ground_truth`.
 
-Extraction is ours (cheap regexes, in the calling process): the text after the last
-`</think>` (an unclosed `<think>` is *not* a failure: the whole text is judged, unlike
-ROLL's rule that zeroes any response containing `<think>`), then the last `\\boxed{}` /
-`\\fbox{}` (brace-matched), else the last "the answer is X", else the last "Answer: X",
-else (configurable) the last number. Equivalence is math-verify's (`parse` + `verify`:
-numbers, fractions, LaTeX, sets, intervals, percentages, units), run in a worker process
-because sympy can hang: a call past `timeout_s` kills and replaces its worker.
+The text after the last `</think>` is judged (an unclosed `<think>` is *not* a failure: the
+whole text is judged, unlike ROLL's rule that zeroes any response containing `<think>`).
+Extraction and equivalence are math-verify's own (`parse` with its LaTeX and expression
+configs, `\\boxed{}` first, then the rest of its anchors and, with `fallback =
+"last_number"`, anchorless matches; then `verify`): numbers with thousands separators or a
+decimal comma, fractions, `\\text{}` answers, several boxed answers, sets, intervals,
+inequalities, matrices, equations, percentages and units. Our own step in front: a
+brace-matched `\\boxed{}` whose text equals the gold is accepted without a worker round
+trip. Everything else runs in a worker process because sympy can hang: a call past
+`timeout_s` kills and replaces its worker.
 
 reward_args:
-  fallback        "last_number" (default) or "none": what to do without an explicit answer.
+  fallback        "last_number" (default) or "none": "none" accepts only anchored answers
+                  (boxed, "the answer is", "final answer:"), not a bare number in the text.
   format_weight   0..1 (default 0): score = (1-w)*correct + w*format_ok.
   require_think   (default false) format_ok also needs a closed <think>...</think> first.
   timeout_s       per-verification deadline in seconds (default 10).
@@ -18,6 +22,7 @@ reward_args:
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -31,6 +36,9 @@ _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOX_BARE_RE = re.compile(r"\\boxed\s+([^\s$]+)")
 _ANSWER_IS_RE = re.compile(r"answer\s+is\s*:?\s*(.+?)\s*(?:\.\s|\.$|$|\n)", re.IGNORECASE)
 _ANSWER_COLON_RE = re.compile(r"answer\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
+_DELIMITED_RE = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
+_WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")  # a word that is not a LaTeX command
+_NUMBER_ONLY_RE = re.compile(r"^\s*[-+]?\d[\d,. ]*\s*$")
 _NUMBER_RE = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s*/\s*\d+)?")
 
 
@@ -73,11 +81,14 @@ def extract_answer(text: str, *, fallback: str = "last_number") -> tuple[str | N
     return None, "none"
 
 
+def _as_list(ground_truth: Any) -> list:
+    return list(ground_truth) if isinstance(ground_truth, list | tuple) else [ground_truth]
+
+
 def gold_answers(ground_truth: Any) -> list[str]:
     """Accept a string, a number, or a list of acceptable answers; a boxed gold is unboxed."""
-    items = ground_truth if isinstance(ground_truth, list | tuple) else [ground_truth]
     out = []
-    for item in items:
+    for item in _as_list(ground_truth):
         if item is None:
             continue
         text = str(item).strip()
@@ -92,22 +103,48 @@ def _normalised(s: str) -> str:
 
 def _warmup() -> None:
     """Worker preload: import math-verify and run one check so the first real job is fast."""
-    verify_answer("\\frac{1}{2}", "0.5", timeout_s=5)
+    judge_text("\\frac{1}{2}", "$0.5$", timeout_s=5)
 
 
-def _parse(text: str, timeout_s: int) -> list:
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+@functools.cache
+def _configs(*, anchorless: bool) -> list:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
 
-    config = [LatexExtractionConfig(), ExprExtractionConfig()]
-    wrapped = text if "$" in text or "\\(" in text else f"${text}$"
-    parsed = parse(wrapped, extraction_config=config, parsing_timeout=timeout_s)
-    if not parsed and wrapped != text:
-        parsed = parse(text, extraction_config=config, parsing_timeout=timeout_s)
-    return parsed
+    return [
+        LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=anchorless),
+        ExprExtractionConfig(try_extract_without_anchor=anchorless),
+    ]
 
 
-def verify_answer(gold: str, answer: str, *, timeout_s: float = 5) -> bool:
-    """True if math-verify finds `answer` equivalent to `gold`. Runs inside a pool worker.
+def _bare_answer(text: str) -> bool:
+    """Short, no LaTeX delimiters, no prose words, and not a plain number with separators."""
+    if len(text) >= 200 or _DELIMITED_RE.search(text) or _WORD_RE.search(text):
+        return False
+    return not (_NUMBER_ONLY_RE.match(text) and ", " not in text)
+
+
+def _parse(text: str, *, anchorless: bool, seconds: int) -> list:
+    """math-verify's parse, with one step of ours in front: a short bare answer is read as LaTeX.
+
+    Plain math-verify reads `10, 4, -2` or `\\frac34i` without `$` as its last number
+    (`-2`, `4`); a gold (or a one-line reply) is usually just the answer, so it is wrapped in
+    `$...$` first, unless it has prose words (`I got 12`) or is a plain number whose commas/spaces are digit separators
+    (`7,425,000`, `1,22`, `1 000`), which math-verify's own number reading gets right.
+    """
+    from math_verify import parse
+
+    configs = _configs(anchorless=anchorless)
+    if _bare_answer(text):
+        parsed = parse(f"${text}$", extraction_config=configs, parsing_timeout=seconds)
+        if parsed:
+            return parsed
+    return parse(text, extraction_config=configs, parsing_timeout=seconds)
+
+
+def judge_text(
+    gold: str, text: str, *, fallback: str = "last_number", timeout_s: float = 5, max_chars: int = 1000
+) -> tuple[bool, str]:
+    """(correct, extracted answer) for a whole response. Runs inside a pool worker.
 
     Called in the worker's main thread, so math-verify's signal-based timeouts are active
     as a first line; the pool's kill is the backstop.
@@ -115,11 +152,20 @@ def verify_answer(gold: str, answer: str, *, timeout_s: float = 5) -> bool:
     from math_verify import verify
 
     seconds = max(1, int(timeout_s / 3))  # three guarded steps: two parses and a verify
-    gold_parsed = _parse(gold, seconds)
-    answer_parsed = _parse(answer, seconds)
-    if not gold_parsed or not answer_parsed:
-        return False
-    return bool(verify(gold_parsed, answer_parsed, timeout_seconds=seconds))
+    answer = _parse(text, anchorless=fallback == "last_number", seconds=seconds)
+    extracted = str(answer[-1]) if answer else ""
+    if not answer or len(extracted) > max_chars:
+        return False, extracted
+    gold_parsed = _parse(gold, anchorless=True, seconds=seconds)
+    if not gold_parsed:
+        return False, extracted
+    return bool(verify(gold_parsed, answer, timeout_seconds=seconds)), extracted
+
+
+def verify_answer(gold: str, answer: str, *, timeout_s: float = 5) -> bool:
+    """True if math-verify finds the bare answer `answer` equivalent to `gold` (for callers outside score)."""
+    wrapped = answer if "$" in answer or "\\(" in answer else f"${answer}$"
+    return judge_text(gold, wrapped, timeout_s=timeout_s)[0]
 
 
 def format_ok(text: str, *, require_think: bool) -> bool:
@@ -144,8 +190,8 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     max_chars = int(reward_args.get("max_answer_chars", 1000))
 
     text = completion.text if isinstance(completion.text, str) else ""
-    golds = gold_answers(sample.ground_truth)
-    if not golds:
+    raw_golds = [str(g).strip() for g in _as_list(sample.ground_truth) if g is not None and str(g).strip()]
+    if not raw_golds:
         return zero("sample has no ground_truth")
     judged, _ = split_think(text)
     answer, method = extract_answer(judged, fallback=fallback)
@@ -158,25 +204,37 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
         info["correct"] = bool(correct)
         return RewardResult((1.0 - format_weight) * correct + format_weight * float(fmt), {"reason": reason, **info})
 
-    if answer is None:
-        return result(0.0, "no answer found")
-    if len(answer) > max_chars:
-        return result(0.0, f"answer longer than {max_chars} chars")
-    if any(_normalised(answer) == _normalised(g) for g in golds):
-        return result(1.0, "exact match")
+    if method == "boxed" and len(_BOX_RE.findall(judged)) == 1 and answer is not None:
+        plain_golds = [_clean(g) for g in raw_golds if "\\boxed" not in g]  # a boxed gold may hold several answers
+        if any(_normalised(answer) == _normalised(g) for g in plain_golds):
+            return result(1.0, "exact match")
 
     from rlvr.rewards.workers import shared_pool
 
     pool = shared_pool("math", max_workers=reward_args.get("max_workers"), preload=("rlvr.rewards.math_rule:_warmup",))
-    timed_out = False
-    for gold in golds:
-        job = await pool.call("rlvr.rewards.math_rule:verify_answer", gold, answer, timeout_s=timeout_s)
-        if job.status == "ok" and job.value:
-            return result(1.0, "equivalent")
+    timed_out, extracted = False, False
+    for gold in raw_golds:
+        job = await pool.call(
+            "rlvr.rewards.math_rule:judge_text",
+            gold,
+            judged,
+            fallback=fallback,
+            timeout_s=timeout_s,
+            max_chars=max_chars,
+        )
+        if job.status == "ok":
+            correct, found = job.value
+            extracted = extracted or bool(found)
+            if found:
+                info["answer"] = found[:200]
+            if correct:
+                return result(1.0, "equivalent")
         timed_out = timed_out or job.status == "timeout"
         if job.status in ("error", "crash"):
             info["verify_error"] = job.error
     if timed_out:
         info["timeout"] = True
         return result(0.0, "timeout")
+    if not extracted:
+        return result(0.0, "no answer found")
     return result(0.0, "not equivalent")

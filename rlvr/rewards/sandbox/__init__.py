@@ -12,13 +12,18 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class Limits:
-    """Per-run resource limits. `cpu_s` defaults to the wall timeout plus one second."""
+    """Per-run resource limits. `cpu_s` defaults to the wall timeout plus one second.
+
+    `max_output_bytes` caps stdout and stderr each; `max_scratch_mb` bounds everything a
+    run may write (its working dir and /tmp share one tmpfs of that size under bwrap).
+    """
 
     timeout_s: float = 10.0
     memory_mb: int = 512
     max_procs: int = 32
     max_output_bytes: int = 1 << 20
     max_file_mb: int = 16
+    max_scratch_mb: int = 64
     cpu_s: float | None = None
 
 

@@ -35,7 +35,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from rlvr.rewards.sandbox import Limits, RunResult
 
@@ -140,6 +142,7 @@ class LocalSandbox:
         self.mode = available_mode(mode)
         self.python = python or sandbox_python()
         self.workdir = workdir
+        self._forkserver: Any = None  # started on first use (root + bwrap): see forkserver.py
 
     def _uid(self) -> int | None:
         if os.geteuid() != 0:
@@ -155,6 +158,7 @@ class LocalSandbox:
         uid: int | None,
         run_id: str,
         ro_binds: list[tuple[str, str]],
+        args: tuple[str, ...] = (),
     ) -> list[str]:
         """The argv for one run (public so tests and docs can show exactly what is executed)."""
         cpu = int(limits.cpu_s or limits.timeout_s + 1)
@@ -172,17 +176,22 @@ class LocalSandbox:
         drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid is not None else []
         if self.mode != "unshare":  # unshare needs root for its namespaces: it drops the uid after
             argv += drop
-        inner = [self.python, "-I", "-S", "-B", script]
+        inner = [self.python, "-I", "-S", "-B", script, *args]
         env = {"PATH": "/usr/bin:/bin", "HOME": SANDBOX_DIR, "LANG": "C.UTF-8", "RLVR_SANDBOX_RUN": run_id}
         if self.mode == "bwrap":
             argv += ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", *_root_binds()]
             prefix = _python_prefix(self.python)
             if prefix:
                 argv += ["--ro-bind", prefix, prefix]
-            argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", scratch, SANDBOX_DIR]
+            # One size-bounded tmpfs is the only writable place (/tmp points into it); the
+            # run's files are bound read-only into it, and /, /dev are remounted read-only.
+            argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.max_scratch_mb * 1024 * 1024),
+                     "--tmpfs", SANDBOX_DIR, "--dir", f"{SANDBOX_DIR}/.tmp", "--symlink", f"{SANDBOX_DIR}/.tmp", "/tmp"]  # fmt: skip
+            for name in sorted(os.listdir(scratch)):
+                argv += ["--ro-bind", os.path.join(scratch, name), f"{SANDBOX_DIR}/{name}"]
             for src, dst in ro_binds:
                 argv += ["--ro-bind", src, dst]
-            argv += ["--chdir", SANDBOX_DIR, "--clearenv"]
+            argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_DIR, "--clearenv"]
             for key, value in env.items():
                 argv += ["--setenv", key, value]
             return [*argv, "--", *inner]
@@ -201,11 +210,40 @@ class LocalSandbox:
         *,
         limits: Limits,
         ro_binds: list[tuple[str, str]] | None = None,
+        stdin: int | None = None,
+        stdout: int | None = None,
+        pass_fds: tuple[int, ...] = (),
+        stop: asyncio.Event | None = None,
+        args: tuple[str, ...] = (),
+        trusted: bool = False,
     ) -> RunResult:
-        """Write `files` into a fresh scratch dir, run `script` there, clean up; never leaks processes."""
+        """Write `files` into a fresh scratch dir, run `script` there, clean up; never leaks processes.
+
+        `stdin`/`stdout` (fds) and `pass_fds` wire a run to a peer (the judge and the solution
+        talk over pipes); `stop` ends the run early once its peer is done with it. `trusted` (the
+        judge, which runs the dataset's tests, never model code) lets a forked run share the fork
+        server's network namespace (loopback only) instead of creating its own.
+        """
+        uid = self._uid()
+        if self.mode == "bwrap" and uid is not None and os.environ.get("RLVR_SANDBOX_FORKSERVER", "1") != "0":
+            if self._forkserver is None:
+                from rlvr.rewards.sandbox.forkserver import ForkServer
+
+                self._forkserver = ForkServer(python=self.python, ro_binds=pytest_binds())
+            return await self._forkserver.run(
+                files,
+                script,
+                limits=limits,
+                uid=uid,
+                stdin=stdin,
+                stdout=stdout,
+                pass_fds=pass_fds,
+                stop=stop,
+                args=args,
+                share_net=trusted,
+            )
         run_id = secrets.token_hex(8)
         scratch = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=self.workdir)
-        uid = self._uid()
         try:
             for name, text in files.items():
                 Path(scratch, name).write_text(text)
@@ -214,8 +252,12 @@ class LocalSandbox:
                     os.chown(path, uid, uid)
             if self.mode != "bwrap":
                 ro_binds = []  # pytest only works under bwrap's binds; elsewhere the harness reports it missing
-            argv = self.command(scratch, script, limits=limits, uid=uid, run_id=run_id, ro_binds=ro_binds or [])
-            result = await self._execute(argv, cwd=scratch, limits=limits)
+            argv = self.command(
+                scratch, script, limits=limits, uid=uid, run_id=run_id, ro_binds=ro_binds or [], args=args
+            )
+            result = await self._execute(
+                argv, cwd=scratch, limits=limits, stdin=stdin, stdout=stdout, pass_fds=pass_fds, stop=stop
+            )
             result.run_id = run_id
             result.info.update({"mode": self.mode, "scratch": scratch})
             return result
@@ -224,58 +266,103 @@ class LocalSandbox:
                 reap(uid=uid, run_id=run_id)
             shutil.rmtree(scratch, ignore_errors=True)
 
-    async def _execute(self, argv: list[str], *, cwd: str, limits: Limits) -> RunResult:
+    async def _execute(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        limits: Limits,
+        stdin: int | None,
+        stdout: int | None,
+        pass_fds: tuple[int, ...],
+        stop: asyncio.Event | None,
+    ) -> RunResult:
         start = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=cwd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        killed: list[str] = []
-
-        def kill(reason: str) -> None:
-            if not killed:
-                killed.append(reason)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-        async def read(stream: asyncio.StreamReader | None, cap: int) -> bytes:
-            buf = bytearray()
-            if stream is None:
-                return b""
-            while chunk := await stream.read(65536):  # drain to EOF even past the cap: closes the transport
-                if len(buf) + len(chunk) > cap and not killed:
-                    kill("output_limit")
-                buf += chunk[: max(0, cap - len(buf))]
-            return bytes(buf)
-
-        tasks = asyncio.gather(read(proc.stdout, limits.max_output_bytes), read(proc.stderr, 65536), proc.wait())
         try:
-            out, err, _ = await asyncio.wait_for(asyncio.shield(tasks), timeout=limits.timeout_s)
-        except TimeoutError:
-            kill("timeout")
-            try:  # a stray holding the pipes open (weaker modes) must not hang us: reap() follows
-                out, err, _ = await asyncio.wait_for(tasks, timeout=5)
-            except TimeoutError:
-                out, err = b"", b""
-        except asyncio.CancelledError:
-            kill("cancelled")
-            await asyncio.shield(proc.wait())
-            raise
-        finally:
-            if proc.returncode is None:
-                kill("cleanup")
-                await proc.wait()
-        return RunResult(
-            exit_code=proc.returncode,
-            stdout=out.decode("utf-8", "replace"),
-            stderr=err.decode("utf-8", "replace"),
-            killed=killed[0] if killed else None,
-            seconds=time.perf_counter() - start,
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=cwd,
+                stdin=asyncio.subprocess.DEVNULL if stdin is None else stdin,
+                stdout=asyncio.subprocess.PIPE if stdout is None else stdout,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=pass_fds,
+                env={},  # the sandbox's pid 1 (bwrap) shows its environment in /proc/1/environ: give it none
+            )
+        finally:  # the child has its copies: ours must go, or its peer never sees end-of-file
+            for fd in {fd for fd in (stdin, stdout, *pass_fds) if fd is not None}:
+                os.close(fd)
+        return await _supervise(
+            proc, lambda: os.killpg(proc.pid, signal.SIGKILL), limits=limits, stop=stop, start=start
         )
+
+
+class _Proc(Protocol):
+    stdout: asyncio.StreamReader | None
+    stderr: asyncio.StreamReader | None
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
+async def _supervise(
+    proc: _Proc, hard_kill: Callable[[], None], *, limits: Limits, stop: asyncio.Event | None, start: float
+) -> RunResult:
+    """Read a run's output under the caps, enforce the wall timeout, kill it early on `stop`."""
+    killed: list[str] = []
+
+    def kill(reason: str) -> None:
+        if not killed:
+            killed.append(reason)
+        with contextlib.suppress(ProcessLookupError):
+            hard_kill()
+
+    async def read(stream: asyncio.StreamReader | None, cap: int, reason: str) -> bytes:
+        buf = bytearray()
+        if stream is None:
+            return b""
+        while chunk := await stream.read(65536):  # drain to EOF even past the cap: closes the transport
+            if len(buf) + len(chunk) > cap and not killed:
+                kill(reason)
+            buf += chunk[: max(0, cap - len(buf))]
+        return bytes(buf)
+
+    async def stopped() -> None:
+        if stop is not None:
+            await stop.wait()
+            await asyncio.sleep(0.05)  # let it exit on its own first (its pipe closed)
+            if proc.returncode is None:
+                kill("stopped")
+
+    cap = limits.max_output_bytes
+    tasks = asyncio.gather(read(proc.stdout, cap, "stdout_limit"), read(proc.stderr, cap, "stderr_limit"), proc.wait())
+    stopper = asyncio.ensure_future(stopped())
+    try:
+        out, err, _ = await asyncio.wait_for(asyncio.shield(tasks), timeout=limits.timeout_s)
+    except TimeoutError:
+        kill("timeout")
+        try:  # a stray holding the pipes open (weaker modes) must not hang us: reap() follows
+            out, err, _ = await asyncio.wait_for(tasks, timeout=5)
+        except TimeoutError:
+            out, err = b"", b""
+    except asyncio.CancelledError:
+        kill("cancelled")
+        await asyncio.shield(proc.wait())
+        raise
+    finally:
+        stopper.cancel()
+        if proc.returncode is None:
+            kill("cleanup")
+            await proc.wait()
+    return RunResult(
+        exit_code=proc.returncode,
+        stdout=out.decode("utf-8", "replace"),
+        stderr=err.decode("utf-8", "replace"),
+        killed=killed[0] if killed else None,
+        seconds=time.perf_counter() - start,
+    )
 
 
 def reap(*, uid: int | None, run_id: str) -> int:

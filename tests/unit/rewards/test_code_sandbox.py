@@ -130,10 +130,13 @@ class FakeCommands:
             raise TimeoutException("context deadline exceeded")
         with tempfile.TemporaryDirectory() as tmp:
             for path, text in self.files.files.items():
-                with open(os.path.join(tmp, os.path.basename(path)), "w") as f:
+                target = os.path.join(tmp, os.path.relpath(path, "/home/user/rlvr"))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(target, "w") as f:
                     f.write(text)
+            script = cmd.split()[-1]  # the harness the command runs (_rlvr_run.py or _rlvr_pair.py)
             proc = subprocess.run(
-                [sys.executable, "-I", "-S", "-B", "_rlvr_run.py"], cwd=tmp, capture_output=True, text=True, timeout=30
+                [sys.executable, "-I", "-S", "-B", script], cwd=tmp, capture_output=True, text=True, timeout=30
             )
         if proc.returncode:
             raise CommandExitException(stderr=proc.stderr, stdout=proc.stdout, exit_code=proc.returncode, error=None)
@@ -190,8 +193,8 @@ async def test_e2b_backend_runs_writes_and_kills(fake_e2b):
     assert right.score == 1.0 and right.info["backend"] == "e2b", right.info
     kinds = [entry[0] for entry in fake_e2b.log]
     assert kinds[0] == "create" and fake_e2b.log[0][1] == "py" and kinds[-1] == "kill"
-    assert ("files.write", "/home/user/rlvr/solution.py") in fake_e2b.log
-    assert any(e[0] == "commands.run" and e[2] == 7 and "_rlvr_run.py" in e[1] for e in fake_e2b.log)
+    assert ("files.write", "/home/user/rlvr/solution/solution.py") in fake_e2b.log
+    assert any(e[0] == "commands.run" and e[2] == 7 and "_rlvr_pair.py" in e[1] for e in fake_e2b.log)
     wrong = await score(sample, code_completion(bad), sandbox="e2b")
     assert wrong.score == 0.0
     stdin = make_sample(case_type="stdin_stdout", test_cases=SAMPLES["stdin_stdout"][0])

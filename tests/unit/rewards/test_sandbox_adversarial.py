@@ -7,6 +7,7 @@ processes alive, and no process of a sandbox uid (>= 100000, picked per run) lef
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import subprocess
@@ -23,9 +24,15 @@ from .conftest import code_completion, make_sample, needs_bwrap
 pytestmark = needs_bwrap
 
 
+# Orphans of anything we start are reparented to this process, not to init, so "descends from
+# this test process" stays true for a process that escapes its sandbox's pid namespace: that is
+# what tells our sandboxes' processes from other test sessions' on a shared machine.
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 def sandbox_processes() -> list[int]:
-    """Live host pids whose real uid is in the sandbox range (other engineers' processes are not)."""
-    pids = []
+    """Live descendants of this test process whose real uid is in the sandbox range."""
+    table: dict[int, tuple[int, int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -34,10 +41,20 @@ def sandbox_processes() -> list[int]:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
         except OSError:
             continue
-        zombie = fields.get("State", "").strip().startswith("Z")  # already dead, waiting for init to reap it
-        if not zombie and int(fields.get("Uid", "0").split()[0]) >= 100_000:
-            pids.append(int(entry.name))
-    return pids
+        if fields.get("State", "").strip().startswith("Z"):  # already dead, waiting to be reaped
+            continue
+        table[int(entry.name)] = (int(fields["PPid"]), int(fields.get("Uid", "0").split()[0]))
+
+    def ours(pid: int) -> bool:
+        for _ in range(64):
+            pid = table.get(pid, (0, 0))[0]
+            if pid == os.getpid():
+                return True
+            if pid <= 1:
+                return False
+        return False
+
+    return [pid for pid, (_, uid) in table.items() if uid >= 100_000 and ours(pid)]
 
 
 def assert_no_leftovers() -> None:
@@ -134,7 +151,13 @@ async def test_killing_the_parent_and_everything_reachable():
 
 async def test_huge_output_is_bounded():
     result = await run("while True:\n    print('x' * 10000)", max_output_bytes=100_000)
-    assert result.info["reason"] == "output limit exceeded"
+    assert result.info["reason"] == "output limit exceeded: stdout (max_output_bytes = 100000)"
+    noisy = await run("import sys\nwhile True:\n    sys.stderr.write('x' * 10000)", max_output_bytes=100_000)
+    assert noisy.info["reason"] == "output limit exceeded: stderr (max_output_bytes = 100000)"
+    judged = make_sample(case_type="assert", test_cases=["assert f(1) == 1"])  # the judged kinds say so too
+    flood = "import sys\nsys.stderr.write('x' * 300_000)\ndef f(x):\n    return x"
+    result = await score(judged, code_completion(flood), max_output_bytes=100_000)
+    assert result.score == 0.0 and result.info["reason"] == "output limit exceeded: stderr (max_output_bytes = 100000)"
 
 
 async def test_setsid_and_double_fork_leave_nothing_behind():
@@ -150,3 +173,54 @@ async def test_setsid_and_double_fork_leave_nothing_behind():
         "print('escaped')\n"
     )
     await run(code, expected="ok")  # prints 'escaped', exits 0; the grandchild must die with the namespace
+
+
+async def contained(code: str, **args) -> None:
+    """A program that checks a containment property from inside and prints `contained`."""
+    sample = make_sample(case_type="stdin_stdout", test_cases=[{"input": "", "output": "contained"}])
+    result = await score(sample, code_completion(code), **{"timeout_s": 20, **args})
+    assert result.score == 1.0, result.info
+    assert_no_leftovers()
+
+
+async def test_sandbox_pid1_and_the_run_have_an_empty_environment(monkeypatch):
+    monkeypatch.setenv("RLVR_TEST_API_KEY", "hunter2-secret")
+    code = (
+        "import os\n"
+        "seen = b''\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    if pid.isdigit():\n"
+        "        try:\n"
+        "            seen += open(f'/proc/{pid}/environ', 'rb').read()\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "leak = b'hunter2' in seen or any('hunter2' in v for v in os.environ.values())\n"
+        "print('leaked' if leak else 'contained')"
+    )
+    await contained(code)
+
+
+async def test_total_bytes_written_are_bounded():
+    # 320 MB offered to every writable-looking place; the sandbox takes at most max_scratch_mb in all.
+    code = (
+        "import os\n"
+        "total = 0\n"
+        "chunk = b'x' * (1 << 20)\n"
+        "for n, d in enumerate(('.', '/tmp', '/', '/dev', '/dev/shm', '/sandbox')):\n"
+        "    for i in range(64):\n"
+        "        try:\n"
+        "            with open(os.path.join(d, f'f{n}-{i}'), 'wb') as f:\n"
+        "                for _ in range(5):\n"
+        "                    f.write(chunk)\n"
+        "                    f.flush()\n"
+        "                    total += len(chunk)\n"
+        "        except OSError:\n"
+        "            break\n"
+        "print('contained' if total <= 17 * (1 << 20) else f'wrote {total}')"
+    )
+    await contained(code, memory_mb=128, max_scratch_mb=16)
+
+
+async def test_stderr_follows_max_output_bytes():
+    # A correct program that is chatty on stderr (200 KB, past the old hard 64 KiB cap) still passes.
+    await contained("import sys\nsys.stderr.write('debug ' * 35000)\nprint('contained')")
