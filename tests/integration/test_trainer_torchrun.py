@@ -37,19 +37,21 @@ def synthetic_batch():
     return TrainBatch.from_sequences(prompts, responses, advantages=advantages, group_ids=[i // 4 for i in range(n)])
 
 
-def configs(strategy: str):
+def configs(strategy: str, *, tp_size: int = 1, activation_checkpointing: str = "none"):
     from rlvr.recipe.schema import AlgorithmConfig, TrainerConfig
 
     trainer = TrainerConfig(
-        strategy=strategy, lr=1e-3, packing=True, max_tokens_per_micro_batch=40, lr_schedule="cosine", warmup_steps=1
-    )
+        strategy=strategy, lr=1e-3, packing=True, max_tokens_per_micro_batch=40, lr_schedule="cosine", warmup_steps=1,
+        tp_size=tp_size, activation_checkpointing=activation_checkpointing,  # pyright: ignore[reportArgumentType]
+    )  # fmt: skip
     algorithm = AlgorithmConfig(preset="grpo", mini_batches=2, kl_coef=0.01)
     return trainer, algorithm
 
 
 def run(
     model_dir: str, *, strategy: str, out: Path, save_dir: str | None = None, resume: bool = False,
-    export_dir: str | None = None,
+    export_dir: str | None = None, impl: str = "hf", tp_size: int = 1, steps: int = STEPS,
+    activation_checkpointing: str = "none",
 ) -> None:  # fmt: skip
     """Train STEPS steps (or resume at SAVE_AT and finish); write losses and final weights to `out`."""
     from rlvr.recipe.schema import ModelConfig
@@ -58,11 +60,10 @@ def run(
     from rlvr.trainer.checkpoint import export_hf, find_latest, load_checkpoint, save_checkpoint
     from rlvr.trainer.weights import iter_full_weights
 
-    trainer, algorithm = configs(strategy)
+    trainer, algorithm = configs(strategy, tp_size=tp_size, activation_checkpointing=activation_checkpointing)
     device = d.init_distributed(force=strategy == "fsdp2").device
-    actor = Actor.build(
-        ModelConfig(path=model_dir), trainer, algorithm, total_steps=STEPS * 2, device=device, max_response_len=32
-    )
+    model = ModelConfig(path=model_dir, impl=impl)  # pyright: ignore[reportArgumentType]
+    actor = Actor.build(model, trainer, algorithm, total_steps=STEPS * 2, device=device, max_response_len=32)
     batch = synthetic_batch()
     start, losses = 0, []
     if resume:
@@ -72,7 +73,7 @@ def run(
         extra = load_checkpoint(latest, {"actor": actor})
         start, losses = extra["step"], extra["losses"]
         torch.set_rng_state(extra["torch_rng"])
-    for step in range(start, STEPS):
+    for step in range(start, steps):
         metrics = actor.train_step(batch)
         losses.append(actor.engine.last_update_losses + [metrics["grad_norm"], metrics["lr"]])
         if save_dir is not None and not resume and step + 1 == SAVE_AT:
@@ -149,11 +150,16 @@ def main() -> None:
     parser.add_argument("--save-dir")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--export-dir")
+    parser.add_argument("--impl", default="hf")
+    parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--activation-checkpointing", default="none")
     args = parser.parse_args()
     torch.set_num_threads(1)
     run(
         args.model_dir, strategy="fsdp2", out=Path(args.out), save_dir=args.save_dir, resume=args.resume,
-        export_dir=args.export_dir,
+        export_dir=args.export_dir, impl=args.impl, tp_size=args.tp_size, steps=args.steps,
+        activation_checkpointing=args.activation_checkpointing,
     )  # fmt: skip
     torch.distributed.barrier()  # a rank that tears gloo down while its peer still talks aborts the peer
     torch.distributed.destroy_process_group()
