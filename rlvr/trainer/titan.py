@@ -28,6 +28,7 @@ forced to plain sums). Those fixes are applied only when the device is CPU.
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import types
 from collections.abc import Callable
@@ -491,6 +492,8 @@ def _parallel_settings(
     world, tp = d.world_size(), trainer.tp_size
     if world % tp:
         raise ValueError(f"trainer.tp_size = {tp} does not divide the {world} trainer ranks")
+    # DTensor's hint that gathers over a (dp, tp) mesh take two collectives, once per weight sync
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     parallelism = ParallelismConfig(
         data_parallel_shard_degree=world // tp,
         tensor_parallel_degree=tp,

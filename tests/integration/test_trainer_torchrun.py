@@ -142,6 +142,66 @@ def test_two_rank_resume_continues_bit_identically(tmp_path: Path, tiny_model_di
         assert torch.equal(exported[name], value), name
 
 
+# -- model.impl = "torchtitan": FSDP2 and tensor parallel against the transformers model --------------------------
+@pytest.fixture(scope="module")
+def hf_one_process(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict:
+    out = tmp_path_factory.mktemp("hf1") / "single.pt"
+    run(str(tiny_model_dir), strategy="none", out=out)
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def titan_tp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> tuple[Path, Path]:
+    """torchtitan, tp_size = 2 on 2 ranks (one replica), STEPS steps, a checkpoint at SAVE_AT."""
+    tmp = tmp_path_factory.mktemp("titan_tp")
+    out, ckpt = tmp / "full.pt", tmp / "ckpt"
+    _torchrun(tmp, tiny_model_dir, out, "--save-dir", str(ckpt), "--impl", "torchtitan", "--tp-size", "2")
+    return out, ckpt
+
+
+def _assert_same_training(got: dict, expected: dict, *, steps: int) -> None:
+    assert torch.allclose(torch.tensor(got["losses"]), torch.tensor(expected["losses"][:steps]), rtol=1e-5, atol=1e-6)
+    assert got["weights"].keys() == expected["weights"].keys()  # HF names from either implementation
+    for name, value in expected["weights"].items():
+        assert torch.allclose(got["weights"][name], value, atol=1e-5), name
+
+
+@pytest.mark.torchtitan
+def test_torchtitan_tensor_parallel_trains_like_transformers(hf_one_process: dict, titan_tp_run) -> None:
+    tp = torch.load(titan_tp_run[0], weights_only=False)
+    assert tp["world"] == 2
+    _assert_same_training(tp, hf_one_process, steps=STEPS)
+
+
+@pytest.mark.torchtitan
+def test_torchtitan_fsdp2_trains_like_transformers(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """One step (two mini-batch updates) on 2 FSDP2 ranks against one transformers process."""
+    hf, fsdp = tmp_path / "hf.pt", tmp_path / "fsdp.pt"
+    run(str(tiny_model_dir), strategy="none", out=hf, steps=1)
+    _torchrun(tmp_path, tiny_model_dir, fsdp, "--impl", "torchtitan", "--steps", "1")
+    _assert_same_training(torch.load(fsdp, weights_only=False), torch.load(hf, weights_only=False), steps=1)
+
+
+@pytest.mark.torchtitan
+def test_torchtitan_tensor_parallel_resumes_bit_identically_and_exports(
+    tmp_path: Path, tiny_model_dir: Path, titan_tp_run
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    full, ckpt = titan_tp_run
+    resumed, hf = tmp_path / "resumed.pt", tmp_path / "hf"
+    _torchrun(tmp_path, tiny_model_dir, resumed, "--save-dir", str(ckpt), "--resume", "--export-dir", str(hf),
+              "--impl", "torchtitan", "--tp-size", "2")  # fmt: skip
+    two, again = (torch.load(p, weights_only=False) for p in (full, resumed))
+    assert again["losses"] == two["losses"]
+    for name, value in two["weights"].items():
+        assert torch.equal(again["weights"][name], value), name
+    exported = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)  # gathered from the TP shards
+    for name, value in exported.state_dict().items():
+        if name != "lm_head.weight":  # tied to the embeddings
+            assert torch.equal(again["weights"][name], value), name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", action="store_true")
