@@ -469,14 +469,14 @@ class Recipe(Section):
             raise _at(("trainer", "tp_size"), "tensor parallel needs trainer.strategy = 'fsdp2'")
         if tp > 1 and self.algorithm.critic:
             raise _at(("trainer", "tp_size"), "the torchtitan critic runs without tensor parallel: set tp_size = 1")
-        world = self.trainer_world_size()
-        if world % tp:
-            raise _at(("trainer", "tp_size"), f"{tp} does not divide the {world} trainer ranks")
         gpus = self.cluster.gpus_per_node
         if self.cluster.kind == "slurm" and gpus and gpus % tp:
             raise _at(
                 ("trainer", "tp_size"), f"{tp} does not divide cluster.gpus_per_node = {gpus} (TP stays in a node)"
             )
+        world = self.trainer_world_size()
+        if world % tp:
+            raise _at(("trainer", "tp_size"), f"{tp} does not divide the {world} trainer ranks")
 
     def check_model_split(self, hf_config: dict[str, Any]) -> None:
         """The model's architecture and heads against model.impl and trainer.tp_size (called with
