@@ -226,12 +226,14 @@ def packed_sdpa() -> type:
             if torch.compiler.is_compiling():  # no data-dependent slicing in a graph: one block-diagonal mask
                 return _masked_sdpa(q, k, v, attention_masks.cu_seq_q, scale=scale, enable_gqa=enable_gqa)
             bounds = attention_masks.cu_seq_q.tolist()
+            lens = [e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
+            if bounds[0] != 0 or bounds[-1] != q.shape[2] or min(lens) <= 0:
+                return _masked_sdpa(q, k, v, attention_masks.cu_seq_q, scale=scale, enable_gqa=enable_gqa)
+            # split, not slices: its backward is one cat, where each slice's backward zero-fills and
+            # adds a full-size gradient (measured: a third of a packed backward on CPU)
             outs = [
-                F.scaled_dot_product_attention(
-                    q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], scale=scale, is_causal=True, enable_gqa=enable_gqa
-                )
-                for s, e in zip(bounds[:-1], bounds[1:], strict=True)
-                if e > s
+                F.scaled_dot_product_attention(qi, ki, vi, scale=scale, is_causal=True, enable_gqa=enable_gqa)
+                for qi, ki, vi in zip(q.split(lens, 2), k.split(lens, 2), v.split(lens, 2), strict=True)
             ]
             return torch.cat(outs, dim=2).transpose(1, 2)
 
