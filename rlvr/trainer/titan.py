@@ -398,8 +398,8 @@ def build_titan_model(
         from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter as Adapter
 
     sharded = trainer.strategy == "fsdp2"
-    if not sharded and (d.world_size() > 1 or trainer.tp_size > 1):
-        raise ValueError("trainer.strategy = 'none' runs on one process without tensor parallel; use 'fsdp2'")
+    if not sharded and d.world_size() > 1:  # one process holds the whole model (also: `rlvr export`)
+        raise ValueError("trainer.strategy = 'none' runs on one process; use 'fsdp2' with torchrun")
     parallel = None
     if sharded:
         d.init_distributed(force=True)
