@@ -1,6 +1,6 @@
-"""Trainer throughput with and without sequence packing on a length-skewed RL batch.
+"""Trainer throughput: packing vs padding, or the transformers vs the torchtitan model.
 
-    python bench/train.py [--seqs 64] [--steps 3] [--hidden 256 --layers 4]
+    python bench/train.py [--seqs 64] [--steps 3] [--hidden 256 --layers 4] [--compare packing|impl]
 
 Responses are drawn from a long-tailed (log-normal) length distribution, as RL rollouts
 are: most answers short, a few run to the generation limit. Padded micro-batches pay for
@@ -9,6 +9,10 @@ only for real tokens. Both modes train the same model from the same weights on t
 batch; tokens/s counts real (non-padding) tokens per second of `Actor.train_step` wall
 time (it includes the no-grad pass that recomputes pi_old). Prints one line per mode and
 the ratio.
+
+`--compare impl` trains the same model (same HF weights) on the same packed batch with
+`model.impl = "hf"` and `"torchtitan"`, alternating the two each timed step so machine load
+hits both alike, and prints torchtitan / transformers.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=8, help="sequences per padded micro-batch")
     parser.add_argument("--max-tokens", type=int, default=2048, help="token budget of a packed micro-batch")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
+    parser.add_argument("--compare", choices=["packing", "impl"], default="packing")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -60,36 +65,44 @@ def main() -> None:
     lens = batch.seq_lens.float()
     real = int(lens.sum())
     padded_cost = sum(int(chunk.max()) * len(chunk) for chunk in batch.seq_lens.split(args.micro_batch_size))
-    n_params = None
     print(
         f"batch: {args.seqs} seqs, {real} tokens, seq len median {lens.median():.0f} / mean {lens.mean():.0f} / "
         f"max {lens.max():.0f}; padded micro-batches of {args.micro_batch_size} hold {padded_cost} slots "
         f"({real / padded_cost:.0%} real)"
     )
     algorithm = AlgorithmConfig(preset="dapo")  # no reference model: the trainer's own cost only
-    results: dict[str, float] = {}
-    for packing in (False, True):
+
+    def build(*, packing: bool, impl: str) -> Actor:
         trainer = TrainerConfig(
             strategy="none", lr=1e-5, packing=packing, micro_batch_size=args.micro_batch_size,
             max_tokens_per_micro_batch=args.max_tokens,
         )  # fmt: skip
-        actor = Actor.build(
-            ModelConfig(path=str(model_dir), dtype="float32"), trainer, algorithm, total_steps=args.steps + 1,
-            device=torch.device("cpu"),
-        )  # fmt: skip
-        n_params = sum(p.numel() for p in actor.model.parameters())
+        model = ModelConfig(path=str(model_dir), dtype="float32", impl=impl)  # pyright: ignore[reportArgumentType]
+        return Actor.build(model, trainer, algorithm, total_steps=args.steps + 1, device=torch.device("cpu"))
+
+    modes = {"padded": (False, "hf"), "packed": (True, "hf")}
+    if args.compare == "impl":
+        modes = {"hf": (True, "hf"), "torchtitan": (True, "torchtitan")}
+    actors = {name: build(packing=packing, impl=impl) for name, (packing, impl) in modes.items()}
+    n_params = sum(p.numel() for p in next(iter(actors.values())).model.parameters())
+    rates: dict[str, list[float]] = {name: [] for name in actors}
+    for actor in actors.values():
         actor.train_step(batch)  # warm-up
-        rates = []
-        for _ in range(args.steps):
+    for _ in range(args.steps):
+        for name, actor in actors.items():
             start = time.perf_counter()
             actor.train_step(batch)
-            rates.append(real / (time.perf_counter() - start))
-        name = "packed" if packing else "padded"
-        results[name] = statistics.median(rates)
-        print(f"{name:>6}: {results[name]:8.0f} tokens/s (median of {args.steps}; runs {[round(r) for r in rates]})")
+            rates[name].append(real / (time.perf_counter() - start))
+    results = {name: statistics.median(r) for name, r in rates.items()}
+    for name, r in rates.items():
+        print(f"{name:>10}: {results[name]:8.0f} tokens/s (median of {args.steps}; runs {[round(x) for x in r]})")
+    first, second = list(results)
+    paired = statistics.median(b / a for a, b in zip(rates[first], rates[second], strict=True))
+    label = "packing speed-up" if args.compare == "packing" else "torchtitan / transformers"
     print(
         f"model: {n_params / 1e6:.1f}M params, fp32 CPU, {torch.get_num_threads()} threads; "
-        f"packing speed-up: {results['packed'] / results['padded']:.2f}x"
+        f"{label}: {results[second] / results[first]:.2f}x (median of per-step ratios, each pair timed "
+        f"back to back: {paired:.2f}x)"
     )
 
 

@@ -33,10 +33,16 @@ class LaunchPlan:
     trainer_procs_per_node: int
     servers: list[ServerSpec]
     master_port: int
+    tp_size: int = 1  # trainer tensor-parallel group size (consecutive ranks, within a node)
 
     @property
     def trainer_world_size(self) -> int:
         return len(self.trainer_nodes) * self.trainer_procs_per_node
+
+    @property
+    def dp_size(self) -> int:
+        """Trainer model replicas: FSDP2 shards each over `dp_size` ranks, TP splits it over `tp_size`."""
+        return self.trainer_world_size // self.tp_size
 
     @property
     def rollout_gpus(self) -> int:
@@ -45,6 +51,7 @@ class LaunchPlan:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["trainer_world_size"] = self.trainer_world_size
+        data["dp_size"] = self.dp_size
         return data
 
 
@@ -67,6 +74,7 @@ def make_plan(recipe: Recipe, *, master_port: int = 29500) -> LaunchPlan:
             trainer_procs_per_node=recipe.trainer.ranks,
             servers=servers,
             master_port=master_port,
+            tp_size=recipe.trainer.tp_size,
         )
     gpus = cluster.gpus_per_node
     per_server = rollout.sglang.tp_size * rollout.sglang.dp_size if rollout.engine == "sglang" else 1
@@ -97,4 +105,5 @@ def make_plan(recipe: Recipe, *, master_port: int = 29500) -> LaunchPlan:
         trainer_procs_per_node=max(gpus, 1),
         servers=servers,
         master_port=master_port,
+        tp_size=recipe.trainer.tp_size,
     )

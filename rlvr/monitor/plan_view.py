@@ -82,16 +82,17 @@ def cluster_table(recipe: Recipe, plan: LaunchPlan) -> Table:
     device = f"{plan.gpus_per_node} GPU(s)" if plan.gpus_per_node else "CPU"
     for node in plan.trainer_nodes:
         table.add_row(
-            f"trainer ({recipe.trainer.strategy})",
+            f"trainer ({recipe.trainer.strategy}, {recipe.model.impl})",
             _node(plan, node),
-            f"{plan.trainer_procs_per_node} rank(s) on {device}",
+            f"{plan.trainer_procs_per_node} rank(s) on {device}" + _mesh(plan),
             str(plan.master_port) if node == 0 else "",
         )
     for server in plan.servers:
         gpus = f"GPUs {','.join(map(str, server.gpus))}" if server.gpus else "CPU"
         table.add_row(f"rollout {server.index} ({server.engine})", _node(plan, server.node), gpus, str(server.port))
     table.caption = (
-        f"trainer world size {plan.trainer_world_size} · {len(plan.servers)} rollout server(s) · "
+        f"trainer world size {plan.trainer_world_size} (dp {plan.dp_size} x tp {plan.tp_size}) · "
+        f"{len(plan.servers)} rollout server(s) · "
         f"sync {recipe.sync.method}, {recipe.sync.bucket_mb} MB buckets · {_rollout_mode(recipe)}"
     )
     return table
@@ -104,6 +105,14 @@ def _rollout_mode(recipe: Recipe) -> str:
     return (
         f"rollout asynchronous (max_staleness {k}, {'partial' if recipe.rollout.partial else 'restart'} on weight push)"
     )
+
+
+def _mesh(plan: LaunchPlan) -> str:
+    """The node's trainer ranks as dp x tp (TP groups are consecutive ranks of one node)."""
+    per_node = plan.trainer_procs_per_node
+    if plan.tp_size == 1:
+        return ""
+    return f" = dp {per_node // plan.tp_size} x tp {plan.tp_size}"
 
 
 def _node(plan: LaunchPlan, index: int) -> str:

@@ -156,6 +156,12 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, recipe_path
         candidate = (base / recipe.model.path).resolve()
         if candidate.exists():
             recipe.model.path = str(candidate)
+    config_json = Path(recipe.model.path or "") / "config.json"
+    if recipe.model.path and config_json.exists():
+        try:
+            recipe.check_model_split(json.loads(config_json.read_text()))
+        except KeyedError as exc:
+            raise RecipeError(f"{_where(recipe_path, text, exc.path)}: {'.'.join(exc.path)}: {exc.message}") from None
     if recipe.judge is not None:
         judge = Path(recipe.judge.model)
         judge = judge if judge.is_absolute() else (base / judge).resolve()

@@ -55,9 +55,18 @@ class ModelConfig(Section):
     trust_remote_code: bool = False
     """Passed to transformers when loading custom model code."""
     gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
-    use_torchtitan: bool = False
-    """Use torchtitan's model and parallelize functions where it has the architecture."""
+    """Recompute activations in backward to save memory (same as trainer.activation_checkpointing = "full")."""
+    impl: Literal["hf", "torchtitan"] = "hf"
+    """Trainer model code: `hf` (transformers, any architecture) or `torchtitan` (its Qwen3 / Llama3
+    decoders: tensor parallel, selective activation checkpointing, compile)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "use_torchtitan" in data:
+            value = "torchtitan" if data["use_torchtitan"] else "hf"
+            raise _at(("use_torchtitan",), f'was replaced by model.impl: write impl = "{value}"')
+        return data
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -299,6 +308,14 @@ class TrainerConfig(Section):
     """FSDP2 gradient reduction dtype."""
     ranks: int = Field(default=1, ge=1)
     """Trainer processes on a local run (torchrun --nproc-per-node); on SLURM: trainer GPUs."""
+    tp_size: int = Field(default=1, ge=1)
+    """Tensor parallel ranks per model replica (model.impl = "torchtitan"); FSDP2 shards over the
+    remaining ranks (dp = ranks / tp_size). Must divide the heads and the GPUs of a node."""
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    """Recompute activations in backward: every block (`full`) or torchtitan's per-op policy
+    (`selective`, model.impl = "torchtitan" only)."""
+    compile: bool = False
+    """`torch.compile` each decoder block (model.impl = "torchtitan")."""
 
 
 class SyncConfig(Section):
@@ -448,6 +465,9 @@ class Recipe(Section):
         if self.rollout.engine == "sglang" and self.cluster.kind == "slurm" and self.cluster.gpus_per_node == 0:
             raise _at(("rollout", "engine"), "sglang needs GPUs: set cluster.gpus_per_node > 0")
         self._sglang_sync_checks()
+        self._check_model_impl()
+        if self.model.config is not None:
+            self.check_model_split(self.model.config)
         return self
 
     def _sglang_sync_checks(self) -> None:
@@ -465,6 +485,53 @@ class Recipe(Section):
                 f"{self.sync.method!r} with rollout.sglang.dp_size = {dp}: SGLang updates weights over a group "
                 'only with dp_size = 1; set sync.method = "disk" (or dp_size = 1 and more servers)',
             )
+
+    def trainer_world_size(self) -> int:
+        """Trainer ranks: `trainer.ranks` locally, every GPU of the trainer nodes on SLURM."""
+        c = self.cluster
+        if c.kind == "slurm":
+            return c.trainer_nodes * max(c.gpus_per_node, 1)
+        return self.trainer.ranks
+
+    def _check_model_impl(self) -> None:
+        t = self.trainer
+        if self.model.impl == "hf":
+            for key, bad in (("tp_size", t.tp_size > 1), ("compile", t.compile)):
+                if bad:
+                    raise _at(
+                        ("trainer", key), "needs model.impl = 'torchtitan' (the transformers path has FSDP2 only)"
+                    )
+            if t.activation_checkpointing == "selective":
+                raise _at(("trainer", "activation_checkpointing"), "'selective' needs model.impl = 'torchtitan'")
+            return
+        tp = t.tp_size
+        if tp > 1 and t.strategy != "fsdp2":
+            raise _at(("trainer", "tp_size"), "tensor parallel needs trainer.strategy = 'fsdp2'")
+        if tp > 1 and self.algorithm.critic:
+            raise _at(("trainer", "tp_size"), "the torchtitan critic runs without tensor parallel: set tp_size = 1")
+        gpus = self.cluster.gpus_per_node
+        if self.cluster.kind == "slurm" and gpus and gpus % tp:
+            raise _at(
+                ("trainer", "tp_size"), f"{tp} does not divide cluster.gpus_per_node = {gpus} (TP stays in a node)"
+            )
+        world = self.trainer_world_size()
+        if world % tp:
+            raise _at(("trainer", "tp_size"), f"{tp} does not divide the {world} trainer ranks")
+
+    def check_model_split(self, hf_config: dict[str, Any]) -> None:
+        """The model's architecture and heads against model.impl and trainer.tp_size (called with
+        `model.config`, and by the loader with the model folder's config.json)."""
+        if self.model.impl != "torchtitan":
+            return
+        model_type = hf_config.get("model_type")
+        if model_type not in ("qwen3", "llama"):
+            raise _at(("model", "impl"), f"torchtitan runs qwen3 and llama models, not {model_type!r}; use 'hf'")
+        tp = self.trainer.tp_size
+        heads = int(hf_config.get("num_attention_heads") or 0)
+        kv_heads = int(hf_config.get("num_key_value_heads") or heads)
+        for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+            if count and count % tp:
+                raise _at(("trainer", "tp_size"), f"{tp} does not divide the model's {name} = {count}")
 
 
 class KeyedError(ValueError):

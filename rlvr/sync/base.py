@@ -87,15 +87,12 @@ def weight_specs(model: Any, *, dtype: Any = None, skip_tied: bool = True) -> li
 
     Why: a bucket's HTTP request (names, dtypes, shapes) must be in flight *before* its
     tensors are gathered and broadcast, so the plan is made from metadata: a DTensor's
-    `.shape` is the full (global) shape. The tied-weight rule mirrors `iter_full_weights`.
+    `.shape` is the full (global) shape. Names, order and the tied-weight rule are `iter_full_weights`'s.
     """
-    seen: set[int] = set()
+    from rlvr.trainer.weights import weight_sources  # HF names for either model implementation
+
     specs = []
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if skip_tied:
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
+    for name, tensor, _ in weight_sources(model, skip_tied=skip_tied):
         target = dtype or tensor.dtype
         specs.append(
             TensorSpec(name, str(target).removeprefix("torch."), tuple(int(s) for s in tensor.shape), _itemsize(target))

@@ -15,6 +15,10 @@ token count. That keeps three things simple and exact:
 FSDP2 all-gathers parameters inside every forward, so all ranks must run the same number
 of forwards: a rank with fewer micro-batches (dynamic batching gives each rank its own
 count) runs zero-weighted dummy ones.
+
+Tensor parallel (`trainer.tp_size`): the `tp_size` consecutive ranks of a group hold one
+model replica between them and must see the same rows, so shares go by data-parallel rank
+(`rank // tp_size`); only the group's first rank contributes to the cross-rank sums.
 """
 
 from __future__ import annotations
@@ -91,9 +95,22 @@ class TrainEngine:
         self.last_update_losses: list[float] = []
 
     # -- batching -------------------------------------------------------------------------
+    @property
+    def dp_size(self) -> int:
+        return d.world_size() // self.cfg.tp_size
+
+    @property
+    def dp_rank(self) -> int:
+        return d.rank() // self.cfg.tp_size
+
+    @property
+    def counts(self) -> float:
+        """1.0 on the rank whose results enter cross-rank sums (the first of its TP group), else 0.0."""
+        return 1.0 if d.rank() % self.cfg.tp_size == 0 else 0.0
+
     def local_share(self, batch: TrainBatch) -> TrainBatch:
-        """This rank's rows of a global (mini-)batch, balanced by tokens across ranks."""
-        return batch if d.world_size() == 1 else batch.select(self._share_index(batch))
+        """This rank's rows of a global (mini-)batch, balanced by tokens across data-parallel ranks."""
+        return batch if self.dp_size == 1 else batch.select(self._share_index(batch))
 
     def micro_batches(self, local: TrainBatch) -> list[MicroBatch | None]:
         """Packed (token budget) or padded micro-batches, plus `None` placeholders so every
@@ -134,7 +151,7 @@ class TrainEngine:
                 for out, v in zip(results, values, strict=True):
                     out[rows, : mb.width] = v.detach().float().cpu()
             if d.world_size() > 1:
-                results = [self._all_reduce(out) for out in results]
+                results = [self._all_reduce(out * self.counts) for out in results]
             return tuple(results)
         finally:
             self.model.train(was_training)
@@ -145,11 +162,10 @@ class TrainEngine:
         return x.cpu()
 
     def _share_index(self, batch: TrainBatch) -> list[int]:
-        world = d.world_size()
-        if world == 1:
+        if self.dp_size == 1:
             return list(range(len(batch)))
         lens = [int(x) for x in batch.seq_lens]
-        return balance_partition(lens, parts=world)[d.rank()]
+        return balance_partition(lens, parts=self.dp_size)[self.dp_rank]
 
     # -- updates --------------------------------------------------------------------------
     def update(self, mini: TrainBatch, loss_fn: LossFn, tally: _Tally) -> None:
@@ -227,7 +243,7 @@ class TrainEngine:
         maxima = d.all_reduce([tally.maxima.get(k, -math.inf) for k in max_keys], op="max")
         flat = [v for k in keys for v in tally.weighted.get(k, [0.0, 0.0])]
         flat += tally.losses + [float(tally.tokens)]
-        flat = d.all_reduce(flat, op="sum")
+        flat = d.all_reduce([v * self.counts for v in flat], op="sum")
         elapsed = d.all_reduce([elapsed], op="max")[0]
         n = len(tally.losses)
         losses = flat[2 * len(keys) : 2 * len(keys) + n]

@@ -50,12 +50,6 @@ def load_hf_model(
     """
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    if cfg.use_torchtitan:
-        raise NotImplementedError(
-            "model.use_torchtitan is not wired into the trainer yet: the transformers path covers Qwen3/Qwen2/Llama "
-            "with FSDP2 and packing; torchtitan's Qwen3 needs the four CPU fixes listed in DESIGN.md plus its own "
-            "state-dict adapter for weight sync and export. Set use_torchtitan = false."
-        )
     extra: dict[str, object] = {}
     auto: type = AutoModelForCausalLM
     if kind == "value":
@@ -149,7 +143,17 @@ def build_model(
     attn_implementation: str | None = None,
 ) -> nn.Module:
     """Load + shard in one call. A frozen model (`trainable=False`, the reference) gets no
-    gradients and no activation checkpointing; it is sharded like the actor."""
+    gradients and no activation checkpointing; it is sharded like the actor.
+
+    `model.impl = "torchtitan"` builds torchtitan's decoder instead (`rlvr.trainer.titan`)."""
+    if cfg.impl == "torchtitan":
+        from rlvr.trainer.titan import build_titan_model
+
+        model = build_titan_model(cfg, trainer, device=device, kind=kind, seed=seed, trainable=trainable)
+        if not trainable:
+            model.requires_grad_(False)
+        model.train(trainable)
+        return model
     attn = attn_implementation or default_attn_implementation(device)
     model = load_hf_model(cfg, kind=kind, seed=seed, attn_implementation=attn)
     if not trainable:
@@ -162,7 +166,7 @@ def build_model(
         device=device,
         param_dtype=DTYPES[trainer.param_dtype] if on_gpu else None,
         reduce_dtype=DTYPES[trainer.reduce_dtype] if on_gpu else None,
-        gradient_checkpointing=cfg.gradient_checkpointing and trainable,
+        gradient_checkpointing=(cfg.gradient_checkpointing or trainer.activation_checkpointing == "full") and trainable,
     )
 
 

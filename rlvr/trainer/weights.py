@@ -1,42 +1,66 @@
-"""Full (unsharded) weights in HF naming, one tensor at a time, in a stable order.
+"""Full (unsharded) weights in HF naming and layout, one tensor at a time, in a stable order.
 
 The primitive under weight sync (bucketed broadcast to rollout engines) and HF export:
-FSDP2 keeps each parameter as a DTensor shard; `full_tensor()` all-gathers one at a time so
-peak extra memory is one tensor, not the model. Names are the transformers FQNs
-(`model.layers.0.self_attn.q_proj.weight`) because fully_shard and HF gradient checkpointing
-leave module paths untouched, which is what SGLang's and transformers' loaders expect.
+FSDP2 and tensor parallel keep each parameter as a DTensor shard; `full_tensor()`
+all-gathers one at a time so peak extra memory is one tensor, not the model.
+
+Names are the transformers FQNs (`model.layers.0.self_attn.q_proj.weight`), which SGLang's
+and transformers' loaders expect. A transformers model has them already (fully_shard and
+HF gradient checkpointing leave module paths untouched); a torchtitan model
+(`rlvr.trainer.titan.TitanLM`) maps its own names through torchtitan's state-dict adapter,
+layout changes included, via its `hf_sources()`. `weight_sources` is the one place that
+tells them apart, so sync's metadata (`rlvr.sync.base.weight_specs`) and the gathered
+tensors always agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
+
+Source = tuple[str, torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]
+
+
+def weight_sources(model: nn.Module, *, skip_tied: bool = True) -> list[Source]:
+    """(HF name, local or sharded tensor, layout change of the full tensor or None), in the
+    order `iter_full_weights` yields them; no communication. A DTensor's `.shape` is the full
+    shape, and layout changes keep shapes, so `tensor.shape` is what goes on the wire.
+
+    `skip_tied` lists a tensor shared by several names (tied embeddings: `lm_head.weight`)
+    once, under its first name, as HF checkpoints store it.
+    """
+    hf_sources = getattr(model, "hf_sources", None)
+    if hf_sources is not None:
+        return hf_sources(skip_tied=skip_tied)
+    seen: set[int] = set()
+    out: list[Source] = []
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if skip_tied:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+        out.append((name, tensor, None))
+    return out
 
 
 def iter_full_weights(
     model: nn.Module, *, dtype: torch.dtype | None = None, skip_tied: bool = True, device: str | None = "cpu"
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (hf_name, full tensor) in `state_dict` order, the same on every rank.
+    """Yield (hf_name, full tensor), the same on every rank (see `weight_sources`).
 
-    Collective under FSDP2: *every* rank must iterate to the end in lockstep (each step is
-    an all-gather); ranks other than 0 may simply drop what they get. `skip_tied` yields a
-    parameter shared by several names (tied embeddings: `lm_head.weight`) once, under its
-    first name, as HF checkpoints store it. `dtype` casts (e.g. bf16 for a rollout engine);
-    `device="cpu"` moves each tensor off the accelerator (None keeps it where it is, e.g.
-    on the GPU for an NCCL broadcast).
+    Collective under FSDP2 / tensor parallel: *every* rank must iterate to the end in
+    lockstep (each step is an all-gather); ranks other than 0 may simply drop what they get.
+    `dtype` casts (e.g. bf16 for a rollout engine); `device="cpu"` moves each tensor off the
+    accelerator (None keeps it where it is, e.g. on the GPU for an NCCL broadcast).
     """
-    seen: set[int] = set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if skip_tied:
-            key = id(tensor)
-            if key in seen:
-                continue
-            seen.add(key)
+    for name, tensor, layout in weight_sources(model, skip_tied=skip_tied):
         full_tensor = getattr(tensor, "full_tensor", None)
         value = full_tensor() if full_tensor is not None else tensor
         value = value.detach()
+        if layout is not None:
+            value = layout(value)
         if dtype is not None:
             value = value.to(dtype)
         if device is not None:
@@ -46,11 +70,4 @@ def iter_full_weights(
 
 def weight_names(model: nn.Module, *, skip_tied: bool = True) -> list[str]:
     """The names `iter_full_weights` yields, in order, without any communication."""
-    seen: set[int] = set()
-    names = []
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if skip_tied and id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
-        names.append(name)
-    return names
+    return [name for name, _, _ in weight_sources(model, skip_tied=skip_tied)]

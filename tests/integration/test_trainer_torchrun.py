@@ -37,19 +37,21 @@ def synthetic_batch():
     return TrainBatch.from_sequences(prompts, responses, advantages=advantages, group_ids=[i // 4 for i in range(n)])
 
 
-def configs(strategy: str):
+def configs(strategy: str, *, tp_size: int = 1, activation_checkpointing: str = "none"):
     from rlvr.recipe.schema import AlgorithmConfig, TrainerConfig
 
     trainer = TrainerConfig(
-        strategy=strategy, lr=1e-3, packing=True, max_tokens_per_micro_batch=40, lr_schedule="cosine", warmup_steps=1
-    )
+        strategy=strategy, lr=1e-3, packing=True, max_tokens_per_micro_batch=40, lr_schedule="cosine", warmup_steps=1,
+        tp_size=tp_size, activation_checkpointing=activation_checkpointing,  # pyright: ignore[reportArgumentType]
+    )  # fmt: skip
     algorithm = AlgorithmConfig(preset="grpo", mini_batches=2, kl_coef=0.01)
     return trainer, algorithm
 
 
 def run(
     model_dir: str, *, strategy: str, out: Path, save_dir: str | None = None, resume: bool = False,
-    export_dir: str | None = None,
+    export_dir: str | None = None, impl: str = "hf", tp_size: int = 1, steps: int = STEPS,
+    activation_checkpointing: str = "none",
 ) -> None:  # fmt: skip
     """Train STEPS steps (or resume at SAVE_AT and finish); write losses and final weights to `out`."""
     from rlvr.recipe.schema import ModelConfig
@@ -58,11 +60,10 @@ def run(
     from rlvr.trainer.checkpoint import export_hf, find_latest, load_checkpoint, save_checkpoint
     from rlvr.trainer.weights import iter_full_weights
 
-    trainer, algorithm = configs(strategy)
+    trainer, algorithm = configs(strategy, tp_size=tp_size, activation_checkpointing=activation_checkpointing)
     device = d.init_distributed(force=strategy == "fsdp2").device
-    actor = Actor.build(
-        ModelConfig(path=model_dir), trainer, algorithm, total_steps=STEPS * 2, device=device, max_response_len=32
-    )
+    model = ModelConfig(path=model_dir, impl=impl)  # pyright: ignore[reportArgumentType]
+    actor = Actor.build(model, trainer, algorithm, total_steps=STEPS * 2, device=device, max_response_len=32)
     batch = synthetic_batch()
     start, losses = 0, []
     if resume:
@@ -72,7 +73,7 @@ def run(
         extra = load_checkpoint(latest, {"actor": actor})
         start, losses = extra["step"], extra["losses"]
         torch.set_rng_state(extra["torch_rng"])
-    for step in range(start, STEPS):
+    for step in range(start, steps):
         metrics = actor.train_step(batch)
         losses.append(actor.engine.last_update_losses + [metrics["grad_norm"], metrics["lr"]])
         if save_dir is not None and not resume and step + 1 == SAVE_AT:
@@ -141,6 +142,66 @@ def test_two_rank_resume_continues_bit_identically(tmp_path: Path, tiny_model_di
         assert torch.equal(exported[name], value), name
 
 
+# -- model.impl = "torchtitan": FSDP2 and tensor parallel against the transformers model --------------------------
+@pytest.fixture(scope="module")
+def hf_one_process(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict:
+    out = tmp_path_factory.mktemp("hf1") / "single.pt"
+    run(str(tiny_model_dir), strategy="none", out=out)
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def titan_tp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> tuple[Path, Path]:
+    """torchtitan, tp_size = 2 on 2 ranks (one replica), STEPS steps, a checkpoint at SAVE_AT."""
+    tmp = tmp_path_factory.mktemp("titan_tp")
+    out, ckpt = tmp / "full.pt", tmp / "ckpt"
+    _torchrun(tmp, tiny_model_dir, out, "--save-dir", str(ckpt), "--impl", "torchtitan", "--tp-size", "2")
+    return out, ckpt
+
+
+def _assert_same_training(got: dict, expected: dict, *, steps: int) -> None:
+    assert torch.allclose(torch.tensor(got["losses"]), torch.tensor(expected["losses"][:steps]), rtol=1e-5, atol=1e-6)
+    assert got["weights"].keys() == expected["weights"].keys()  # HF names from either implementation
+    for name, value in expected["weights"].items():
+        assert torch.allclose(got["weights"][name], value, atol=1e-5), name
+
+
+@pytest.mark.torchtitan
+def test_torchtitan_tensor_parallel_trains_like_transformers(hf_one_process: dict, titan_tp_run) -> None:
+    tp = torch.load(titan_tp_run[0], weights_only=False)
+    assert tp["world"] == 2
+    _assert_same_training(tp, hf_one_process, steps=STEPS)
+
+
+@pytest.mark.torchtitan
+def test_torchtitan_fsdp2_trains_like_transformers(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """One step (two mini-batch updates) on 2 FSDP2 ranks against one transformers process."""
+    hf, fsdp = tmp_path / "hf.pt", tmp_path / "fsdp.pt"
+    run(str(tiny_model_dir), strategy="none", out=hf, steps=1)
+    _torchrun(tmp_path, tiny_model_dir, fsdp, "--impl", "torchtitan", "--steps", "1")
+    _assert_same_training(torch.load(fsdp, weights_only=False), torch.load(hf, weights_only=False), steps=1)
+
+
+@pytest.mark.torchtitan
+def test_torchtitan_tensor_parallel_resumes_bit_identically_and_exports(
+    tmp_path: Path, tiny_model_dir: Path, titan_tp_run
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    full, ckpt = titan_tp_run
+    resumed, hf = tmp_path / "resumed.pt", tmp_path / "hf"
+    _torchrun(tmp_path, tiny_model_dir, resumed, "--save-dir", str(ckpt), "--resume", "--export-dir", str(hf),
+              "--impl", "torchtitan", "--tp-size", "2")  # fmt: skip
+    two, again = (torch.load(p, weights_only=False) for p in (full, resumed))
+    assert again["losses"] == two["losses"]
+    for name, value in two["weights"].items():
+        assert torch.equal(again["weights"][name], value), name
+    exported = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)  # gathered from the TP shards
+    for name, value in exported.state_dict().items():
+        if name != "lm_head.weight":  # tied to the embeddings
+            assert torch.equal(again["weights"][name], value), name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", action="store_true")
@@ -149,11 +210,16 @@ def main() -> None:
     parser.add_argument("--save-dir")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--export-dir")
+    parser.add_argument("--impl", default="hf")
+    parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--activation-checkpointing", default="none")
     args = parser.parse_args()
     torch.set_num_threads(1)
     run(
         args.model_dir, strategy="fsdp2", out=Path(args.out), save_dir=args.save_dir, resume=args.resume,
-        export_dir=args.export_dir,
+        export_dir=args.export_dir, impl=args.impl, tp_size=args.tp_size, steps=args.steps,
+        activation_checkpointing=args.activation_checkpointing,
     )  # fmt: skip
     torch.distributed.barrier()  # a rank that tears gloo down while its peer still talks aborts the peer
     torch.distributed.destroy_process_group()

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import pytest
 import torch
 
 from rlvr.recipe.schema import AlgorithmConfig, ModelConfig, TrainerConfig
@@ -31,12 +30,6 @@ def test_model_from_config_dict_is_seeded_and_has_blocks():
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
     frozen = build_model(cfg, TrainerConfig(strategy="none"), device=torch.device("cpu"), trainable=False)
     assert not any(p.requires_grad for p in frozen.parameters())
-
-
-def test_torchtitan_is_refused_with_a_reason():
-    cfg = ModelConfig(config=tiny_config(vocab_size=64), use_torchtitan=True)
-    with pytest.raises(NotImplementedError, match="use_torchtitan"):
-        load_hf_model(cfg)
 
 
 def test_activation_checkpointing_gives_the_same_update(tiny_model_dir):
