@@ -39,7 +39,9 @@ def build_tools(domain: Any) -> dict[str, Tool]:
         elif ":" in spec:
             tool = plugin_tool(spec)
         else:
-            raise ToolConfigError(f"unknown tool {spec!r}; built-ins: {sorted(BUILTIN_TOOLS)}, or package.module:function")
+            raise ToolConfigError(
+                f"unknown tool {spec!r}; built-ins: {sorted(BUILTIN_TOOLS)}, or package.module:function"
+            )
         if tool.name in tools:
             raise ToolConfigError(f"two tools are named {tool.name!r}")
         tools[tool.name] = tool
@@ -93,7 +95,11 @@ def schema_of(fn: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
     """(description, JSON schema of the arguments) from a function's signature and docstring."""
     doc = inspect.getdoc(fn) or ""
     description = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
-    arg_docs = dict(re.findall(r"^\s+(\w+)\s*(?:\([^)]*\))?:\s*(.+)$", doc.split("Args:", 1)[1], re.M)) if "Args:" in doc else {}
+    arg_docs = (
+        dict(re.findall(r"^\s+(\w+)\s*(?:\([^)]*\))?:\s*(.+)$", doc.split("Args:", 1)[1], re.M))
+        if "Args:" in doc
+        else {}
+    )
     try:
         hints = inspect.get_annotations(fn, eval_str=True)
     except Exception:  # noqa: BLE001 - an unresolvable annotation only loses its type

@@ -27,7 +27,7 @@ class SearchIndex:
 
     def search(self, query: str, k: int) -> list[dict[str, Any]]:
         tokens = self._bm25s.tokenize([query], stopwords="en", show_progress=False)
-        if not any(tokens.ids[0]):  # only stop words or nothing: no passage matches
+        if not tokens[0][0]:  # ids of the one query: only stop words or nothing, so no passage matches
             return []
         ids, scores = self.index.retrieve(tokens, k=min(k, len(self.passages)), show_progress=False)
         return [self.passages[int(i)] for i, s in zip(ids[0], scores[0], strict=True) if s > 0]

@@ -82,7 +82,9 @@ async def test_malformed_calls_get_an_error_answer_and_are_counted(tokenizer):
         '<tool_call>{"name": "add", "arguments": {"a": "1"}}</tool_call>',
         "giving up",
     ]
-    engine, prompt, c, _ = await _episode(tokenizer, script, tools=[add], tool_format="hermes", max_tool_calls=5, max_tokens=2000)
+    engine, prompt, c, _ = await _episode(
+        tokenizer, script, tools=[add], tool_format="hermes", max_tool_calls=5, max_tokens=2000
+    )
     _check_prefix_property(engine, prompt, c)
     assert "error: the tool call is not valid JSON" in c.text
     assert "error: unknown tool 'mul'" in c.text
@@ -153,7 +155,9 @@ async def test_abort_mid_turn_continues_the_turn_and_its_call(tokenizer):
 
     # "Think <co" ends with EOS in the script; make it an abort instead so the turn continues.
     engine.script[0] = ("abort", "Think <co")
-    c = await run_episode(engine, prompt_ids=prompt, params=PARAMS, partial=True, tools=box.session(), weights_ready=ready)
+    c = await run_episode(
+        engine, prompt_ids=prompt, params=PARAMS, partial=True, tools=box.session(), weights_ready=ready
+    )
     _check_prefix_property(engine, prompt, c)
     assert "Think <code>print(1)</code>\n<result>\nran 8 chars\n</result>\nThe answer is 1." in c.text
     assert c.tool_stats["tool_calls"] == 1 and c.tool_stats["turns"] == 2

@@ -94,7 +94,9 @@ def test_plugin_schema_comes_from_signature_and_docstring():
 async def test_plugin_runs_through_a_session_in_both_formats(tokenizer):
     tools = build_tools(_domain(tools=[PLUGIN]))
     session = toolbox(tokenizer, list(tools.values()), tool_format="hermes").session()
-    reply = await session.respond('<tool_call>{"name": "lookup_price", "arguments": {"item": "pear", "quantity": 3}}</tool_call>')
+    reply = await session.respond(
+        '<tool_call>{"name": "lookup_price", "arguments": {"item": "pear", "quantity": 3}}</tool_call>'
+    )
     assert reply is not None and "<tool_response>\n15\n</tool_response>" in reply.text
     session = toolbox(tokenizer, list(tools.values())).session()
     reply = await session.respond("<lookup_price>apple</lookup_price>")
