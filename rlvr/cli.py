@@ -71,6 +71,17 @@ def check_rewards(recipe) -> str | None:
         problem = check_reward_args(domain.reward, domain.reward_args)
         if problem:
             return f"domains.{name}.reward_args: {problem}"
+    return check_tools(recipe)
+
+
+def check_tools(recipe) -> str | None:
+    """Every domain's tools must resolve: built-in names, importable plug-ins, a search corpus."""
+    from rlvr.tools.registry import check_tools as check_domain_tools
+
+    for name, domain in recipe.domains.items():
+        problem = check_domain_tools(domain)
+        if problem:
+            return f"domains.{name}.tools: {problem}"
     return None
 
 

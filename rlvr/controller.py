@@ -39,6 +39,7 @@ from rlvr.recipe.schema import Recipe
 from rlvr.rewards.pool import RewardPool
 from rlvr.rollout.engine import RolloutEngine, SamplingParams
 from rlvr.rollout.episode import run_episode
+from rlvr.tools.session import Toolbox
 from rlvr.types import Completion, Group, RolloutBatch, Sample
 
 GROUP_ENDS = ("trained", "stale", "filtered", "cancelled")
@@ -137,6 +138,12 @@ class RolloutManager:
         self.domain_stats = {
             name: RunningDomainStats() for name, d in recipe.domains.items() if d.reward_norm == "domain"
         }
+        # Domains with tools run multi-turn episodes (README "Tools"); a bad tool fails here, at start.
+        self.toolboxes = {
+            name: Toolbox.for_domain(d, tokenizer=tokenizer, default_tokens=recipe.rollout.max_new_tokens)
+            for name, d in recipe.domains.items()
+            if d.tools
+        }
         self._prompt_ids: dict[tuple[str, str], list[int]] = {}
         self.version = 0  # the weights the engines serve (trainer steps applied)
         self.counts: dict[str, int] = dict.fromkeys(("started", *GROUP_ENDS), 0)
@@ -186,8 +193,10 @@ class RolloutManager:
     def prompt_ids(self, sample: Sample) -> list[int]:
         key = (sample.domain, sample.id)
         if key not in self._prompt_ids:
+            box = self.toolboxes.get(sample.domain)
+            messages = box.prompt_messages(sample.messages) if box is not None else sample.messages
             self._prompt_ids[key] = encode_prompt(
-                sample.messages, tokenizer=self.tokenizer, template=self.recipe.model.chat_template
+                messages, tokenizer=self.tokenizer, template=self.recipe.model.chat_template
             )
         return self._prompt_ids[key]
 
@@ -215,6 +224,7 @@ class RolloutManager:
         if temperature is not None:
             params = dataclasses.replace(params, temperature=temperature)
         partial = self.recipe.rollout.partial
+        box = self.toolboxes.get(sample.domain)
 
         async def one(j: int) -> Completion:
             self._episode_started()
@@ -225,6 +235,7 @@ class RolloutManager:
                     params=dataclasses.replace(params, seed=None if seed is None else seed + j),
                     partial=partial,
                     weights_ready=self._weights_ready.wait,
+                    tools=box.session() if box is not None else None,
                 )
             finally:
                 self._episode_ended()
@@ -324,11 +335,12 @@ class RolloutManager:
         algo, r = self.recipe.algorithm, self.recipe.rollout
         if not algo.overlong_buffer:
             return group.scores
+        box = self.toolboxes.get(group.sample.domain)
         return [
             score
             + soft_overlong_penalty(
                 len(c.token_ids),
-                max_new_tokens=r.max_new_tokens,
+                max_new_tokens=box.max_tokens if box is not None else r.max_new_tokens,
                 buffer=algo.overlong_buffer,
                 penalty=algo.overlong_penalty or 0.0,
             )
@@ -403,9 +415,29 @@ class RolloutManager:
             out[f"truncated/{domain}"] = sum(truncated) / max(len(truncated), 1)
             out[f"solve_none/{domain}"] = sum(max(g.scores) <= 0 for g in items) / len(items)
             out[f"solve_all/{domain}"] = sum(min(g.scores) >= 1 for g in items) / len(items)
+            if domain in self.toolboxes:
+                out.update(self._tool_metrics(domain, [c for g in items for c in g.completions]))
         all_scores = [s for g in groups for s in g.scores]
         out["reward/mean"] = sum(all_scores) / max(len(all_scores), 1)
         return out
+
+    @staticmethod
+    def _tool_metrics(domain: str, completions: Sequence[Completion]) -> dict[str, float]:
+        """Per-episode means (turns, calls, share of episodes calling), per-step sums (errors,
+        timeouts) and the mean seconds per call of a tool domain's episodes."""
+        stats = [c.tool_stats for c in completions if c.tool_stats]
+        if not stats:
+            return {}
+        n = len(stats)
+        calls = sum(s["tool_calls"] for s in stats)
+        return {
+            f"turns/{domain}": sum(s["turns"] for s in stats) / n,
+            f"tools/{domain}/calls_per_episode": calls / n,
+            f"tools/{domain}/call_rate": sum(s["tool_calls"] > 0 for s in stats) / n,
+            f"tools/{domain}/errors": sum(s["tool_errors"] for s in stats),
+            f"tools/{domain}/timeouts": sum(s["tool_timeouts"] for s in stats),
+            f"tools/{domain}/latency_s": sum(s["tool_seconds"] for s in stats) / max(calls, 1.0),
+        }
 
     # -- evaluation ------------------------------------------------------------------------------
     async def _evaluate(self, step: int) -> dict[str, float]:

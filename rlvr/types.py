@@ -52,7 +52,10 @@ class Completion:
     `policy_version` is the trainer step whose weights produced it, so the loop can
     bound staleness. A partial rollout (interrupted by a weight update, then continued)
     spans versions: `token_versions[i]` is the version that sampled token i (empty: every
-    token is `policy_version`).
+    token is `policy_version`). A multi-turn episode interleaves the model's tokens with tool
+    output: `loss_mask[i]` is 1 for a token the model sampled and 0 for one a tool wrote (its
+    logprob is 0 and it counts 0 in the loss); empty means every token is the model's.
+    `tool_stats` holds the episode's turns, tool calls, errors, timeouts and tool seconds.
     """
 
     text: str
@@ -62,6 +65,8 @@ class Completion:
     prompt_token_ids: list[int] = field(default_factory=list)
     policy_version: int = 0
     token_versions: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    tool_stats: dict[str, float] = field(default_factory=dict)
 
     @property
     def oldest_version(self) -> int:
@@ -96,13 +101,15 @@ class RolloutBatch:
 
     `versions[i]` is the oldest weight version that sampled any token of sequence i: the
     trainer recomputes pi_old when one is older than its own weights (off-policy correction).
+    `loss_masks[i]` is one number for the whole response, or one per token when the response
+    holds tool output (0 there): `TrainBatch.from_sequences` takes either.
     """
 
     prompts: list[list[int]] = field(default_factory=list)
     responses: list[list[int]] = field(default_factory=list)
     rollout_logprobs: list[list[float]] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
-    loss_masks: list[float] = field(default_factory=list)
+    loss_masks: list[float | list[float]] = field(default_factory=list)
     group_ids: list[int] = field(default_factory=list)
     domains: list[str] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -116,7 +123,10 @@ class RolloutBatch:
             self.responses.append(list(completion.token_ids))
             self.rollout_logprobs.append(list(completion.logprobs))
             self.rewards.append(float(reward))
-            self.loss_masks.append(float(mask))
+            if completion.loss_mask:
+                self.loss_masks.append([float(mask) * m for m in completion.loss_mask])
+            else:
+                self.loss_masks.append(float(mask))
             self.group_ids.append(group_id)
             self.domains.append(group.sample.domain)
             self.versions.append(completion.oldest_version)

@@ -80,8 +80,8 @@ def row_to_sample(row: Any, *, where: str, default_tag: str | None, reward: str)
     messages = _messages(row)
     case_type = row.get("case_type")
     test_cases = _maybe_json(row.get("test_cases"))
-    if reward == "math_rule" and row.get("ground_truth") in (None, ""):
-        raise ValueError("math_rule rows need 'ground_truth'")
+    if reward in ("math_rule", "qa_match") and row.get("ground_truth") in (None, "", []):
+        raise ValueError(f"{reward} rows need 'ground_truth'")
     if reward == "code_sandbox":
         if case_type not in CASE_TYPES:
             raise ValueError(f"'case_type' must be one of {', '.join(CASE_TYPES)}, got {case_type!r}")

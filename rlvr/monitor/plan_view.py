@@ -29,6 +29,8 @@ def print_plan(
         f"[bold]{recipe.data.prompts_per_step * recipe.rollout.n}[/] sequences/step · seed {exp.seed}"
     )
     console.print(domain_table(recipe, reports))
+    if any(d.tools for d in recipe.domains.values()):
+        console.print(tools_table(recipe))
     console.print(algorithm_table(recipe))
     console.print(cluster_table(recipe, plan))
     console.print(f"resolved recipe written to [green]{resolved_path}[/]")
@@ -117,3 +119,26 @@ def _mesh(plan: LaunchPlan) -> str:
 
 def _node(plan: LaunchPlan, index: int) -> str:
     return "localhost" if plan.kind == "local" else f"node {index}"
+
+
+def tools_table(recipe: Recipe) -> Table:
+    """The multi-turn settings of every domain with tools (README "Tools")."""
+    table = Table(title="Tools (multi-turn episodes)", title_justify="left")
+    columns = ("domain", "tools", "format", "max_turns", "max_tool_calls", "timeout_s", "episode tokens", "search")
+    for column in columns:
+        table.add_column(column, no_wrap=column != "search")
+    for name, d in recipe.domains.items():
+        if not d.tools:
+            continue
+        search = f"{d.search_corpus} (top {d.search_top_k})" if "search" in d.tools else "-"
+        table.add_row(
+            name,
+            ", ".join(d.tools),
+            d.tool_format,
+            str(d.max_turns),
+            str(d.max_tool_calls),
+            f"{d.tool_timeout_s:g}",
+            str(d.max_episode_tokens or recipe.rollout.max_new_tokens),
+            search,
+        )
+    return table

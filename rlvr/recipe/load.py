@@ -152,6 +152,15 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, recipe_path
                     raise RecipeError(f"{_where(recipe_path, text, loc)}: {'.'.join(loc)}: no such data file {file!r}")
                 resolved.append(str(full))
             setattr(domain, attr, resolved)
+        if domain.search_corpus:
+            corpus = Path(domain.search_corpus)
+            corpus = corpus if corpus.is_absolute() else (base / corpus).resolve()
+            if check_files and not corpus.exists():
+                loc = ("domains", name, "search_corpus")
+                raise RecipeError(
+                    f"{_where(recipe_path, text, loc)}: {'.'.join(loc)}: no such corpus file {str(corpus)!r}"
+                )
+            domain.search_corpus = str(corpus)
     if recipe.model.path and not Path(recipe.model.path).is_absolute():
         candidate = (base / recipe.model.path).resolve()
         if candidate.exists():

@@ -104,6 +104,26 @@ class DomainConfig(Section):
     """Row filters applied when loading."""
     reward_norm: Literal["none", "group", "domain"] = "none"
     """Per-domain reward normalisation before advantages (domain: running mean/std)."""
+    # -- tools: multi-turn episodes (README "Tools"); keep this block last ----------------------
+    tools: list[str] = []
+    """Tools the policy may call: `python`, `search`, or plug-ins as `package.module:function`.
+    Empty: single-turn episodes."""
+    tool_format: Literal["tags", "hermes"] = "tags"
+    """`tags`: <code>...</code> or a fenced python block, <search>...</search>, answers in
+    <result>...</result>; `hermes`: <tool_call>{"name": ..., "arguments": ...}</tool_call>,
+    answered as the Qwen2.5/Qwen3 chat templates render the tool role."""
+    max_turns: int = Field(default=4, ge=1)
+    """Model turns per episode (a call is not run once this many turns were generated)."""
+    max_tool_calls: int = Field(default=3, ge=0)
+    """Tool calls per episode; later calls are answered with an error (counted in tools/*/errors)."""
+    tool_timeout_s: float = Field(default=10.0, gt=0)
+    """Wall-clock limit of one tool call; a call past it is answered with a timeout message."""
+    max_episode_tokens: int | None = Field(default=None, ge=1)
+    """Token budget of a whole episode, model and tool tokens together (default rollout.max_new_tokens)."""
+    search_corpus: str | None = None
+    """The `search` tool's passages: a .jsonl with a `text` (and optional `title`) per row."""
+    search_top_k: int = Field(default=3, ge=1)
+    """Passages the `search` tool returns per query."""
 
 
 class DataConfig(Section):

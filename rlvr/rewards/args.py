@@ -18,6 +18,7 @@ KNOWN_ARGS: dict[str, frozenset[str]] = {
         "judge_url", "model", "api_key_env", "template", "timeout_s", "max_retries", "backoff_s",
         "max_concurrency", "temperature", "max_tokens",
     }),
+    "qa_match": frozenset({"metric", "format_weight"}),
 }  # fmt: skip
 
 

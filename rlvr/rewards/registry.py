@@ -32,6 +32,10 @@ _BUILTINS: dict[str, tuple[str, str]] = {
         "rlvr.rewards.llm_judge:score",
         "Ask an OpenAI-compatible judge model: YES/NO against the reference or a 0-10 rubric.",
     ),
+    "qa_match": (
+        "rlvr.rewards.qa_match:score",
+        "Normalised exact match / token F1 of the answer against ground_truth (a string or aliases).",
+    ),
 }
 
 _REGISTERED: dict[str, RewardFn] = {}

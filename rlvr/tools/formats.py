@@ -1,0 +1,174 @@
+"""How a tool call looks in the model's text, and how the answer is wrapped: `tags` and `hermes`.
+
+A format gives the stop strings that end a call (so generation pauses right there), parses
+the text of the model turn that just stopped, and renders a tool's answer as the text whose
+tokens are appended. Only a call that *ends the turn* counts: the engine stopped on it.
+
+- tags (ROLL's agentic style): `<code>...</code>` or a fenced python block for `python`,
+  `<search>...</search>` for `search`, `<NAME>...</NAME>` for a plug-in (a JSON object of
+  arguments, or plain text for its first parameter); answers in `<result>...</result>`.
+- hermes (Qwen2.5/Qwen3, verl): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
+  the answer closes the assistant message and opens a user turn holding
+  `<tool_response>...</tool_response>`, then a new assistant turn, as those chat templates
+  render a `tool` message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr.tools.base import Tool
+
+MAX_ANSWER_CHARS = 4000  # a tool answer longer than this is cut (the rest is noise for the policy)
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
+class Malformed:
+    """A call the model got wrong; `error` is what the model reads back."""
+
+    error: str
+
+
+@dataclass(slots=True, frozen=True)
+class Unfinished:
+    """The turn stopped inside a call that is not closed yet (an opening fence): keep generating."""
+
+
+Parsed = ToolCall | Malformed | Unfinished | None
+
+_FENCE_RE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_PY_LANGS = {"", "python", "py", "python3", "py3"}
+_TAG_OF = {"python": "code"}
+
+
+def clip(text: str) -> str:
+    """The answer without surrounding newlines (the wrapper adds its own), cut at MAX_ANSWER_CHARS."""
+    text = text.strip("\n")
+    if len(text) <= MAX_ANSWER_CHARS:
+        return text
+    return text[:MAX_ANSWER_CHARS] + f"\n... ({len(text) - MAX_ANSWER_CHARS} more characters cut)"
+
+
+def _ends_turn(text: str, end: int) -> bool:
+    return not text[end:].strip()
+
+
+class TagsFormat:
+    name = "tags"
+
+    def __init__(self, tools: Mapping[str, Tool]):
+        self.tools = dict(tools)
+        self.tags = {_TAG_OF.get(name, name): name for name in tools}
+        self.stop = [f"</{tag}>" for tag in self.tags] + (["```\n"] if "python" in tools else [])
+
+    def parse(self, text: str) -> Parsed:
+        best: tuple[int, Parsed] | None = None
+        for tag, name in self.tags.items():
+            for match in re.finditer(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, re.DOTALL):
+                if best is None or match.end() > best[0]:
+                    best = (match.end(), self._call(name, match.group(1)))
+        if "python" in self.tools:
+            for match in _FENCE_RE.finditer(text):
+                if match.group(1).lower() in _PY_LANGS and (best is None or match.end() > best[0]):
+                    best = (match.end(), self._call("python", match.group(2)))
+            if text.count("```") % 2 == 1 and text.rstrip().rsplit("\n", 1)[-1].startswith("```"):
+                return Unfinished()  # stopped on the opening fence's "```\n"
+        if best is None or not _ends_turn(text, best[0]):
+            return None
+        return best[1]
+
+    def _call(self, name: str, body: str) -> Parsed:
+        body = body.strip("\n")
+        if not body.strip():
+            return Malformed(f"empty {name} call")
+        if name in ("python", "search"):
+            return ToolCall(name, {"code" if name == "python" else "query": body})
+        props = list(self.tools[name].parameters.get("properties", {}))
+        if body.lstrip().startswith("{"):
+            try:
+                args = json.loads(body)
+            except json.JSONDecodeError as exc:
+                return Malformed(f"arguments of {name} are not valid JSON: {exc}")
+            return ToolCall(name, args) if isinstance(args, dict) else Malformed(f"arguments of {name}: not an object")
+        if not props:
+            return Malformed(f"{name} takes no arguments")
+        return ToolCall(name, {props[0]: body.strip()})
+
+    def render(self, answer: str) -> str:
+        return f"\n<result>\n{clip(answer)}\n</result>\n"
+
+    def instructions(self) -> str:
+        lines = ["You can use tools. Write a call and stop; its answer comes back in <result>...</result>."]
+        for tag, name in self.tags.items():
+            desc = self.tools[name].description
+            if name == "python":
+                lines.append(f"- <code>python code</code> (or a ```python block): runs it, returns stdout. {desc}")
+            elif name == "search":
+                lines.append(f"- <search>query</search>: returns passages. {desc}")
+            else:
+                lines.append(f"- <{tag}>JSON arguments</{tag}>: {desc}")
+        return "\n".join(lines)
+
+
+class HermesFormat:
+    name = "hermes"
+    stop = ["</tool_call>"]
+    _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def __init__(self, tools: Mapping[str, Tool]):
+        self.tools = dict(tools)
+
+    def parse(self, text: str) -> Parsed:
+        matches = list(self._CALL_RE.finditer(text))
+        if not matches or not _ends_turn(text, matches[-1].end()):
+            return None
+        body = matches[-1].group(1).strip()
+        try:
+            call = json.loads(body)
+        except json.JSONDecodeError as exc:
+            return Malformed(f"the tool call is not valid JSON: {exc}")
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return Malformed('a tool call is {"name": <tool>, "arguments": {...}}')
+        name, args = call["name"], call.get("arguments", {})
+        if isinstance(args, str):  # some models send the arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                return Malformed(f"arguments of {name} are not a JSON object")
+        if not isinstance(args, dict):
+            return Malformed(f"arguments of {name} are not a JSON object")
+        if name not in self.tools:
+            return Malformed(f"unknown tool {name!r}; tools: {sorted(self.tools)}")
+        return ToolCall(name, args)
+
+    def render(self, answer: str) -> str:
+        return (
+            "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+            f"{clip(answer)}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        )
+
+    def instructions(self) -> str:
+        schemas = "\n".join(json.dumps(t.schema()) for t in self.tools.values())
+        return (
+            "# Tools\n\nYou may call functions. Their signatures are inside <tools></tools>:\n"
+            f"<tools>\n{schemas}\n</tools>\n\n"
+            "To call one, write a JSON object with its name and arguments inside <tool_call></tool_call>:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+        )
+
+
+ToolFormat = TagsFormat | HermesFormat
+
+
+def make_format(name: str, tools: Mapping[str, Tool]) -> ToolFormat:
+    return HermesFormat(tools) if name == "hermes" else TagsFormat(tools)

@@ -1,0 +1,45 @@
+"""The `python` tool: run the model's code in the reward sandbox and answer with its output.
+
+Same isolation and limits as `code_sandbox` (`LocalSandbox`: bubblewrap where available),
+stateless per call: every call is a fresh interpreter in a fresh scratch directory, so one
+episode's variables or files never leak into the next call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlvr.tools.base import Tool
+
+STDERR_TAIL = 1500
+
+
+def python_tool(*, timeout_s: float, memory_mb: int = 512, sandbox_mode: str = "auto") -> Tool:
+    sandbox: list[Any] = []  # built on first call: probing the isolation modes runs processes
+
+    async def run(code: str) -> str:
+        from rlvr.rewards.sandbox import Limits
+        from rlvr.rewards.sandbox.local import LocalSandbox
+
+        if not sandbox:
+            sandbox.append(LocalSandbox(mode=sandbox_mode))
+        limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=64 * 1024)
+        result = await sandbox[0].run({"main.py": code}, "main.py", limits=limits)
+        if result.timed_out:
+            raise TimeoutError(f"the program ran past {timeout_s:g}s")
+        out = result.stdout
+        if result.exit_code != 0:
+            out += result.stderr[-STDERR_TAIL:]
+        return out if out.strip() else "(no output: print() what you need)"
+
+    return Tool(
+        name="python",
+        description="Run a Python program and return what it prints (a fresh interpreter each call).",
+        parameters={
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The program to run."}},
+            "required": ["code"],
+        },
+        fn=run,
+        own_timeout=True,
+    )
