@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 ENGINE_KEY: web.AppKey[Any] = web.AppKey("engine", object)
 INFO_KEY: web.AppKey[dict[str, Any]] = web.AppKey("info", dict)
+# Cleared by /pause_generation: as in SGLang's tokenizer manager, a request that arrives while
+# generation is paused waits *before* the engine, so it is neither aborted nor counted as
+# running (a /flush_cache between pause and continue succeeds, which weight updates rely on).
+UNPAUSED_KEY: web.AppKey[asyncio.Event] = web.AppKey("unpaused", asyncio.Event)
 
 
 def create_app(engine: Any, *, api_key: str | None = None, served_model_name: str | None = None) -> web.Application:
@@ -53,6 +57,8 @@ def create_app(engine: Any, *, api_key: str | None = None, served_model_name: st
     app = web.Application(middlewares=middlewares, client_max_size=1024**3)
     app[ENGINE_KEY] = engine
     app[INFO_KEY] = {"served_model_name": served_model_name or engine.model_path}
+    app[UNPAUSED_KEY] = asyncio.Event()
+    app[UNPAUSED_KEY].set()
     routes = [
         ("POST", "/generate", generate),
         ("PUT", "/generate", generate),
@@ -276,6 +282,7 @@ async def generate(request: web.Request) -> web.Response:
     if not engine.worker_alive:
         return _error("the engine's worker is dead", status=503)
     start = time.monotonic()
+    await request.app[UNPAUSED_KEY].wait()
     try:
         results = await _run(engine, requests)
     except ValueError as exc:
@@ -468,12 +475,14 @@ async def pause_generation(request: web.Request) -> web.Response:
     mode = body.get("mode", "abort")
     if mode not in ("abort", "retract", "in_place"):
         return _error(f"Invalid mode: {mode!r}. Expected one of ['abort', 'retract', 'in_place'].")
+    request.app[UNPAUSED_KEY].clear()
     await asyncio.to_thread(engine.pause_sync, mode)
     return web.json_response({"message": "Generation paused successfully."})
 
 
 async def continue_generation(request: web.Request) -> web.Response:
     request.app[ENGINE_KEY].resume_sync()
+    request.app[UNPAUSED_KEY].set()
     return web.json_response({"message": "Generation continued successfully."})
 
 

@@ -376,6 +376,25 @@ async def test_bad_requests_are_400_naming_the_field_and_the_engine_survives_the
     assert status == 400  # unknown fields are refused on every route, not silently dropped
 
 
+async def test_requests_sent_while_paused_wait_before_the_engine_and_flush_succeeds(client, model_dir):
+    """SGLang's tokenizer manager holds a request that arrives during a pause before its scheduler
+    (tokenizer_manager.py: `is_pause_cond.wait_for(lambda: not self.is_pause)`), so a weight update's
+    /flush_cache still succeeds; an asynchronous rollout's resend can land in that window."""
+    tok = _tokenizer(model_dir)
+    await client.pause("abort")
+    try:
+        task = asyncio.create_task(
+            client.generate([GenerateRequest(tok.encode("hi"), SamplingParams(max_new_tokens=4))])
+        )
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        await client.flush_cache()  # the waiting request is not "running"
+    finally:
+        await client.resume()
+    (out,) = await asyncio.wait_for(task, 30)
+    assert out.finish_reason != "abort" and len(out.token_ids) <= 4
+
+
 async def test_flush_cache_is_refused_while_requests_run(server, client, model_dir):
     tok = _tokenizer(model_dir)
     long = GenerateRequest(tok.encode("hi"), SamplingParams(max_new_tokens=400, ignore_eos=True))
