@@ -153,6 +153,12 @@ def test_a_step_whose_every_group_is_filtered_trains_nothing_and_goes_on(tmp_pat
     assert metrics[-1]["groups/filtered"] == metrics[-1]["groups/started"] == 8
 
 
+def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """Equal up to float summation order: the same data and updates, while the engine's decode
+    batches (which requests share a step) follow timing and move logprobs in the last bits."""
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in a)
+
+
 def test_resume_after_dynamic_sampling_refills_gives_the_same_weights(tmp_path, model_dir):
     algorithm = {"dynamic_sampling": True, "max_refill_rounds": 2}
     straight = make_loop(tmp_path / "a", model_dir, steps=4, algorithm=algorithm)
@@ -163,8 +169,7 @@ def test_resume_after_dynamic_sampling_refills_gives_the_same_weights(tmp_path, 
     second = make_loop(tmp_path / "b", model_dir, steps=4, algorithm=algorithm)
     metrics = run(second, resume="auto")
     assert metrics[-1]["step"] == 4
-    a, b = weights(straight), weights(second)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert same_weights(weights(straight), weights(second))
 
 
 def test_async_loop_bounds_staleness_and_corrects_off_policy(tmp_path, model_dir):
@@ -180,8 +185,8 @@ def test_async_loop_bounds_staleness_and_corrects_off_policy(tmp_path, model_dir
 
 def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
     """k = 0 is the loop rlvr ran before it went asynchronous: generate each step's groups with one
-    n-sample request per prompt, score them all, filter and refill, train, push. Same losses, same
-    weights, bit for bit."""
+    n-sample request per prompt, score them all, filter and refill, train, push. The same tokens
+    (a single different token would move a loss far more than 1e-6), losses and weights."""
     import asyncio
 
     from rlvr.algorithms.filters import keep_group
@@ -225,6 +230,5 @@ def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
     assert dropped > 0  # the refill path ran
     loop = make_loop(tmp_path / "loop", model_dir, steps=3, algorithm=algorithm)
     metrics = run(loop)
-    assert [m["loss"] for m in metrics] == losses
-    a, b = weights(ref), weights(loop)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [m["loss"] for m in metrics] == pytest.approx(losses, rel=1e-6, abs=1e-9)
+    assert same_weights(weights(ref), weights(loop))
