@@ -1,6 +1,6 @@
 """Weight sync: trainer weights -> rollout engines after each step (see `rlvr.sync.base`)."""
 
-from rlvr.sync.base import EngineFailure, SyncError, WeightSync, plan_buckets, weight_specs, within_staleness
+from rlvr.sync.base import EngineFailure, SyncError, WeightSync, plan_buckets, weight_specs
 from rlvr.sync.factory import make_weight_sync, resolve_method
 
 __all__ = [
@@ -11,5 +11,4 @@ __all__ = [
     "plan_buckets",
     "resolve_method",
     "weight_specs",
-    "within_staleness",
 ]

@@ -13,8 +13,8 @@ Ordering (every method keeps it, so the loop can reason about versions):
 
 Versions: `push(version=v)` makes `v` the engines' `weight_version`; every completion
 carries the version that produced it (`Completion.policy_version`, from SGLang's
-`meta_info.weight_version`). The loop bounds off-policy lag with `SyncConfig.max_staleness`
-(`within_staleness`): a completion more than `max_staleness` versions behind is dropped.
+`meta_info.weight_version`), per token across a partial rollout. The rollout manager
+(`rlvr/controller.py`) bounds the lag with `rollout.max_staleness`.
 
 Collectives: `push` and `close` are called by *every* trainer rank (gathering full tensors
 from FSDP2 shards is collective); only trainer rank 0 talks to engines. Rank 0 broadcasts
@@ -133,8 +133,3 @@ def plan_buckets(specs: Iterable[TensorSpec], *, bucket_mb: float) -> list[list[
     if current:
         buckets.append(current)
     return buckets
-
-
-def within_staleness(policy_version: int, *, current: int, max_staleness: int) -> bool:
-    """True when a completion made by `policy_version` may train the policy at `current`."""
-    return current - policy_version <= max_staleness

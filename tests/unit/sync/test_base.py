@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr.sync import plan_buckets, resolve_method, weight_specs, within_staleness
+from rlvr.sync import plan_buckets, resolve_method, weight_specs
 from rlvr.sync.base import MB, TensorSpec
 from rlvr.trainer.weights import iter_full_weights
 
@@ -40,12 +40,6 @@ def test_specs_match_what_iter_full_weights_yields(model) -> None:
         assert s.shape == tuple(t.shape) and s.dtype == "float32" and s.nbytes == t.numel() * 4
     half = weight_specs(model, dtype=torch.bfloat16)
     assert {s.dtype for s in half} == {"bfloat16"} and half[0].nbytes == specs[0].nbytes // 2
-
-
-def test_staleness_bound() -> None:
-    assert within_staleness(5, current=5, max_staleness=0)
-    assert not within_staleness(4, current=5, max_staleness=0)
-    assert within_staleness(3, current=5, max_staleness=2)
 
 
 def test_auto_method() -> None:
