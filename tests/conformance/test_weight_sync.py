@@ -147,41 +147,48 @@ def _factory(tp: TPServer):
     return make
 
 
-@pytest.mark.parametrize("wire_format", ["flattened_bucket", "per_tensor"])
-def test_sglang_tp_workers_join_and_receive_byte_equal_weights(sglang_site, tmp_path, wire_format) -> None:
+def test_sglang_tp_workers_join_and_receive_byte_equal_weights(sglang_site, tmp_path) -> None:
+    """Both wire formats against one tp_size = 2 server (each sync builds its own group)."""
     torch.manual_seed(0)
     model = TinyLM()
     tp = TPServer(sglang_site, tp_size=2, dtype="bfloat16")
     loop_client = SGLangClient([URL])
-    sync = BroadcastSync(
-        model,
-        client=loop_client,
-        timeout_s=120,
-        bucket_mb=0.002,  # several buckets
-        backend="gloo",
-        master_address="127.0.0.1",
-        wire_format=wire_format,
-        engine_factory=_factory(tp),
-    )
+    syncs = [
+        BroadcastSync(
+            model,
+            client=loop_client,
+            timeout_s=120,
+            bucket_mb=0.002,  # several buckets
+            backend="gloo",
+            master_address="127.0.0.1",
+            wire_format=wire_format,
+            group_name=f"rlvr_{wire_format}",
+            engine_factory=_factory(tp),
+        )
+        for wire_format in ("flattened_bucket", "per_tensor")
+    ]
     try:
-        sync.push(version=3)
+        syncs[0].push(version=3)
+        syncs[0].push(version=4)  # the group is reused
         with torch.no_grad():
             model.proj.weight.mul_(-2)
-        metrics = sync.push(version=4)
+        metrics = syncs[1].push(version=5)
         dumps = [tmp_path / f"tp{r}.pt" for r in range(2)]
         for r, path in enumerate(dumps):
             tp.procs[r].stdin.write(json.dumps({"op": "dump", "path": str(path)}) + "\n")
             tp.procs[r].stdin.flush()
             assert tp._read(tp.procs[r])["ok"]
     finally:
-        sync.close()
+        for sync in syncs:
+            sync.close()
         tp.close()
     inits = [replies for op, replies in tp.replies if op == "init"]
-    assert len(inits) == 1, "the group is built once and reused"
-    assert sorted((r["rank"], r["group_rank"], r["group_size"]) for r in inits[0]) == [(1, 1, 3), (2, 2, 3)]
+    assert len(inits) == 2, "one group per sync, reused across its pushes"
+    for replies in inits:
+        assert sorted((r["rank"], r["group_rank"], r["group_size"]) for r in replies) == [(1, 1, 3), (2, 2, 3)]
     assert all(r["success"] for op, replies in tp.replies if op == "update" for r in replies)
     versions = [replies[0]["weight_version"] for op, replies in tp.replies if op == "update"]
-    assert versions[-1] == "4" and set(versions[:-1]) <= {None, "3"}
+    assert [v for v in versions if v] == ["3", "4", "5"] and versions[-1] == "5"
     assert metrics["sync/buckets"] >= 3
     expected = {name: t.to(torch.bfloat16) for name, t in iter_full_weights(model)}
     for path in dumps:
