@@ -411,7 +411,7 @@ def build_titan_model(
     with torch.device("meta"):
         decoder = model_cfg.build()
     if parallel is not None:
-        parallelize(decoder, **parallel.kwargs)
+        parallelize(decoder, **parallel)
         if on_cpu:  # gloo has no PREMUL_SUM / AVG reduce-scatter
             from torch.distributed.fsdp import FSDPModule
 
@@ -435,14 +435,6 @@ def build_titan_model(
 
 
 _NO_TP: Any = types.SimpleNamespace(tp_enabled=False)  # what apply_compile reads of a mesh
-
-
-@dataclass
-class _Parallel:
-    """What torchtitan's `update_from_config` and parallelize functions read."""
-
-    parallelism: Any
-    kwargs: dict[str, Any]
 
 
 def _set_tp_sharding(model_cfg: Any, family: str, *, tp: int) -> None:
@@ -483,8 +475,8 @@ def _training_settings(trainer: TrainerConfig, *, trainable: bool, checkpointing
 
 def _parallel_settings(
     trainer: TrainerConfig, *, device: torch.device, trainable: bool, checkpointing: bool
-) -> _Parallel:
-    """Mesh (dp = ranks / tp_size, tp) and the settings torchtitan's parallelize functions take.
+) -> dict[str, Any]:
+    """Mesh (dp = ranks / tp_size, tp) and the keyword arguments of torchtitan's parallelize functions.
 
     The DTensor backend ("partial_dtensor"): parameters are DTensors, activations plain
     tensors between modules, which is what the trainer's loss code handles."""
@@ -508,4 +500,4 @@ def _parallel_settings(
     training = TrainingConfig(mixed_precision_param=dtype, mixed_precision_reduce="float32")
     settings = _training_settings(trainer, trainable=trainable, checkpointing=checkpointing)
     kwargs = {"parallel_dims": dims, "training": training, "parallelism": parallelism, "dump_folder": ""}
-    return _Parallel(parallelism=parallelism, kwargs=kwargs | settings)
+    return kwargs | settings
