@@ -54,7 +54,7 @@ class E2BSandbox:
             return RunResult(
                 exit_code=exit_code,
                 stdout=stdout,
-                stderr=stderr[-65536:],
+                stderr=stderr[-limits.max_output_bytes :],
                 killed=killed,
                 seconds=time.perf_counter() - start,
                 info={"mode": "e2b", "sandbox_id": getattr(sandbox, "sandbox_id", "")},

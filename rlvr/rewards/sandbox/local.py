@@ -4,10 +4,14 @@ Isolation, in order of preference (measured in the project container, root, kern
 
 * `bwrap` (bubblewrap 0.8): `--unshare-all` (user, pid, net, ipc, uts, cgroup namespaces),
   `--die-with-parent`, `--new-session`; the filesystem is a fresh root with /usr (and the
-  interpreter's prefix when it lives elsewhere) bound read-only, a private /proc, /dev and
-  tmpfs /tmp, and the per-run scratch dir as the *only* writable host path. /etc, /root,
-  /home and the rest of the host are simply absent. No network: only the namespace's own
-  loopback. Killing the outer bwrap tears down the pid namespace, so no process outlives a run.
+  interpreter's prefix when it lives elsewhere) bound read-only, a private /proc and /dev,
+  `/` and `/dev` remounted read-only, and one tmpfs of `max_scratch_mb` at /sandbox (the
+  run's files bound read-only into it, /tmp a link into it) as the only writable place.
+  /etc, /root, /home and the rest of the host are simply absent. No network: only the
+  namespace's own loopback. No environment: bwrap itself starts with an empty one (it is the
+  sandbox's pid 1, readable in /proc/1/environ). Killing the outer bwrap tears down the pid
+  namespace, so no process outlives a run. As root, `forkserver.py` gives each run the same
+  isolation from one warm sandbox without a bwrap and an interpreter start per run.
 * `unshare` (util-linux) when bwrap is missing: pid/net/ipc/uts/mount namespaces with a
   private /proc, but the host filesystem stays visible (protected only by running as an
   unprivileged uid): weaker, and said so in the run info.
@@ -20,7 +24,7 @@ core dumps) on the outer process and are inherited by everything inside. When we
 random uid makes the process cap count only this run's processes (a fork bomb in one run
 cannot starve another) and lets the host find and kill leftovers by uid. Not root: the
 harness sets RLIMIT_NPROC itself inside the user namespace. Output is read with a byte cap;
-past it the run is killed (`killed = "output_limit"`).
+past it the run is killed (`killed = "stdout_limit"` or `"stderr_limit"`).
 """
 
 from __future__ import annotations
