@@ -2,7 +2,7 @@
 
 One path for every model the trainer holds (actor, frozen reference, critic), so they are
 sharded the same way and a reference forward costs what an actor forward costs. On CPU we
-train in fp32 (bf16 is 2-11x slower on these CPUs, see DESIGN.md) and gloo carries the
+train in fp32 (bf16 measured 2-11x slower on 2-core CPUs) and gloo carries the
 collectives; on GPU FSDP2's MixedPrecisionPolicy computes in `trainer.param_dtype` over fp32
 master weights and reduces gradients in `trainer.reduce_dtype`.
 """

