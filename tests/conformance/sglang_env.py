@@ -33,6 +33,8 @@ DEPS = (
     "compressed-tensors==0.20.1",
     "dill==0.4.1",
     "gguf==0.19.0",
+    "httpcore2==2.16.2",  # openai's HTTP client (httpx2 and its own deps; a fresh venv has neither)
+    "httpx2==2.16.2",
     "ipython==9.18.1",
     "loguru==0.7.3",
     "msgspec==0.23.0",
@@ -47,6 +49,7 @@ DEPS = (
     "sniffio==1.3.1",
     "starlette==1.10.0",
     "traitlets==5.16.1",
+    "truststore==0.10.5",
     "urllib3==2.8.0",
 )
 
