@@ -76,10 +76,13 @@ async def retrieve(url: str, query: str, *, top_k: int, timeout_s: float) -> lis
     import aiohttp
 
     payload = {"queries": [query], "topk": top_k, "return_scores": True}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-        async with session.post(f"{url.rstrip('/')}/retrieve", json=payload) as response:
-            response.raise_for_status()
-            body = await response.json()
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.post(f"{url.rstrip('/')}/retrieve", json=payload) as response,
+    ):
+        response.raise_for_status()
+        body = await response.json()
     try:
         items = body["result"][0]
         docs = [item.get("document", item) for item in items]
