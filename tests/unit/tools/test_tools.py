@@ -123,6 +123,7 @@ def test_tags_format_parses_only_a_call_that_ends_the_turn():
     assert fmt.parse("```python\nprint(2)\n```\n") == ToolCall("python", {"code": "print(2)"})
     assert fmt.parse("```\n") == Unfinished()
     assert fmt.parse("<code>1</code> so the answer is 4") is None
+    assert fmt.parse("<code>1</code>.") == ToolCall("python", {"code": "1"})  # a token that ran past the stop
     assert fmt.parse("```js\nx\n```\n") is None
     assert fmt.parse("no call") is None
     assert isinstance(fmt.parse("<code>  </code>"), Malformed)
