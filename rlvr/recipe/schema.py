@@ -122,6 +122,8 @@ class DomainConfig(Section):
     """Token budget of a whole episode, model and tool tokens together (default rollout.max_new_tokens)."""
     search_corpus: str | None = None
     """The `search` tool's passages: a .jsonl with a `text` (and optional `title`) per row."""
+    search_url: str | None = None
+    """Instead of search_corpus: a retrieval server speaking Search-R1's `/retrieve` JSON."""
     search_top_k: int = Field(default=3, ge=1)
     """Passages the `search` tool returns per query."""
 

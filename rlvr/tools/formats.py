@@ -59,8 +59,14 @@ def clip(text: str) -> str:
     return text[:MAX_ANSWER_CHARS] + f"\n... ({len(text) - MAX_ANSWER_CHARS} more characters cut)"
 
 
+# A BPE token can carry a few characters past the stop string that ended the turn ("</code>.").
+TRAILING_SLACK = 4
+
+
 def _ends_turn(text: str, end: int) -> bool:
-    return not text[end:].strip()
+    """Whether a call ending at `end` is what stopped the turn (not one quoted earlier in it)."""
+    rest = text[end:].strip()
+    return len(rest) <= TRAILING_SLACK and "\n" not in rest
 
 
 class TagsFormat:

@@ -20,7 +20,7 @@ from rlvr.tools.base import Tool, ToolConfigError
 
 BUILTIN_TOOLS = {
     "python": "Run Python in the code sandbox (stateless per call); answers with stdout.",
-    "search": "BM25 over the domain's search_corpus (jsonl passages); answers with the top-k passages.",
+    "search": "BM25 over search_corpus (jsonl passages), or a Search-R1 /retrieve server at search_url.",
 }
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 
@@ -35,7 +35,12 @@ def build_tools(domain: Any) -> dict[str, Tool]:
         if spec == "python":
             tool = python_tool(timeout_s=domain.tool_timeout_s)
         elif spec == "search":
-            tool = search_tool(corpus=domain.search_corpus, top_k=domain.search_top_k)
+            tool = search_tool(
+                corpus=domain.search_corpus,
+                top_k=domain.search_top_k,
+                url=domain.search_url,
+                timeout_s=domain.tool_timeout_s,
+            )
         elif ":" in spec:
             tool = plugin_tool(spec)
         else:
@@ -55,8 +60,8 @@ def check_tools(domain: Any) -> str | None:
     """
     for spec in domain.tools:
         if spec == "search":
-            if not domain.search_corpus:
-                return "the search tool needs search_corpus (a jsonl of passages)"
+            if not domain.search_corpus and not domain.search_url:
+                return "the search tool needs search_corpus (a jsonl of passages) or search_url"
         elif spec != "python":
             if ":" not in spec:
                 return f"unknown tool {spec!r}; built-ins: {sorted(BUILTIN_TOOLS)}, or package.module:function"

@@ -18,7 +18,7 @@ PLUGIN = "tests.unit.tools.plugin_example:lookup_price"
 
 
 def _domain(**kw):
-    base = {"tools": [], "tool_timeout_s": 5.0, "search_corpus": None, "search_top_k": 2}
+    base = {"tools": [], "tool_timeout_s": 5.0, "search_corpus": None, "search_url": None, "search_top_k": 2}
     return SimpleNamespace(**(base | kw))
 
 
@@ -123,6 +123,7 @@ def test_tags_format_parses_only_a_call_that_ends_the_turn():
     assert fmt.parse("```python\nprint(2)\n```\n") == ToolCall("python", {"code": "print(2)"})
     assert fmt.parse("```\n") == Unfinished()
     assert fmt.parse("<code>1</code> so the answer is 4") is None
+    assert fmt.parse("<code>1</code>.") == ToolCall("python", {"code": "1"})  # a token that ran past the stop
     assert fmt.parse("```js\nx\n```\n") is None
     assert fmt.parse("no call") is None
     assert isinstance(fmt.parse("<code>  </code>"), Malformed)
@@ -144,3 +145,31 @@ def test_toolbox_adds_the_instructions_to_the_system_message(tokenizer):
     assert messages[0]["role"] == "system" and "<code>" in messages[0]["content"] and messages[1]["content"] == "hi"
     merged = box.prompt_messages([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}])
     assert len(merged) == 2 and merged[0]["content"].startswith("Be brief.\n\n")
+
+
+async def test_search_from_a_retrieval_server_and_a_server_down(tokenizer, unused_tcp_port):
+    from aiohttp import web
+
+    seen = []
+
+    async def retrieve(request):
+        body = await request.json()
+        seen.append(body)
+        docs = [{"document": {"id": "1", "contents": '"Zorblat"\nThe capital of Zorblat is Quenmoor.'}, "score": 3.0}]
+        return web.json_response({"result": [docs]})
+
+    app = web.Application()
+    app.router.add_post("/retrieve", retrieve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
+    try:
+        tool = build_tools(_domain(tools=["search"], search_url=f"http://127.0.0.1:{unused_tcp_port}"))["search"]
+        assert await tool.fn(query="capital") == "Doc 1 (Title: Zorblat) The capital of Zorblat is Quenmoor."
+        assert seen == [{"queries": ["capital"], "topk": 2, "return_scores": True}]
+    finally:
+        await runner.cleanup()
+    session = toolbox(tokenizer, [tool]).session()  # the server is gone now
+    reply = await session.respond("<search>capital</search>")
+    assert reply is not None and "error: search failed: Client" in reply.text
+    assert session.stats()["tool_errors"] == 1
