@@ -72,10 +72,13 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     refs = aliases(sample.ground_truth)
     if not refs:
         return zero("ground_truth is not a string or a list of strings")
-    prediction, tagged = extract_answer(completion.text)
+    prediction, tagged = extract_answer(completion.text if isinstance(completion.text, str) else "")
     if not prediction:
         return zero("no answer", formatted=tagged)
     em = float(any(normalize(prediction) == normalize(r) for r in refs))
     f1 = max(token_f1(prediction, r) for r in refs)
     main = em if metric == "em" else f1
-    return RewardResult((1 - weight) * main + weight * float(tagged), {"em": em, "f1": f1, "answer": prediction[:200]})
+    info: dict[str, Any] = {"em": em, "f1": f1, "answer": prediction[:200]}
+    if main == 0.0:
+        info["reason"] = "the answer matches no alias"  # every zero says why (the reward contract)
+    return RewardResult((1 - weight) * main + weight * float(tagged), info)
