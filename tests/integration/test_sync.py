@@ -146,11 +146,12 @@ def _local_answers(model_dir: Path, weights: dict[str, torch.Tensor], answers: l
             assert torch.allclose(lps, torch.tensor(answer["lps"]), atol=1e-4), (lps, answer["lps"])
 
 
-def test_broadcast_and_disk_sync_from_two_fsdp2_ranks(tmp_path: Path, tiny_model_dir: Path, server: str) -> None:
+def run_two_rank_worker(script: str, tmp_path: Path, model_dir: Path, server: str) -> dict:
+    """`script --worker` on 2 torchrun ranks against `server`; what it saved (test_titan_sync shares it)."""
     out = tmp_path / "out.pt"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-        __file__, "--worker", "--model-dir", str(tiny_model_dir), "--url", server, "--out", str(out),
+        script, "--worker", "--model-dir", str(model_dir), "--url", server, "--out", str(out),
         "--run-dir", str(tmp_path / "run"),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
@@ -161,7 +162,11 @@ def test_broadcast_and_disk_sync_from_two_fsdp2_ranks(tmp_path: Path, tiny_model
     assert proc.returncode == 0, (
         f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}\nserver:\n{server_log}"
     )
-    results = torch.load(out, weights_only=False)
+    return torch.load(out, weights_only=False)
+
+
+def test_broadcast_and_disk_sync_from_two_fsdp2_ranks(tmp_path: Path, tiny_model_dir: Path, server: str) -> None:
+    results = run_two_rank_worker(__file__, tmp_path, tiny_model_dir, server)
     for method, version in (("broadcast", 7), ("disk", 8)):
         result = results[method]
         assert [a["v"] for a in result["answers"]] == [version] * len(PROMPTS), method

@@ -9,15 +9,13 @@ transformers forward on the trainer's gathered weights gives (HF names and layou
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from rlvr.trainer.dist import exit_process
-from tests.integration.test_sync import PROMPTS, _ask, _free_port, _local_answers, server  # noqa: F401
+from tests.integration.test_sync import PROMPTS, _ask, _free_port, _local_answers, run_two_rank_worker, server  # noqa: F401
 
 pytestmark = pytest.mark.torchtitan
 VERSION = 3
@@ -54,23 +52,7 @@ def worker(model_dir: str, url: str, out: Path, run_dir: Path) -> None:
 
 
 def test_broadcast_from_tensor_parallel_torchtitan(tmp_path: Path, tiny_model_dir: Path, server: str) -> None:  # noqa: F811
-    import subprocess
-
-    out = tmp_path / "out.pt"
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-        __file__, "--worker", "--model-dir", str(tiny_model_dir), "--url", server, "--out", str(out),
-        "--run-dir", str(tmp_path / "run"),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    server_log = (tmp_path / "server.log").read_text()[-3000:]
-    assert proc.returncode == 0, (
-        f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}\nserver:\n{server_log}"
-    )
-    result = torch.load(out, weights_only=False)
+    result = run_two_rank_worker(__file__, tmp_path, tiny_model_dir, server)
     assert [a["v"] for a in result["answers"]] == [VERSION] * len(PROMPTS)
     _local_answers(tiny_model_dir, result["weights"], result["answers"])
 
