@@ -177,7 +177,8 @@ def test_broadcast_and_disk_sync_from_two_fsdp2_ranks(tmp_path: Path, tiny_model
     assert results["broadcast"]["answers"] != results["disk"]["answers"]
 
 
-def main() -> None:
+def worker_main(run_worker) -> None:
+    """The `--worker` entry `run_two_rank_worker` starts: parse, run, leave together."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--model-dir", required=True)
@@ -186,10 +187,14 @@ def main() -> None:
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    worker(args.model_dir, args.url, Path(args.out), Path(args.run_dir))
+    run_worker(args.model_dir, args.url, Path(args.out), Path(args.run_dir))
     torch.distributed.barrier()  # leave together (see rlvr/worker.py)
     torch.distributed.destroy_process_group()
     exit_process(0)  # as rlvr/worker.py does
+
+
+def main() -> None:
+    worker_main(worker)
 
 
 if __name__ == "__main__":

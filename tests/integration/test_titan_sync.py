@@ -8,14 +8,20 @@ transformers forward on the trainer's gathered weights gives (HF names and layou
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlvr.trainer.dist import exit_process
-from tests.integration.test_sync import PROMPTS, _ask, _free_port, _local_answers, run_two_rank_worker, server  # noqa: F401
+from tests.integration.test_sync import (  # noqa: F401
+    PROMPTS,
+    _ask,
+    _free_port,
+    _local_answers,
+    run_two_rank_worker,
+    server,
+    worker_main,
+)
 
 pytestmark = pytest.mark.torchtitan
 VERSION = 3
@@ -58,18 +64,7 @@ def test_broadcast_from_tensor_parallel_torchtitan(tmp_path: Path, tiny_model_di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", action="store_true")
-    parser.add_argument("--model-dir", required=True)
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--run-dir", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    worker(args.model_dir, args.url, Path(args.out), Path(args.run_dir))
-    torch.distributed.barrier()  # leave together (see rlvr/worker.py)
-    torch.distributed.destroy_process_group()
-    exit_process(0)
+    worker_main(worker)
 
 
 if __name__ == "__main__":
