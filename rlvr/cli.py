@@ -138,12 +138,17 @@ def launch(
     (run_dir / "resolved_recipe.json").write_text(resolved_json(resolved))
     if resolved.cluster.kind == "local":
         from rlvr.launch.local import LaunchError, run_local
+        from rlvr.monitor.metrics import mark_failed
+        from rlvr.monitor.progress import final_line
 
         typer.echo(f"run directory: {run_dir}")
         try:
             code = run_local(resolved, run_dir=run_dir, resume=resume, dashboard=dashboard)
         except LaunchError as exc:
+            mark_failed(run_dir, str(exc), name=resolved.experiment.name, max_steps=resolved.experiment.max_steps)
+            typer.echo(final_line(run_dir, code=1))
             raise fail(str(exc)) from None
+        typer.echo(final_line(run_dir, code=code))
         raise typer.Exit(code)
     from rlvr.launch.slurm import SlurmError
     from rlvr.launch.slurm import launch as launch_slurm

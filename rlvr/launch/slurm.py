@@ -197,8 +197,9 @@ def wait_and_watch(
     """
     from rich.console import Console
 
-    from rlvr.monitor.dashboard import watch
+    from rlvr.monitor.dashboard import DONE_STATES, watch
     from rlvr.monitor.metrics import read_status
+    from rlvr.monitor.progress import follow
 
     job_id = str(getattr(job, "job_id", job))
     run_dir = Path(run_dir)
@@ -207,6 +208,12 @@ def wait_and_watch(
     shown: tuple[str, str] | None = None
     finished_run: Any = None  # started_at of a run whose end the dashboard already showed
     last_poll = time.monotonic()
+
+    def plain(line: str) -> None:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+    def run_over(run_dir: Path) -> bool:
+        return (read_status(run_dir) or {}).get("state") in DONE_STATES
 
     def job_over() -> bool:
         nonlocal state, reason, last_poll
@@ -220,11 +227,15 @@ def wait_and_watch(
             status = read_status(run_dir)
             attached = status is not None and status.get("started_at") != finished_run
             if dashboard and state == "RUNNING" and attached:
-                view = watch(run_dir, console=console, stop=job_over)
-                if not console.is_terminal:
-                    console.line()  # a non-terminal Live leaves the cursor after its last frame
-                if view.done:
-                    finished_run = view.status.get("started_at")
+                if console.is_terminal:
+                    watch(run_dir, console=console, stop=job_over)
+                else:  # a log file: one plain line per step, not the last frame of a live view
+                    follow(run_dir, stop=lambda: job_over() or run_over(run_dir), emit=plain)
+                if run_over(run_dir):
+                    status = read_status(run_dir) or {}
+                    finished_run = status.get("started_at")
+                    if not console.is_terminal:
+                        plain(f"run {status.get('state')} at step {status.get('step')}/{status.get('max_steps')}")
                 continue
             if (state, reason) != shown:
                 console.print(f"job {job_id}: {state}" + (f" ({reason})" if reason else ""))
@@ -250,4 +261,12 @@ def launch(recipe: Recipe, *, run_dir: str | Path, recipe_json: str | None = Non
         f"logs {run_dir / SUBMITIT_DIR}; stop with: scancel {job.job_id}"
     )
     state = wait_and_watch(job, run_dir, console=console, dashboard=dashboard and recipe.monitor.dashboard)
-    return 0 if state == "COMPLETED" else 1
+    code = 0 if state == "COMPLETED" else 1
+    if state in FINAL_STATES:
+        from rlvr.monitor.metrics import mark_failed, read_status
+        from rlvr.monitor.progress import final_line
+
+        if code and (read_status(run_dir) or {}).get("state") not in ("failed", "stopped"):
+            mark_failed(run_dir, f"job {job.job_id} ended {state}; logs in {run_dir / SUBMITIT_DIR}")
+        console.print(final_line(run_dir, code=code), soft_wrap=True, highlight=False, markup=False)
+    return code

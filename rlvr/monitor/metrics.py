@@ -81,6 +81,22 @@ class RunRecorder:
         self._events.close()
 
 
+def mark_failed(run_dir: str | Path, message: str, **fields: Any) -> None:
+    """The launcher's word when a child died: status `failed` plus an error event with the cause.
+
+    A trainer that dies during start-up never reaches its own `close("failed")`, and one killed
+    by a signal cannot write at all; without this, status.json would say `starting` (or
+    `running`) forever and `rlvr monitor` would wait for it.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    status = {**fields, **(read_status(run_dir) or {})}
+    status.update(state="failed", ended_at=time.time(), error=message)
+    write_json_atomic(run_dir / STATUS_FILE, status)
+    with (run_dir / EVENTS_FILE).open("a", encoding="utf-8") as events:
+        events.write(json.dumps({"time": time.time(), "level": "error", "message": message}) + "\n")
+
+
 def read_status(run_dir: str | Path) -> dict[str, Any] | None:
     try:
         return json.loads((Path(run_dir) / STATUS_FILE).read_text())
