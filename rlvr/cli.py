@@ -150,8 +150,12 @@ def launch(
             raise fail(str(exc)) from None
         typer.echo(final_line(run_dir, code=code))
         raise typer.Exit(code)
+    from rlvr.launch.sbatch import node_local_paths
     from rlvr.launch.slurm import SlurmError
     from rlvr.launch.slurm import launch as launch_slurm
+
+    for warning in node_local_paths(resolved, run_dir=run_dir, python=sys.executable):
+        typer.echo(f"warning: {warning}", err=True)
 
     try:
         code = launch_slurm(resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), dashboard=dashboard)
@@ -166,12 +170,16 @@ def sbatch(
     set_: SetOpt = None,
     out: Annotated[Path | None, typer.Option(help="Write the script here (default: RUN_DIR/job.sbatch).")] = None,
     submit: Annotated[bool, typer.Option("--submit", help="Also submit it with sbatch.")] = False,
+    python: Annotated[
+        str | None,
+        typer.Option(help="Python every node runs (default: this one); it must exist on the compute nodes."),
+    ] = None,
 ) -> None:
     """Write a plain, commented sbatch script (and the resolved recipe) for submitting by hand."""
     import subprocess
 
     from rlvr.launch.plan import PlanError, make_plan
-    from rlvr.launch.sbatch import write_sbatch
+    from rlvr.launch.sbatch import node_local_paths, write_sbatch
     from rlvr.recipe.load import resolved_json
 
     resolved = load_or_exit(recipe, set_)
@@ -184,9 +192,10 @@ def sbatch(
     except PlanError as exc:
         raise fail(f"{recipe}: cluster: {exc}") from None
     run_dir = (Path(resolved.experiment.output_dir) / resolved.experiment.name).resolve()
-    script = write_sbatch(
-        resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), out=out, python=sys.executable
-    )
+    python = python or sys.executable
+    for warning in node_local_paths(resolved, run_dir=run_dir, python=python):
+        typer.echo(f"warning: {warning}", err=True)
+    script = write_sbatch(resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), out=out, python=python)
     typer.echo(
         f"wrote {script} and {run_dir / 'resolved_recipe.json'} (the run dir must be on a filesystem every node sees)"
     )

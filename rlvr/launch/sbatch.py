@@ -159,6 +159,38 @@ def render_sbatch(recipe: Recipe, *, run_dir: str | Path, recipe_json_path: str 
     return "\n".join(lines)
 
 
+NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")  # on every cluster, each node has its own
+
+
+def node_local_paths(recipe: Recipe, *, run_dir: str | Path, python: str) -> list[str]:
+    """One warning per path the job needs that lives on the submitting node's own disk.
+
+    Every node reads the run directory, the recipe's files and the Python environment; a path
+    under /tmp on the login node is a different (usually empty) folder on a compute node, and
+    the job then fails minutes later in the queue instead of here.
+    """
+    found = [("run directory (experiment.output_dir)", str(run_dir)), ("--python", python)]
+    found += [(key, value) for key, value in _strings(recipe.model_dump(mode="json"))]
+    return [
+        f"{key} = {value} is node-local ({root}): other nodes cannot see it; use a shared filesystem"
+        for key, value in found
+        for root in NODE_LOCAL
+        if value == root or value.startswith(root + "/")
+    ]
+
+
+def _strings(tree: object, prefix: str = ""):
+    """(dotted key, value) for every string in a dumped recipe (lists as key[i])."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _strings(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            yield from _strings(value, f"{prefix}[{i}]")
+    elif isinstance(tree, str):
+        yield prefix, tree
+
+
 def write_sbatch(
     recipe: Recipe, *, run_dir: str | Path, recipe_json: str, out: str | Path | None = None, python: str = "python"
 ) -> Path:
