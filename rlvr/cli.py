@@ -102,6 +102,7 @@ def plan(
     from rlvr.launch.plan import PlanError, make_plan
     from rlvr.monitor.plan_view import print_plan
     from rlvr.recipe.load import resolved_json
+    from rlvr.rundir import RunDir, write_atomic
 
     resolved = load_or_exit(recipe, set_)
     from rlvr.data.sources import load_recipe_domains
@@ -111,9 +112,8 @@ def plan(
         launch = make_plan(resolved)
     except PlanError as exc:
         raise fail(f"{recipe}: cluster: {exc}") from None
-    out = out or Path(resolved.experiment.output_dir) / resolved.experiment.name / "resolved_recipe.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(resolved_json(resolved))
+    out = out or RunDir.of(resolved).recipe
+    write_atomic(out, resolved_json(resolved))
     print_plan(resolved, launch, reports=reports, resolved_path=out)
 
 
@@ -132,10 +132,11 @@ def launch(
     if resolved.model.path is None:
         raise fail(f"{recipe}: model.path: launching needs a model folder (model.config is for tests and plans)")
     from rlvr.recipe.load import resolved_json
+    from rlvr.rundir import RunDir
 
-    run_dir = (Path(resolved.experiment.output_dir) / resolved.experiment.name).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "resolved_recipe.json").write_text(resolved_json(resolved))
+    paths = RunDir.of(resolved)
+    paths.write_recipe(resolved_json(resolved))
+    run_dir = paths.root
     if resolved.cluster.kind == "local":
         from rlvr.launch.local import LaunchError, run_local
         from rlvr.monitor.metrics import mark_failed
@@ -181,6 +182,7 @@ def sbatch(
     from rlvr.launch.plan import PlanError, make_plan
     from rlvr.launch.sbatch import node_local_paths, write_sbatch
     from rlvr.recipe.load import resolved_json
+    from rlvr.rundir import RunDir
 
     resolved = load_or_exit(recipe, set_)
     if resolved.cluster.kind != "slurm":
@@ -191,14 +193,13 @@ def sbatch(
         make_plan(resolved)
     except PlanError as exc:
         raise fail(f"{recipe}: cluster: {exc}") from None
-    run_dir = (Path(resolved.experiment.output_dir) / resolved.experiment.name).resolve()
+    paths = RunDir.of(resolved)
+    run_dir = paths.root
     python = python or sys.executable
     for warning in node_local_paths(resolved, run_dir=run_dir, python=python):
         typer.echo(f"warning: {warning}", err=True)
     script = write_sbatch(resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), out=out, python=python)
-    typer.echo(
-        f"wrote {script} and {run_dir / 'resolved_recipe.json'} (the run dir must be on a filesystem every node sees)"
-    )
+    typer.echo(f"wrote {script} and {paths.recipe} (the run dir must be on a filesystem every node sees)")
     if not submit:
         typer.echo(f"submit with: sbatch {script}")
         return
@@ -312,8 +313,9 @@ def monitor(
 ) -> None:
     """Attach the live dashboard to a running or finished run."""
     from rlvr.monitor.dashboard import watch
+    from rlvr.rundir import RunDir
 
-    if not (run_dir / "status.json").exists() and not (run_dir / "metrics.jsonl").exists():
+    if not RunDir(run_dir).is_run():
         raise fail(f"{run_dir}: not a run directory (no status.json or metrics.jsonl)")
     watch(run_dir, once=once)
 

@@ -26,6 +26,7 @@ from rlvr.launch.plan import LaunchPlan, ServerSpec, make_plan
 from rlvr.launch.servers import ServerAddress, clear_servers, is_healthy, register_judge, register_server
 from rlvr.monitor.progress import PlainProgress
 from rlvr.recipe.schema import Recipe
+from rlvr.rundir import RunDir
 
 
 class LaunchError(RuntimeError):
@@ -57,7 +58,8 @@ class LocalLauncher:
         self.plan: LaunchPlan = make_plan(recipe, master_port=_free_port())
         self.children: list[Child] = []
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.paths = RunDir(run_dir)
+        self.paths.logs.mkdir(parents=True, exist_ok=True)
 
     def start(self, *, server_timeout_s: float = 300.0) -> None:
         clear_servers(self.run_dir)
@@ -84,7 +86,7 @@ class LocalLauncher:
         return self._spawn("judge", judge_command(self.recipe, host="127.0.0.1", port=port)), f"http://127.0.0.1:{port}"
 
     def _spawn(self, name: str, command: list[str], *, env: dict[str, str] | None = None) -> Child:
-        log_path = self.run_dir / "logs" / f"{name}.log"
+        log_path = self.paths.log(name)
         log = log_path.open("ab")
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()

@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.recipe.schema import Recipe
+from rlvr.rundir import RunDir
 
 SIGNAL = "USR1"
 SIGNAL_DELAY_S = 120  # time-limit warning: enough for an FSDP checkpoint of a 7B model
-SUBMITIT_DIR = "slurm"
-RECIPE_FILE = "resolved_recipe.json"
 
 # squeue/sacct states after which the job will not run again
 FINAL_STATES = frozenset(
@@ -122,7 +121,7 @@ def run_node_task(run_dir: str, self_requeue: bool = True) -> int:
 
     rc = run(run_dir, self_requeue=self_requeue)
     if rc != 0:
-        raise RuntimeError(f"the trainer exited with code {rc}; see the job log in {Path(run_dir) / SUBMITIT_DIR}")
+        raise RuntimeError(f"the trainer exited with code {rc}; see the job log in {RunDir(run_dir).slurm}")
     return rc
 
 
@@ -141,13 +140,12 @@ def submit(recipe: Recipe, *, run_dir: str | Path, recipe_json: str | None = Non
 
     if shutil.which("sbatch") is None:
         raise SlurmError("sbatch not found: submit from a SLURM login node (or use cluster.kind = 'local')")
-    run_dir = Path(run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RECIPE_FILE).write_text(recipe_json if recipe_json is not None else resolved_json(recipe))
-    executor = submitit.SlurmExecutor(folder=run_dir / SUBMITIT_DIR, max_num_timeout=0)
+    paths = RunDir(Path(run_dir).resolve())
+    paths.write_recipe(recipe_json if recipe_json is not None else resolved_json(recipe))
+    executor = submitit.SlurmExecutor(folder=paths.slurm, max_num_timeout=0)
     executor.update_parameters(**submitit_parameters(recipe))
     try:
-        return executor.submit(run_node_task, str(run_dir), recipe.cluster.requeue)
+        return executor.submit(run_node_task, str(paths.root), recipe.cluster.requeue)
     except (OSError, subprocess.CalledProcessError, FailedJobError, FailedSubmissionError) as exc:
         reasons = [r.strip() for r in re.split(r"sbatch: error:|\n", str(exc)) if r.strip()]
         raise SlurmError(f"sbatch refused the job: {'; '.join(dict.fromkeys(reasons))}") from None
@@ -197,9 +195,9 @@ def wait_and_watch(
     """
     from rich.console import Console
 
-    from rlvr.monitor.dashboard import DONE_STATES, watch
-    from rlvr.monitor.metrics import read_status
+    from rlvr.monitor.dashboard import watch
     from rlvr.monitor.progress import follow
+    from rlvr.rundir import DONE_STATES, read_status
 
     job_id = str(getattr(job, "job_id", job))
     run_dir = Path(run_dir)
@@ -258,15 +256,16 @@ def launch(recipe: Recipe, *, run_dir: str | Path, recipe_json: str | None = Non
     run_dir = Path(run_dir).resolve()
     console.print(
         f"submitted job {job.job_id} ({recipe.cluster.nodes} nodes); run dir {run_dir}; "
-        f"logs {run_dir / SUBMITIT_DIR}; stop with: scancel {job.job_id}"
+        f"logs {RunDir(run_dir).slurm}; stop with: scancel {job.job_id}"
     )
     state = wait_and_watch(job, run_dir, console=console, dashboard=dashboard and recipe.monitor.dashboard)
     code = 0 if state == "COMPLETED" else 1
     if state in FINAL_STATES:
-        from rlvr.monitor.metrics import mark_failed, read_status
+        from rlvr.monitor.metrics import mark_failed
         from rlvr.monitor.progress import final_line
+        from rlvr.rundir import read_status
 
         if code and (read_status(run_dir) or {}).get("state") not in ("failed", "stopped"):
-            mark_failed(run_dir, f"job {job.job_id} ended {state}; logs in {run_dir / SUBMITIT_DIR}")
+            mark_failed(run_dir, f"job {job.job_id} ended {state}; logs in {RunDir(run_dir).slurm}")
         console.print(final_line(run_dir, code=code), soft_wrap=True, highlight=False, markup=False)
     return code

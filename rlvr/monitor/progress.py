@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlvr.monitor.metrics import METRICS_FILE, JsonlTail, read_status
+from rlvr.monitor.metrics import JsonlTail
+from rlvr.rundir import RunDir, read_status
 
 
 def step_line(row: dict[str, Any], *, max_steps: int) -> str:
@@ -44,7 +45,7 @@ class PlainProgress:
     def __init__(self, run_dir: str | Path, *, emit: Callable[[str], None]):
         self.run_dir = Path(run_dir)
         self.emit = emit
-        self._tail = JsonlTail(self.run_dir / METRICS_FILE)
+        self._tail = JsonlTail(RunDir(self.run_dir).metrics)
 
     def poll(self) -> None:
         rows = self._tail.read_new()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlvr.monitor.metrics import RunRecorder, mark_failed, read_status
+from rlvr.monitor.metrics import RunRecorder, mark_failed
 from rlvr.monitor.progress import final_line, follow, step_line
+from rlvr.rundir import read_status
 
 
 def test_a_step_line_names_rewards_eval_kl_and_time() -> None:
