@@ -17,6 +17,7 @@ the target, then `os.replace`), so a reader or a crash never sees half a file:
     slurm/                 submitit/sbatch job logs, attempt.json, trainer_exit.json
     tensorboard/           TensorBoard event files
     job.sbatch             the script `rlvr sbatch` writes
+    .lock                  held (flock) by the `rlvr launch` that runs here; names its pid
 
 Nothing here imports torch or any other part of rlvr: the recipe layer, the CLI and the
 launchers all use it.
@@ -26,7 +27,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,7 @@ ATTEMPT_FILE = "attempt.json"
 TRAINER_EXIT_FILE = "trainer_exit.json"
 TENSORBOARD_DIR = "tensorboard"
 SBATCH_FILE = "job.sbatch"
+LOCK_FILE = ".lock"
 
 DONE_STATES = ("finished", "failed", "stopped")
 """status.json states after which the run's trainer is gone."""
@@ -129,6 +133,22 @@ class RunDir:
     def sbatch_script(self) -> Path:
         return self.root / SBATCH_FILE
 
+    def lock(self) -> RunLock:
+        """Take the run directory for one launch, or raise RunActive naming the holder.
+
+        Two launches into one directory overwrite each other's server registrations and
+        interleave metrics (steps 1, 2, 1); the second must be refused before it writes
+        anything. `flock` is released by the kernel when the holder exits, however it exits,
+        so a killed launch never leaves a stale lock behind.
+        """
+        return RunLock(self.root / LOCK_FILE)
+
+    def finished_at(self, max_steps: int) -> int | None:
+        """The step a finished run ended at, if it already reached `max_steps` (else None)."""
+        status = read_status(self.root) or {}
+        step = int(status.get("step") or 0)
+        return step if status.get("state") == "finished" and step >= max_steps else None
+
     def is_run(self) -> bool:
         """A trainer has written here (what `rlvr monitor` can show)."""
         return self.status.exists() or self.metrics.exists()
@@ -137,6 +157,41 @@ class RunDir:
         """Write the resolved recipe the workers read; creates the directory."""
         write_atomic(self.recipe, text)
         return self.recipe
+
+
+class RunActive(RuntimeError):
+    """Another process holds the run directory's lock; the message names it."""
+
+
+class RunLock:
+    """An exclusive `flock` on RUN/.lock for as long as the launcher runs (a context manager)."""
+
+    def __init__(self, path: Path):
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = path.read_text(errors="replace").strip() or "another process"
+            os.close(self._fd)
+            raise RunActive(f"run active ({holder})") from None
+        os.ftruncate(self._fd, 0)
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.write(self._fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}".encode())
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = -1
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any] | None:

@@ -89,6 +89,13 @@ def test_ctrl_c_checkpoints_and_tears_everything_down(tmp_path: Path) -> None:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         assert time.monotonic() < deadline
         time.sleep(0.2)
+    servers = {p.name: p.read_text() for p in (run_dir / "servers").iterdir()}
+    second = subprocess.run(
+        command(tmp_path, "experiment.max_steps=1000"), capture_output=True, text=True, timeout=120, cwd=ROOT
+    )  # two launches into one run directory: the second is refused before it writes anything
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert f"run active (pid {proc.pid} on " in second.stderr
+    assert {p.name: p.read_text() for p in (run_dir / "servers").iterdir()} == servers
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130
     status = json.loads((run_dir / "status.json").read_text())

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from rlvr import rundir
-from rlvr.rundir import RunDir, read_json, read_status, run_dir_of, write_atomic, write_json_atomic
+from rlvr.rundir import RunActive, RunDir, read_json, read_status, run_dir_of, write_atomic, write_json_atomic
 
 
 def test_layout_names_on_disk_stay_put(tmp_path: Path) -> None:
@@ -69,3 +71,33 @@ def test_read_json_is_none_for_missing_or_partial_files(tmp_path: Path) -> None:
     assert not RunDir(tmp_path).is_run()
     write_json_atomic(RunDir(tmp_path).status, {"state": "starting"})
     assert RunDir(tmp_path).is_run()
+
+
+def test_a_second_lock_on_a_run_directory_names_the_holder(tmp_path: Path) -> None:
+    holder = RunDir(tmp_path / "run").lock()
+    with holder, pytest.raises(RunActive, match=rf"run active \(pid {os.getpid()} on "):
+        RunDir(tmp_path / "run").lock()
+    RunDir(tmp_path / "run").lock().release()  # released on exit: the next launch may take it
+
+
+def test_a_lock_dies_with_its_holder(tmp_path: Path) -> None:
+    holder = "from rlvr.rundir import RunDir; import sys, time; l = RunDir(sys.argv[1]).lock(); print(1, flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "1"
+        with pytest.raises(RunActive, match=f"pid {proc.pid}"):
+            RunDir(tmp_path).lock()
+    finally:
+        proc.kill()
+        proc.wait()
+    RunDir(tmp_path).lock().release()  # a killed launch leaves no stale lock
+
+
+def test_finished_at_only_for_a_finished_run_that_reached_max_steps(tmp_path: Path) -> None:
+    paths = RunDir(tmp_path)
+    assert paths.finished_at(3) is None
+    write_json_atomic(paths.status, {"state": "finished", "step": 3, "max_steps": 3})
+    assert paths.finished_at(3) == 3
+    assert paths.finished_at(5) is None  # max_steps raised: the run goes on
+    write_json_atomic(paths.status, {"state": "stopped", "step": 3, "max_steps": 3})
+    assert paths.finished_at(3) is None
