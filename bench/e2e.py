@@ -64,7 +64,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlvr.launch.servers import is_healthy  # noqa: E402 (after the path fix-up)
+from rlvr.process import is_healthy  # noqa: E402 (after the path fix-up)
 
 GROUP = 3  # steps averaged for the "first" and "final" reward
 # system -> rollout.max_staleness (None: TRL)
