@@ -278,7 +278,7 @@ class RolloutManager:
         """Rounds of groups for one step: the first from the quota, then dynamic sampling's refills."""
         algo, per_step = self.recipe.algorithm, self.recipe.data.prompts_per_step
         pending, kept = wave.prompts, wave.kept
-        for round_ in range((algo.max_refill_rounds or 0) + 1):
+        for round_ in range(algo.max_refill_rounds + 1):
             base = self.recipe.experiment.seed * 100_003 + wave.step * 16 + round_
             scores: list[dict[str, float]] = []
             groups = await asyncio.gather(
@@ -342,7 +342,7 @@ class RolloutManager:
                 len(c.token_ids),
                 max_new_tokens=box.max_tokens if box is not None else r.max_new_tokens,
                 buffer=algo.overlong_buffer,
-                penalty=algo.overlong_penalty or 0.0,
+                penalty=algo.overlong_penalty,
             )
             for score, c in zip(group.scores, group.completions, strict=True)
         ]

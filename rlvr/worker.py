@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     exp, algo = recipe.experiment, recipe.algorithm
     torch.manual_seed(exp.seed)
     info = d.init_distributed(force=recipe.trainer.strategy == "fsdp2")
-    updates = exp.max_steps * (algo.ppo_epochs or 1) * (algo.mini_batches or 1)
+    updates = exp.max_steps * algo.ppo_epochs * algo.mini_batches
     actor = Actor.build(
         recipe.model, recipe.trainer, algo,
         total_steps=updates, device=info.device, seed=exp.seed,

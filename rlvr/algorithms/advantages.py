@@ -247,10 +247,10 @@ def compute_advantages(
     m = mask.to(torch.float32)
     r = rewards.detach().to(torch.float32)
     estimator = cfg.advantage
-    std_norm = getattr(cfg, "adv_std_norm", None) or "group"
-    gamma = 1.0 if getattr(cfg, "gamma", None) is None else float(cfg.gamma)
-    coef = float(cfg.kl_coef or 0.0) if kl_coef is None else float(kl_coef)
-    kl_in_reward = getattr(cfg, "kl_in", "none") == "reward" and coef != 0.0
+    std_norm = cfg.adv_std_norm
+    gamma = float(cfg.gamma)
+    coef = float(cfg.kl_coef if kl_coef is None else kl_coef)
+    kl_in_reward = cfg.kl_in == "reward" and coef != 0.0
     if kl_in_reward and kl is None:
         raise ValueError("kl_in = 'reward' needs the per-token `kl` tensor (kl_penalty vs the reference)")
     token_kl = kl if kl_in_reward else None
@@ -261,7 +261,7 @@ def compute_advantages(
     if estimator == "gae":
         if values is None:
             raise ValueError("advantage = 'gae' needs `values` from the critic")
-        lam = float(cfg.lam if cfg.lam is not None else 1.0)
+        lam = float(cfg.lam)
         adv, returns = gae_advantages(
             token_level_rewards(r, m, kl=token_kl, kl_coef=coef), values, m, gamma=gamma, lam=lam
         )
@@ -277,9 +277,9 @@ def compute_advantages(
         adv = seq_adv.unsqueeze(-1) * m
         returns = adv
 
-    if getattr(cfg, "adv_whiten", False):
+    if cfg.adv_whiten:
         adv = masked_whiten(adv, m)
-    clip = float(getattr(cfg, "adv_clip", 0.0) or 0.0)
+    clip = float(cfg.adv_clip)
     if clip > 0:
         adv = adv.clamp(-clip, clip)
     return adv * m, returns * m
@@ -301,7 +301,7 @@ def _sequence_advantages(estimator: str, r: Tensor, group_ids: Tensor, m: Tensor
             return (r - r.mean()) / (batch_std(r) + GRPO_EPS)
         return normalize_rewards_per_group(r, group_ids, std_norm="group")
     if estimator == "raft":
-        threshold = float(getattr(cfg, "raft_threshold", 0.0) or 0.0)
+        threshold = float(cfg.raft_threshold)
         return raft_mask(r, threshold=threshold).to(r.dtype)
     raise ValueError(f"unknown advantage estimator {estimator!r}")
 
