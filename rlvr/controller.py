@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.algorithms.advantages import RunningMoments
 from rlvr.algorithms.filters import keep_group, soft_overlong_penalty
 from rlvr.data.chat import encode_prompt
 from rlvr.data.mixture import MixtureSampler, hash_seed
@@ -43,30 +44,6 @@ from rlvr.tools.session import Toolbox
 from rlvr.types import Completion, Group, RolloutBatch, Sample
 
 GROUP_ENDS = ("trained", "stale", "filtered", "cancelled")
-
-
-class RunningDomainStats:
-    """Running mean/std of one domain's raw rewards (reward_norm = "domain"), resumable."""
-
-    def __init__(self) -> None:
-        self.count, self.mean, self.m2 = 0, 0.0, 0.0
-
-    def update(self, values: Sequence[float]) -> None:
-        for value in values:  # Welford: exact and stable
-            self.count += 1
-            delta = value - self.mean
-            self.mean += delta / self.count
-            self.m2 += delta * (value - self.mean)
-
-    def normalize(self, value: float) -> float:
-        std = (self.m2 / (self.count - 1)) ** 0.5 if self.count > 1 else 1.0
-        return (value - self.mean) / (std + 1e-6)
-
-    def state_dict(self) -> dict[str, float]:
-        return {"count": self.count, "mean": self.mean, "m2": self.m2}
-
-    def load_state_dict(self, state: Mapping[str, float]) -> None:
-        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
 
 
 def merge_reward_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -135,9 +112,7 @@ class RolloutManager:
             seed=recipe.experiment.seed,
             shuffle=recipe.data.shuffle,
         )
-        self.domain_stats = {
-            name: RunningDomainStats() for name, d in recipe.domains.items() if d.reward_norm == "domain"
-        }
+        self.domain_stats = {name: RunningMoments() for name, d in recipe.domains.items() if d.reward_norm == "domain"}
         # Domains with tools run multi-turn episodes (README "Tools"); a bad tool fails here, at start.
         self.toolboxes = {
             name: Toolbox.for_domain(d, tokenizer=tokenizer, default_tokens=recipe.rollout.max_new_tokens)

@@ -22,7 +22,8 @@ import torch
 
 from rlvr.recipe.schema import RolloutConfig
 from rlvr.rollout.engine import GenerateRequest, RolloutEngine, RolloutError, SamplingParams
-from rlvr.rollout.sglang import SGLangClient, build_embedded_server_command
+from rlvr.rollout.sglang import SGLangClient
+from tests.conftest import build_embedded_server_command
 
 API_KEY = "test-key"
 

@@ -102,7 +102,7 @@ def worker(model_dir: str, url: str, out: Path, run_dir: Path) -> None:
 @pytest.fixture
 def server(tiny_model_dir: Path, tmp_path: Path):
     from rlvr.recipe.schema import RolloutConfig
-    from rlvr.rollout.sglang import build_embedded_server_command
+    from tests.conftest import build_embedded_server_command
 
     port = _free_port()
     argv = build_embedded_server_command(RolloutConfig(max_batch=4), model_path=str(tiny_model_dir), port=port)
