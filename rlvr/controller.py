@@ -122,6 +122,7 @@ class RolloutManager:
         self._prompt_ids: dict[tuple[str, str], list[int]] = {}
         self.version = 0  # the weights the engines serve (trainer steps applied)
         self.counts: dict[str, int] = dict.fromkeys(("started", *GROUP_ENDS), 0)
+        self.samples: list[dict[str, Any]] = []  # the last step's rows for samples.jsonl
         self._open = 0  # groups started that have not ended
         self._waves: dict[int, Wave] = {}
         self._next_wave = 0
@@ -294,6 +295,7 @@ class RolloutManager:
         self._end("stale", len(wave.kept) - len(fresh))
         self._end("trained", len(fresh))
         batch = self.build_batch(fresh)
+        self.samples = self.sample_rows(fresh, step=step)
         metrics = {
             **wave.metrics,
             **self._staleness_metrics(fresh, step=step),
@@ -303,6 +305,26 @@ class RolloutManager:
             "batch/sequences": float(len(batch)),
         }
         return batch, metrics
+
+    def sample_rows(self, groups: Sequence[Group], *, step: int) -> list[dict[str, Any]]:
+        """The first completion of the first `monitor.log_samples` groups of each domain (samples.jsonl)."""
+        per_domain = self.recipe.monitor.log_samples
+        taken: dict[str, int] = {}
+        rows = []
+        for group in groups:
+            domain = group.sample.domain
+            if taken.get(domain, 0) >= per_domain or not group.completions:
+                continue
+            taken[domain] = taken.get(domain, 0) + 1
+            completion = group.completions[0]
+            rows.append(
+                {
+                    "step": step, "domain": domain, "id": group.sample.id, "prompt": group.sample.prompt_text,
+                    "completion": completion.text, "reward": group.scores[0] if group.rewards else None,
+                    "finish_reason": completion.finish_reason,
+                }
+            )  # fmt: skip
+        return rows
 
     # -- shaping ----------------------------------------------------------------------------------
     def shaped_rewards(self, group: Group) -> list[float]:

@@ -11,6 +11,7 @@ the target, then `os.replace`), so a reader or a crash never sees half a file:
     status.json            state (starting, running, finished, failed, stopped), step, pid
     metrics.jsonl          one JSON object per step
     events.jsonl           warnings and errors worth showing
+    samples.jsonl          a few completions per domain each step (monitor.log_samples)
     checkpoints/           step_N/ and `latest` (rlvr/trainer/checkpoint.py)
     servers/               <index>.json per rollout server, judge.url
     logs/                  one log per child process of the local launcher or a node
@@ -34,6 +35,7 @@ RECIPE_FILE = "resolved_recipe.json"
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
+SAMPLES_FILE = "samples.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 SERVERS_DIR = "servers"
 JUDGE_FILE = "judge.url"
@@ -84,6 +86,10 @@ class RunDir:
     @property
     def events(self) -> Path:
         return self.root / EVENTS_FILE
+
+    @property
+    def samples(self) -> Path:
+        return self.root / SAMPLES_FILE
 
     @property
     def checkpoints(self) -> Path:

@@ -362,7 +362,8 @@ class SyncConfig(Section):
         return data
 
     method: Literal["auto", "broadcast", "disk", "inprocess"] = "auto"
-    """auto: broadcast (NCCL on GPU, gloo on CPU) to servers; disk when nodes can't join a group."""
+    """auto: broadcast (NCCL on GPU, gloo on CPU) to servers; disk when nodes can't join a group.
+    inprocess is rejected: a launched run has no engine in the trainer process to copy into."""
     bucket_mb: int = Field(default=256, ge=1)
     """Weights travel in buckets of about this many MB."""
     wire_format: Literal["flattened_bucket", "per_tensor"] = "flattened_bucket"
@@ -499,6 +500,13 @@ class Recipe(Section):
             )
         if self.rollout.engine == "sglang" and self.cluster.kind == "slurm" and self.cluster.gpus_per_node == 0:
             raise _at(("rollout", "engine"), "sglang needs GPUs: set cluster.gpus_per_node > 0")
+        if self.sync.method == "inprocess":
+            raise _at(
+                ("sync", "method"),
+                "inprocess needs the embedded engine inside the trainer process, and a launched run serves "
+                'rollouts from servers: use "auto", "broadcast" or "disk" (InProcessSync is for code that builds '
+                "its own engine)",
+            )
         self._sglang_sync_checks()
         self._check_model_impl()
         if self.model.config is not None:
@@ -509,10 +517,6 @@ class Recipe(Section):
         """Sync methods SGLang 0.5.23 cannot serve (its distributed update routes assert dp_size == 1)."""
         if self.rollout.engine != "sglang":
             return
-        if self.sync.method == "inprocess":
-            raise _at(
-                ("sync", "method"), 'inprocess needs the embedded engine; SGLang servers take "broadcast" or "disk"'
-            )
         dp = self.rollout.sglang.dp_size
         if dp > 1 and self.sync.method in ("auto", "broadcast"):
             raise _at(
