@@ -23,10 +23,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rlvr.launch.plan import make_plan
-    from rlvr.launch.servers import wait_for_judge, wait_for_servers
     from rlvr.loop import RLLoop
     from rlvr.recipe.load import recipe_from_json
+    from rlvr.recipe.plan import make_plan
+    from rlvr.rendezvous import wait_for_judge, wait_for_servers
     from rlvr.sync import make_weight_sync
     from rlvr.trainer import dist as d
     from rlvr.trainer.actor import Actor

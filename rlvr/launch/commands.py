@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from rlvr.launch.plan import LaunchPlan, ServerSpec
+from rlvr.recipe.plan import LaunchPlan, ServerSpec
 from rlvr.recipe.schema import Recipe
 
 # Tests swap the trainer for a fake one; production always runs rlvr.worker.

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 from rlvr.launch.commands import judge_command, server_command, trainer_command
-from rlvr.launch.plan import LaunchPlan, ServerSpec, make_plan
-from rlvr.launch.servers import ServerAddress, clear_servers, register_judge, register_server
 from rlvr.process import Child, Children, free_port, send_group
+from rlvr.recipe.plan import LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
+from rlvr.rendezvous import ServerAddress, clear_servers, register_judge, register_server
 from rlvr.rundir import RunDir
 
 

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.launch.plan import LaunchPlan, ServerSpec
 from rlvr.process import Children, is_healthy
+from rlvr.recipe.plan import LaunchPlan, ServerSpec
 from rlvr.rundir import DONE_STATES, RunDir, read_json, read_status, write_json_atomic
 
 JUDGE_PORT_OFFSET = 100  # the judge listens at rollout.sglang.port + this on the first rollout node
@@ -207,8 +207,8 @@ class Node:
     """One node's lifetime: start children, forward signals, clean up on every exit path."""
 
     def __init__(self, run_dir: Path, *, recipe_path: Path | None = None, self_requeue: bool = False):
-        from rlvr.launch.plan import make_plan
         from rlvr.recipe.load import recipe_from_json
+        from rlvr.recipe.plan import make_plan
 
         self.run_dir = run_dir
         self.paths = RunDir(run_dir)
@@ -276,7 +276,7 @@ class Node:
 
     def run_trainer(self) -> int:
         from rlvr.launch.commands import trainer_command
-        from rlvr.launch.servers import clear_servers
+        from rlvr.rendezvous import clear_servers
 
         role = self.role
         if role.is_first_trainer:
@@ -331,7 +331,7 @@ class Node:
     # -- rollout nodes
 
     def run_rollout(self) -> int:
-        from rlvr.launch.servers import ServerAddress, register_judge, register_server
+        from rlvr.rendezvous import ServerAddress, register_judge, register_server
 
         role = self.role
         for spec in role.servers:  # forget this node's registrations from an earlier attempt

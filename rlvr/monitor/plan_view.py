@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlvr.data.mixture import QuotaSchedule
-from rlvr.launch.plan import LaunchPlan
+from rlvr.recipe.plan import LaunchPlan
 from rlvr.recipe.presets import resolve_algorithm
 from rlvr.recipe.schema import Recipe
 
