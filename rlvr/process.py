@@ -65,6 +65,15 @@ def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file ("" when there is none yet)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
 def tree(pid: int) -> list[int]:
     """Every live descendant of `pid` (children, grandchildren, ...); [] when it is gone."""
     try:
@@ -117,13 +126,7 @@ class Child:
 
     def tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last lines of its log ("" without one): what a user needs to see why it died."""
-        if self.log_path is None:
-            return ""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines) if self.log_path is not None else ""
 
     def wait_healthy(self, url: str, *, timeout_s: float, poll_s: float = 0.3) -> str | None:
         """Poll {url}/health until it answers; None then, else why not (exited, or timed out)."""
@@ -155,7 +158,13 @@ class Children:
         self.known: set[int] = set()
 
     def start(
-        self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None, log: Path | None = None
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        log: Path | None = None,
+        cwd: Path | None = None,
     ) -> Child:
         """Start `argv` in its own session; stdout and stderr appended to `log` (inherited without)."""
         out = None
@@ -167,6 +176,7 @@ class Children:
         try:
             proc = subprocess.Popen(
                 list(argv),
+                cwd=cwd,
                 env={**self.env, **(env or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
