@@ -54,7 +54,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -64,7 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlvr.launch.servers import is_healthy  # noqa: E402 (after the path fix-up)
+from rlvr.process import Children, free_port, log_tail  # noqa: E402 (after the path fix-up)
 
 GROUP = 3  # steps averaged for the "first" and "final" reward
 # system -> rollout.max_staleness (None: TRL)
@@ -86,40 +85,6 @@ def median(values: list[float]) -> float:
 
 def first_last(rewards: list[float]) -> tuple[float, float]:
     return mean(rewards[:GROUP]), mean(rewards[-GROUP:])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"judge server exited with code {proc.returncode}; see {log}")
-        if is_healthy(url):
-            return
-        time.sleep(0.3)
-    raise SystemExit(f"judge server not healthy at {url} after {timeout_s:.0f}s; see {log}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return ""
 
 
 def child_env() -> dict[str, str]:
@@ -153,7 +118,7 @@ def run_rlvr(recipe_path: str, steps: int, out: Path, *, staleness: int = 0) -> 
         code = subprocess.call(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=child_env())
     seconds = time.perf_counter() - start
     if code != 0:
-        raise SystemExit(f"rlvr exited with code {code}; last lines of {log}:\n{tail(log)}")
+        raise SystemExit(f"rlvr exited with code {code}; last lines of {log}:\n{log_tail(log, 30)}")
     by_step: dict[int, dict] = {}
     with (out / "rlvr" / name / "metrics.jsonl").open() as handle:
         for line in handle:
@@ -166,34 +131,32 @@ def run_rlvr(recipe_path: str, steps: int, out: Path, *, staleness: int = 0) -> 
 # -- TRL -------------------------------------------------------------------------------------
 def run_trl(recipe_path: str, steps: int, out: Path) -> dict:
     """Judge server + the GRPOTrainer process (this file with --trl-worker), timed together."""
+    from rlvr.launch.commands import judge_command
     from rlvr.recipe.load import load_recipe
 
     recipe = load_recipe(ROOT / recipe_path)
     start = time.perf_counter()
-    judge = None
+    children = Children(env=child_env())
     judge_url = ""
-    if recipe.judge is not None:
-        port = free_port()
-        judge_url = f"http://127.0.0.1:{port}"
-        judge_log = out / "trl-judge.log"
-        command = [sys.executable, "-m", "rlvr.cli", "serve", recipe.judge.model, "--host", "127.0.0.1",
-                   "--port", str(port), "--max-batch", str(recipe.judge.max_batch), "--dtype", "float32"]  # fmt: skip
-        judge = subprocess.Popen(command, cwd=ROOT, stdout=judge_log.open("wb"), stderr=subprocess.STDOUT,
-                                 env=child_env(), start_new_session=True)  # fmt: skip
     try:
-        if judge is not None:
-            wait_healthy(judge, judge_url, judge_log)
+        if recipe.judge is not None:
+            port = free_port()
+            judge_url = f"http://127.0.0.1:{port}"
+            command = judge_command(recipe, host="127.0.0.1", port=port)
+            judge = children.start("judge server", command, log=out / "trl-judge.log", cwd=ROOT)
+            problem = judge.wait_healthy(judge_url, timeout_s=300.0)
+            if problem is not None:
+                raise SystemExit(problem)
         log = out / "trl.log"
         command = [sys.executable, str(Path(__file__).resolve()), "--trl-worker", "--recipe", recipe_path,
                    "--steps", str(steps), "--out", str(out / "trl"), "--judge-url", judge_url]  # fmt: skip
         with log.open("wb") as handle:
             code = subprocess.call(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=child_env())
     finally:
-        if judge is not None:
-            stop(judge)
+        children.kill_all(grace_s=15)
     seconds = time.perf_counter() - start
     if code != 0:
-        raise SystemExit(f"TRL run exited with code {code}; last lines of {log}:\n{tail(log)}")
+        raise SystemExit(f"TRL run exited with code {code}; last lines of {log}:\n{log_tail(log, 30)}")
     history = json.loads((out / "trl" / "log_history.json").read_text())
     by_step = {int(row["step"]): row for row in history if "reward" in row}
     return summarize([by_step[s] for s in sorted(by_step)], "reward", "step_time", seconds)

@@ -99,9 +99,9 @@ def plan(
     out: Annotated[Path | None, typer.Option(help="Write the resolved recipe JSON here.")] = None,
 ) -> None:
     """Print the resolved recipe, per-step domain quotas and the node/GPU split; write resolved JSON."""
-    from rlvr.launch.plan import PlanError, make_plan
     from rlvr.monitor.plan_view import print_plan
     from rlvr.recipe.load import resolved_json
+    from rlvr.recipe.plan import PlanError, make_plan
     from rlvr.rundir import RunDir, write_atomic
 
     resolved = load_or_exit(recipe, set_)
@@ -205,9 +205,9 @@ def sbatch(
     """Write a plain, commented sbatch script (and the resolved recipe) for submitting by hand."""
     import subprocess
 
-    from rlvr.launch.plan import PlanError, make_plan
     from rlvr.launch.sbatch import node_local_paths, write_sbatch
     from rlvr.recipe.load import changed_keys, resolved_json
+    from rlvr.recipe.plan import PlanError, make_plan
     from rlvr.rundir import RunDir
 
     resolved = load_or_exit(recipe, set_)

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.algorithms.advantages import RunningMoments
 from rlvr.algorithms.filters import keep_group, soft_overlong_penalty
 from rlvr.data.chat import encode_prompt
 from rlvr.data.mixture import MixtureSampler, hash_seed
@@ -43,30 +44,6 @@ from rlvr.tools.session import Toolbox
 from rlvr.types import Completion, Group, RolloutBatch, Sample
 
 GROUP_ENDS = ("trained", "stale", "filtered", "cancelled")
-
-
-class RunningDomainStats:
-    """Running mean/std of one domain's raw rewards (reward_norm = "domain"), resumable."""
-
-    def __init__(self) -> None:
-        self.count, self.mean, self.m2 = 0, 0.0, 0.0
-
-    def update(self, values: Sequence[float]) -> None:
-        for value in values:  # Welford: exact and stable
-            self.count += 1
-            delta = value - self.mean
-            self.mean += delta / self.count
-            self.m2 += delta * (value - self.mean)
-
-    def normalize(self, value: float) -> float:
-        std = (self.m2 / (self.count - 1)) ** 0.5 if self.count > 1 else 1.0
-        return (value - self.mean) / (std + 1e-6)
-
-    def state_dict(self) -> dict[str, float]:
-        return {"count": self.count, "mean": self.mean, "m2": self.m2}
-
-    def load_state_dict(self, state: Mapping[str, float]) -> None:
-        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
 
 
 def merge_reward_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -135,9 +112,7 @@ class RolloutManager:
             seed=recipe.experiment.seed,
             shuffle=recipe.data.shuffle,
         )
-        self.domain_stats = {
-            name: RunningDomainStats() for name, d in recipe.domains.items() if d.reward_norm == "domain"
-        }
+        self.domain_stats = {name: RunningMoments() for name, d in recipe.domains.items() if d.reward_norm == "domain"}
         # Domains with tools run multi-turn episodes (README "Tools"); a bad tool fails here, at start.
         self.toolboxes = {
             name: Toolbox.for_domain(d, tokenizer=tokenizer, default_tokens=recipe.rollout.max_new_tokens)
@@ -147,6 +122,7 @@ class RolloutManager:
         self._prompt_ids: dict[tuple[str, str], list[int]] = {}
         self.version = 0  # the weights the engines serve (trainer steps applied)
         self.counts: dict[str, int] = dict.fromkeys(("started", *GROUP_ENDS), 0)
+        self.samples: list[dict[str, Any]] = []  # the last step's rows for samples.jsonl
         self._open = 0  # groups started that have not ended
         self._waves: dict[int, Wave] = {}
         self._next_wave = 0
@@ -278,7 +254,7 @@ class RolloutManager:
         """Rounds of groups for one step: the first from the quota, then dynamic sampling's refills."""
         algo, per_step = self.recipe.algorithm, self.recipe.data.prompts_per_step
         pending, kept = wave.prompts, wave.kept
-        for round_ in range((algo.max_refill_rounds or 0) + 1):
+        for round_ in range(algo.max_refill_rounds + 1):
             base = self.recipe.experiment.seed * 100_003 + wave.step * 16 + round_
             scores: list[dict[str, float]] = []
             groups = await asyncio.gather(
@@ -319,6 +295,7 @@ class RolloutManager:
         self._end("stale", len(wave.kept) - len(fresh))
         self._end("trained", len(fresh))
         batch = self.build_batch(fresh)
+        self.samples = self.sample_rows(fresh, step=step)
         metrics = {
             **wave.metrics,
             **self._staleness_metrics(fresh, step=step),
@@ -328,6 +305,26 @@ class RolloutManager:
             "batch/sequences": float(len(batch)),
         }
         return batch, metrics
+
+    def sample_rows(self, groups: Sequence[Group], *, step: int) -> list[dict[str, Any]]:
+        """The first completion of the first `monitor.log_samples` groups of each domain (samples.jsonl)."""
+        per_domain = self.recipe.monitor.log_samples
+        taken: dict[str, int] = {}
+        rows = []
+        for group in groups:
+            domain = group.sample.domain
+            if taken.get(domain, 0) >= per_domain or not group.completions:
+                continue
+            taken[domain] = taken.get(domain, 0) + 1
+            completion = group.completions[0]
+            rows.append(
+                {
+                    "step": step, "domain": domain, "id": group.sample.id, "prompt": group.sample.prompt_text,
+                    "completion": completion.text, "reward": group.scores[0] if group.rewards else None,
+                    "finish_reason": completion.finish_reason,
+                }
+            )  # fmt: skip
+        return rows
 
     # -- shaping ----------------------------------------------------------------------------------
     def shaped_rewards(self, group: Group) -> list[float]:
@@ -342,7 +339,7 @@ class RolloutManager:
                 len(c.token_ids),
                 max_new_tokens=box.max_tokens if box is not None else r.max_new_tokens,
                 buffer=algo.overlong_buffer,
-                penalty=algo.overlong_penalty or 0.0,
+                penalty=algo.overlong_penalty,
             )
             for score, c in zip(group.scores, group.completions, strict=True)
         ]

@@ -11,6 +11,7 @@ the target, then `os.replace`), so a reader or a crash never sees half a file:
     status.json            state (starting, running, finished, failed, stopped), step, pid
     metrics.jsonl          one JSON object per step
     events.jsonl           warnings and errors worth showing
+    samples.jsonl          a few completions per domain each step (monitor.log_samples)
     checkpoints/           step_N/ and `latest` (rlvr/trainer/checkpoint.py)
     servers/               <index>.json per rollout server, judge.url
     logs/                  one log per child process of the local launcher or a node
@@ -37,6 +38,7 @@ RECIPE_FILE = "resolved_recipe.json"
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
+SAMPLES_FILE = "samples.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 SERVERS_DIR = "servers"
 JUDGE_FILE = "judge.url"
@@ -57,10 +59,35 @@ def run_dir_of(experiment: Any) -> Path:
     return (Path(experiment.output_dir) / experiment.name).resolve()
 
 
+class _At:
+    """A path under the run directory, read as an attribute: `RunDir(r).status` is r/status.json."""
+
+    def __init__(self, *parts: str):
+        self.parts = parts
+
+    def __get__(self, paths: Any, owner: type | None = None) -> Path:
+        return paths.root.joinpath(*self.parts)
+
+
 class RunDir:
     """The paths of one run directory; building one touches nothing on disk."""
 
     __slots__ = ("root",)
+
+    recipe = _At(RECIPE_FILE)
+    status = _At(STATUS_FILE)
+    metrics = _At(METRICS_FILE)
+    events = _At(EVENTS_FILE)
+    samples = _At(SAMPLES_FILE)
+    checkpoints = _At(CHECKPOINTS_DIR)
+    servers = _At(SERVERS_DIR)
+    judge = _At(SERVERS_DIR, JUDGE_FILE)
+    logs = _At(LOGS_DIR)
+    slurm = _At(SLURM_DIR)
+    attempt = _At(SLURM_DIR, ATTEMPT_FILE)
+    trainer_exit = _At(SLURM_DIR, TRAINER_EXIT_FILE)
+    tensorboard = _At(TENSORBOARD_DIR)
+    sbatch_script = _At(SBATCH_FILE)
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -73,65 +100,13 @@ class RunDir:
         """The run directory a recipe writes to (`experiment.output_dir / experiment.name`)."""
         return cls(run_dir_of(recipe.experiment))
 
-    @property
-    def recipe(self) -> Path:
-        return self.root / RECIPE_FILE
-
-    @property
-    def status(self) -> Path:
-        return self.root / STATUS_FILE
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / METRICS_FILE
-
-    @property
-    def events(self) -> Path:
-        return self.root / EVENTS_FILE
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / CHECKPOINTS_DIR
-
-    @property
-    def servers(self) -> Path:
-        return self.root / SERVERS_DIR
-
     def server(self, index: int) -> Path:
         """Where rollout server `index` registers its address."""
         return self.servers / f"{index}.json"
 
-    @property
-    def judge(self) -> Path:
-        return self.servers / JUDGE_FILE
-
-    @property
-    def logs(self) -> Path:
-        return self.root / LOGS_DIR
-
     def log(self, name: str) -> Path:
         """The log file of child process `name` (`trainer`, `rollout-0`, `server-0`, `judge`)."""
         return self.logs / f"{name}.log"
-
-    @property
-    def slurm(self) -> Path:
-        return self.root / SLURM_DIR
-
-    @property
-    def attempt(self) -> Path:
-        return self.slurm / ATTEMPT_FILE
-
-    @property
-    def trainer_exit(self) -> Path:
-        return self.slurm / TRAINER_EXIT_FILE
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / TENSORBOARD_DIR
-
-    @property
-    def sbatch_script(self) -> Path:
-        return self.root / SBATCH_FILE
 
     def lock(self) -> RunLock:
         """Take the run directory for one launch, or raise RunActive naming the holder.

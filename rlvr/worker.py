@@ -23,10 +23,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rlvr.launch.plan import make_plan
-    from rlvr.launch.servers import wait_for_judge, wait_for_servers
     from rlvr.loop import RLLoop
     from rlvr.recipe.load import recipe_from_json
+    from rlvr.recipe.plan import make_plan
+    from rlvr.rendezvous import wait_for_judge, wait_for_servers
     from rlvr.sync import make_weight_sync
     from rlvr.trainer import dist as d
     from rlvr.trainer.actor import Actor
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     exp, algo = recipe.experiment, recipe.algorithm
     torch.manual_seed(exp.seed)
     info = d.init_distributed(force=recipe.trainer.strategy == "fsdp2")
-    updates = exp.max_steps * (algo.ppo_epochs or 1) * (algo.mini_batches or 1)
+    updates = exp.max_steps * algo.ppo_epochs * algo.mini_batches
     actor = Actor.build(
         recipe.model, recipe.trainer, algo,
         total_steps=updates, device=info.device, seed=exp.seed,

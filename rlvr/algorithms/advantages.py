@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 GRPO_EPS = 1e-6
+_Values = TypeVar("_Values", Tensor, float)
 """Added to the std in GRPO-style normalisation (verl's default)."""
 WHITEN_EPS = 1e-8
 """Added to the std in masked whitening."""
@@ -124,11 +125,6 @@ def raft_mask(rewards: Tensor, *, threshold: float) -> Tensor:
 
 
 # --------------------------------------------------------------------------- token-level tools
-
-
-def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def masked_whiten(values: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = WHITEN_EPS) -> Tensor:
@@ -247,10 +243,10 @@ def compute_advantages(
     m = mask.to(torch.float32)
     r = rewards.detach().to(torch.float32)
     estimator = cfg.advantage
-    std_norm = getattr(cfg, "adv_std_norm", None) or "group"
-    gamma = 1.0 if getattr(cfg, "gamma", None) is None else float(cfg.gamma)
-    coef = float(cfg.kl_coef or 0.0) if kl_coef is None else float(kl_coef)
-    kl_in_reward = getattr(cfg, "kl_in", "none") == "reward" and coef != 0.0
+    std_norm = cfg.adv_std_norm
+    gamma = float(cfg.gamma)
+    coef = float(cfg.kl_coef if kl_coef is None else kl_coef)
+    kl_in_reward = cfg.kl_in == "reward" and coef != 0.0
     if kl_in_reward and kl is None:
         raise ValueError("kl_in = 'reward' needs the per-token `kl` tensor (kl_penalty vs the reference)")
     token_kl = kl if kl_in_reward else None
@@ -261,7 +257,7 @@ def compute_advantages(
     if estimator == "gae":
         if values is None:
             raise ValueError("advantage = 'gae' needs `values` from the critic")
-        lam = float(cfg.lam if cfg.lam is not None else 1.0)
+        lam = float(cfg.lam)
         adv, returns = gae_advantages(
             token_level_rewards(r, m, kl=token_kl, kl_coef=coef), values, m, gamma=gamma, lam=lam
         )
@@ -277,9 +273,9 @@ def compute_advantages(
         adv = seq_adv.unsqueeze(-1) * m
         returns = adv
 
-    if getattr(cfg, "adv_whiten", False):
+    if cfg.adv_whiten:
         adv = masked_whiten(adv, m)
-    clip = float(getattr(cfg, "adv_clip", 0.0) or 0.0)
+    clip = float(cfg.adv_clip)
     if clip > 0:
         adv = adv.clamp(-clip, clip)
     return adv * m, returns * m
@@ -301,7 +297,7 @@ def _sequence_advantages(estimator: str, r: Tensor, group_ids: Tensor, m: Tensor
             return (r - r.mean()) / (batch_std(r) + GRPO_EPS)
         return normalize_rewards_per_group(r, group_ids, std_norm="group")
     if estimator == "raft":
-        threshold = float(getattr(cfg, "raft_threshold", 0.0) or 0.0)
+        threshold = float(cfg.raft_threshold)
         return raft_mask(r, threshold=threshold).to(r.dtype)
     raise ValueError(f"unknown advantage estimator {estimator!r}")
 
@@ -323,10 +319,10 @@ def _scale(adv: Tensor, r: Tensor, group_ids: Tensor, std_norm: str) -> Tensor:
 class RunningMoments:
     """Running mean and sample std of a scalar stream (Chan et al. parallel update).
 
-    The loop keeps one per domain for ``reward_norm = "domain"``: rewards of very different
-    scales (a 0/1 math check, a 1-10 judge score) become comparable before advantages. Kept in
-    python floats (float64) so ``state_dict`` round-trips exactly and a resumed run normalises
-    bit-for-bit like the uninterrupted one.
+    The rollout manager (``rlvr/controller.py``) keeps one per domain for ``reward_norm =
+    "domain"``: rewards of very different scales (a 0/1 math check, a 1-10 judge score) become
+    comparable before advantages. Kept in python floats (float64) so ``state_dict`` round-trips
+    exactly and a resumed run normalises bit-for-bit like the uninterrupted one.
     """
 
     def __init__(self) -> None:
@@ -355,16 +351,10 @@ class RunningMoments:
         self.m2 += m2_b + delta * delta * self.count * n_b / total
         self.count = total
 
-    def normalize(self, values: Tensor, *, eps: float = GRPO_EPS) -> Tensor:
-        """(x - mean) / (std + eps) with the current statistics (only centred while count < 2)."""
-        if self.count < 2:
-            return values - self.mean
-        return (values - self.mean) / (self.std + eps)
-
-    def update_and_normalize(self, values: Tensor, *, eps: float = GRPO_EPS) -> Tensor:
-        """Fold this batch in first, then normalise it (OpenRLHF's order)."""
-        self.update(values)
-        return self.normalize(values, eps=eps)
+    def normalize(self, values: _Values, *, eps: float = GRPO_EPS) -> _Values:
+        """(x - mean) / (std + eps) with the current statistics (std taken as 1 while count < 2)."""
+        std = self.std if self.count > 1 else 1.0
+        return (values - self.mean) / (std + eps)
 
     def state_dict(self) -> dict[str, float]:
         return {"count": self.count, "mean": self.mean, "m2": self.m2}

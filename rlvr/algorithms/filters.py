@@ -51,12 +51,12 @@ def keep_group(rewards: Any, *, cfg: Any) -> bool:
     xs = _scores(rewards)
     if not xs:
         return False
-    min_std = float(getattr(cfg, "min_group_std", 0.0) or 0.0)
-    if (getattr(cfg, "dynamic_sampling", False) or min_std > 0) and reward_std(xs) <= min_std + _STD_TOL:
+    min_std = float(cfg.min_group_std)
+    if (cfg.dynamic_sampling or min_std > 0) and reward_std(xs) <= min_std + _STD_TOL:
         return False
     mean = math.fsum(xs) / len(xs)
-    low = getattr(cfg, "min_group_mean", None)
-    high = getattr(cfg, "max_group_mean", None)
+    low = cfg.min_group_mean
+    high = cfg.max_group_mean
     if low is not None and mean < low:
         return False
     return not (high is not None and mean > high)
@@ -66,7 +66,7 @@ def overlong_mask(finish_reasons: Iterable[str], *, cfg: Any) -> list[bool]:
     """Per sequence, True = keep its loss. With ``cfg.overlong_mask``, truncated responses
     (``finish_reason == "length"``) get False; otherwise every entry is True."""
     reasons = list(finish_reasons)
-    if not getattr(cfg, "overlong_mask", False):
+    if not cfg.overlong_mask:
         return [True] * len(reasons)
     return [reason != "length" for reason in reasons]
 

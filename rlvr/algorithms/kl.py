@@ -108,7 +108,7 @@ class AdaptiveKLController:
 
 def make_kl_controller(cfg: Any) -> FixedKLController | AdaptiveKLController:
     """The controller an ``AlgorithmConfig`` asks for, starting at ``cfg.kl_coef``."""
-    coef = float(cfg.kl_coef or 0.0)
-    if getattr(cfg, "kl_controller", "fixed") == "adaptive":
+    coef = float(cfg.kl_coef)
+    if cfg.kl_controller == "adaptive":
         return AdaptiveKLController(coef, target=float(cfg.kl_target), horizon=int(cfg.kl_horizon))
     return FixedKLController(coef)

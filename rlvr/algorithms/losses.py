@@ -241,7 +241,7 @@ def compute_policy_loss(
     clip_low = float(cfg.clip_ratio_low)
     clip_high = float(cfg.clip_ratio_high)
 
-    sequence_level = kind == "gspo" or getattr(cfg, "importance_level", "token") == "sequence"
+    sequence_level = kind == "gspo" or cfg.importance_level == "sequence"
     if sequence_level:
         log_ratio = sequence_log_ratio(logprobs, old_logprobs, mask)
     else:
@@ -251,7 +251,7 @@ def compute_policy_loss(
     dual = no_flag
 
     if kind in ("ppo_clip", "gspo"):
-        dual_c = float(getattr(cfg, "dual_clip_c", 0.0) or 0.0)
+        dual_c = float(cfg.dual_clip_c)
         pg_mat, clipped, dual = ppo_clip_loss(ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip_c=dual_c)
     elif kind == "cispo":
         pg_mat, clipped = cispo_loss(ratio, logprobs, adv, clip_low=clip_low, clip_high=clip_high)
@@ -260,12 +260,12 @@ def compute_policy_loss(
     elif kind == "vanilla":
         pg_mat, clipped = vanilla_pg_loss(logprobs, adv), no_flag
     elif kind == "tis":
-        pg_mat, clipped = tis_pg_loss(ratio, logprobs, adv, cap=float(getattr(cfg, "tis_cap", 0.0) or 0.0))
+        pg_mat, clipped = tis_pg_loss(ratio, logprobs, adv, cap=float(cfg.tis_cap))
     else:
         raise ValueError(f"unknown policy_loss {kind!r}")
 
     metrics: dict[str, float] = {}
-    tis_cap = float(getattr(cfg, "tis_cap", 0.0) or 0.0)
+    tis_cap = float(cfg.tis_cap)
     if rollout_logprobs is not None:
         # Clamped log-ratio: finite weights at any gap, exactly 1 (log 0) on masked tokens.
         gap = token_log_ratio(old_logprobs.detach(), rollout_logprobs.detach(), mask)
@@ -279,10 +279,10 @@ def compute_policy_loss(
             metrics["tis_clip_frac"] = _mean((raw > tis_cap).to(m.dtype), valid)
 
     total = pg_mat
-    if getattr(cfg, "kl_in", "none") == "loss":
+    if cfg.kl_in == "loss":
         if ref_logprobs is None:
             raise ValueError("kl_in = 'loss' needs ref_logprobs (the reference model's log-probs)")
-        coef = float(cfg.kl_coef or 0.0) if kl_coef is None else float(kl_coef)
+        coef = float(cfg.kl_coef if kl_coef is None else kl_coef)
         kl_mat = kl_penalty(logprobs, ref_logprobs.detach(), estimator=cfg.kl_estimator)
         total = total + coef * kl_mat
         metrics["kl"] = _mean(kl_mat.detach(), valid)
@@ -290,7 +290,7 @@ def compute_policy_loss(
     elif ref_logprobs is not None:
         metrics["kl"] = _mean(kl_penalty(logprobs.detach(), ref_logprobs, estimator=cfg.kl_estimator), valid)
 
-    entropy_coef = float(getattr(cfg, "entropy_coef", 0.0) or 0.0)
+    entropy_coef = float(cfg.entropy_coef)
     if entropy_coef != 0.0:
         if entropy is None:
             raise ValueError("entropy_coef != 0 needs the per-token `entropy`")

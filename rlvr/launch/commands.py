@@ -10,11 +10,13 @@ import os
 import sys
 from pathlib import Path
 
-from rlvr.launch.plan import LaunchPlan, ServerSpec
+from rlvr.recipe.plan import LaunchPlan, ServerSpec
 from rlvr.recipe.schema import Recipe
 
 # Tests swap the trainer for a fake one; production always runs rlvr.worker.
 WORKER_MODULE_ENV = "RLVR_WORKER_MODULE"
+# Tests swap each rollout server for an HTTP stub (`python -m MODULE --host H --port P`).
+SERVER_MODULE_ENV = "RLVR_SERVER_MODULE"
 
 
 def worker_module() -> str:
@@ -53,6 +55,9 @@ def server_command(
     recipe: Recipe, spec: ServerSpec, *, host: str = "127.0.0.1", python: str = sys.executable
 ) -> list[str]:
     """The rollout server for one slot: `rlvr serve` (embedded) or SGLang's launcher."""
+    stub = os.environ.get(SERVER_MODULE_ENV)
+    if stub:
+        return [sys.executable, "-m", stub, "--host", host, "--port", str(spec.port)]
     model_path = recipe.model.path
     if recipe.rollout.engine == "sglang":
         from rlvr.rollout.sglang import build_sglang_command

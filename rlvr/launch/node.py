@@ -23,16 +23,11 @@ SIGTERM/SIGINT (scancel, preemption, `scontrol requeue`) go to every child; what
 after a grace period is killed, status.json says `stopped`, and the task exits without
 returning to its caller (`os._exit`), so submitit does not record a result for an attempt
 that SLURM may requeue.
-
-Test-only: with `RLVR_FAKE_SERVER=1` rollout nodes start a trivial HTTP stub (`/health`,
-`/get_model_info`) instead of the real server, so launcher tests need no model engine.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import signal
 import socket
@@ -44,13 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.launch.plan import LaunchPlan, ServerSpec
-from rlvr.launch.servers import is_healthy
+from rlvr.process import Children, is_healthy
+from rlvr.recipe.plan import LaunchPlan, ServerSpec
 from rlvr.rundir import DONE_STATES, RunDir, read_json, read_status, write_json_atomic
 
 JUDGE_PORT_OFFSET = 100  # the judge listens at rollout.sglang.port + this on the first rollout node
 
-FAKE_SERVER_ENV = "RLVR_FAKE_SERVER"  # test-only: an HTTP stub instead of the rollout server
 MASTER_PORT_ENV = "RLVR_MASTER_PORT"  # force torchrun's rendezvous port
 SERVER_BIND_ENV = "RLVR_SERVER_BIND"  # bind servers here (default: this node's address)
 SERVER_TIMEOUT_ENV = "RLVR_SERVER_START_TIMEOUT_S"
@@ -201,131 +195,6 @@ def resolve_address(node: str) -> str:
         return addr
 
 
-# -- child processes ----------------------------------------------------------------------------
-
-
-def _children_of(pid: int) -> list[int]:
-    """Direct children of `pid`, from /proc (Linux; SLURM nodes are Linux)."""
-    out = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 1 and fields[1] == str(pid):
-            out.append(int(entry))
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = _children_of(todo.pop())
-        out += kids
-        todo += kids
-    return out
-
-
-def _child_setup() -> None:
-    """Runs in each child before exec.
-
-    - PR_SET_PDEATHSIG: children die with this process even if it is SIGKILLed.
-    - SIGUSR1/SIGUSR2 ignored: SLURM signals every process of a step, and torchrun (and a
-      server without a handler) would die of the time-limit warning instead of letting the
-      worker checkpoint. The disposition is inherited through exec; a worker that installs
-      its own handler (rlvr.worker does) still gets the signal.
-    """
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_IGN)
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
-class Children:
-    """The processes this node started; every exit path goes through `kill_all`."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-        self.known: set[int] = set()
-
-    def start(self, argv: list[str], *, env: Mapping[str, str], log: Path | None = None) -> subprocess.Popen:
-        out: Any = None
-        if log is not None:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            out = log.open("ab")
-        proc = subprocess.Popen(
-            argv,
-            env=dict(env),
-            stdout=out,
-            stderr=subprocess.STDOUT if out is not None else None,
-            start_new_session=True,  # one process group per child: signals reach its whole tree
-            preexec_fn=_child_setup,
-        )
-        if out is not None:
-            out.close()
-        self.procs.append(proc)
-        return proc
-
-    def alive(self) -> list[subprocess.Popen]:
-        return [p for p in self.procs if p.poll() is None]
-
-    def snapshot(self) -> set[int]:
-        """Remember every descendant now: orphans escape a later /proc walk from our pid."""
-        for proc in self.alive():
-            self.known |= {proc.pid, *descendants(proc.pid)}
-        return self.known
-
-    def signal_workers(self, sig: int) -> None:
-        """Send `sig` to the children's own children (torchrun's workers), else to the child.
-
-        torchrun dies on SIGUSR1 without passing it on, so a time-limit warning must reach
-        the worker processes directly; they checkpoint and exit, and torchrun follows.
-        """
-        for proc in self.alive():
-            kids = _children_of(proc.pid)
-            for pid in kids or [proc.pid]:
-                _kill(pid, sig)
-
-    def signal_all(self, sig: int) -> None:
-        self.snapshot()
-        for proc in self.alive():
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, sig)
-        for pid in self.known:
-            _kill(pid, sig)
-
-    def kill_all(self, *, grace_s: float) -> None:
-        """SIGTERM everything, wait up to `grace_s`, then SIGKILL what is left."""
-        self.signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and (self.alive() or any(_exists(p) for p in self.known)):
-            time.sleep(0.1)
-        self.signal_all(signal.SIGKILL)
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-
-
-def _kill(pid: int, sig: int) -> None:
-    with contextlib.suppress(OSError):
-        os.kill(pid, sig)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 # -- the node process ---------------------------------------------------------------------------
 
 
@@ -338,8 +207,8 @@ class Node:
     """One node's lifetime: start children, forward signals, clean up on every exit path."""
 
     def __init__(self, run_dir: Path, *, recipe_path: Path | None = None, self_requeue: bool = False):
-        from rlvr.launch.plan import make_plan
         from rlvr.recipe.load import recipe_from_json
+        from rlvr.recipe.plan import make_plan
 
         self.run_dir = run_dir
         self.paths = RunDir(run_dir)
@@ -349,7 +218,10 @@ class Node:
         self.role = node_role(plan, env=env, hostnames=job_hostnames(env))
         self.plan = make_plan(self.recipe, master_port=self.role.master_port)
         self.self_requeue = self_requeue
-        self.children = Children()
+        # SIGUSR1/2 ignored: SLURM signals every process of a step, and torchrun (and a server
+        # without a handler) would die of the time-limit warning instead of letting the worker
+        # checkpoint; rlvr.worker installs its own handler and still gets it.
+        self.children = Children(death_signal=signal.SIGKILL, ignore=(signal.SIGUSR1, signal.SIGUSR2))
         self.signals: list[int] = []
         self.grace_s = float(os.environ.get(STOP_GRACE_ENV, "20"))
 
@@ -404,7 +276,7 @@ class Node:
 
     def run_trainer(self) -> int:
         from rlvr.launch.commands import trainer_command
-        from rlvr.launch.servers import clear_servers
+        from rlvr.rendezvous import clear_servers
 
         role = self.role
         if role.is_first_trainer:
@@ -415,10 +287,10 @@ class Node:
         )
         _log(role, " ".join(argv))
         env = dict(os.environ, RLVR_NODE_ROLE=TRAINER, RLVR_ATTEMPT=role.attempt)
-        proc = self.children.start(argv, env=env)
+        trainer = self.children.start("trainer", argv, env=env)
         preempted = False
         while True:
-            running = proc.poll() is None
+            running = trainer.running()
             for sig in self._pending():  # drained once more after the exit: a signal may race it
                 if sig in (signal.SIGTERM, signal.SIGINT):
                     self._stop()
@@ -428,7 +300,7 @@ class Node:
             if not running:
                 break
             time.sleep(0.1)
-        rc = proc.returncode
+        rc = trainer.proc.returncode
         _log(role, f"trainer exited with {rc}")
         if role.is_first_trainer:
             self._write_trainer_exit(rc)
@@ -459,7 +331,7 @@ class Node:
     # -- rollout nodes
 
     def run_rollout(self) -> int:
-        from rlvr.launch.servers import ServerAddress, register_judge, register_server
+        from rlvr.rendezvous import ServerAddress, register_judge, register_server
 
         role = self.role
         for spec in role.servers:  # forget this node's registrations from an earlier attempt
@@ -473,7 +345,7 @@ class Node:
             if spec.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(spec.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
             _log(role, f"server {spec.index}: {' '.join(argv)}")
-            self.children.start(argv, env=env, log=self.paths.log(f"server-{spec.index}"))
+            self.children.start(f"server-{spec.index}", argv, env=env, log=self.paths.log(f"server-{spec.index}"))
             urls[spec.index] = f"http://{address}:{spec.port}"
         judge_url = None
         if self.recipe.judge is not None and any(spec.index == 0 for spec in role.servers):
@@ -483,7 +355,9 @@ class Node:
             port = self.recipe.rollout.sglang.port + JUDGE_PORT_OFFSET
             argv = judge_command(self.recipe, host=bind, port=port)
             _log(role, f"judge: {' '.join(argv)}")
-            self.children.start(argv, env=dict(os.environ, RLVR_NODE_ROLE=ROLLOUT), log=self.paths.log("judge"))
+            self.children.start(
+                "judge", argv, env=dict(os.environ, RLVR_NODE_ROLE=ROLLOUT), log=self.paths.log("judge")
+            )
             judge_url = f"http://{address}:{port}"
         timeout = float(os.environ.get(SERVER_TIMEOUT_ENV, "1800"))
         deadline = time.monotonic() + timeout
@@ -498,7 +372,7 @@ class Node:
                 if is_healthy(url):
                     _log(role, f"server {index} healthy at {url}")
                     del pending[index]
-            if len(self.children.alive()) < len(self.children.procs):
+            if self.children.any_exited():
                 _log(role, f"a rollout server exited before it was healthy; see {self.paths.logs}")
                 return 1
             if time.monotonic() > deadline:
@@ -521,7 +395,7 @@ class Node:
         warned = False
         while not self._trainer_done(since=attempt.get("time")):
             self._rollout_signals()
-            if not warned and len(self.children.alive()) < len(self.children.procs):
+            if not warned and self.children.any_exited():
                 _log(role, f"a rollout server died; see {self.paths.logs}")
                 warned = True
             time.sleep(0.5)
@@ -529,8 +403,6 @@ class Node:
         return 0
 
     def _server_argv(self, spec: ServerSpec, host: str) -> list[str]:
-        if os.environ.get(FAKE_SERVER_ENV) == "1":
-            return [sys.executable, "-m", "rlvr.launch.node", "--fake-server", "--host", host, "--port", str(spec.port)]
         from rlvr.launch.commands import server_command
 
         if self.recipe.rollout.engine == "sglang":
@@ -573,36 +445,6 @@ def run(run_dir: str | Path, *, recipe_path: str | Path | None = None, self_requ
     return node.run()
 
 
-# -- test-only HTTP stub --------------------------------------------------------------------------
-
-
-def fake_server(*, host: str, port: int) -> None:
-    """Test-only stand-in for a rollout server: answers /health and /get_model_info."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self.path.startswith("/health"):
-                body = b""
-            elif self.path == "/get_model_info":
-                body = json.dumps({"model_path": "fake", "is_generation": True}).encode()
-            else:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            pass
-
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with ThreadingHTTPServer((host, port), Handler) as server:
-        print(f"fake rollout server on http://{host}:{port}", flush=True)
-        server.serve_forever(poll_interval=0.2)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m rlvr.launch.node", description="Per-node entry inside a SLURM allocation."
@@ -614,13 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--self-requeue", action="store_true", help="On SIGUSR1/2, requeue the job after the trainer checkpointed."
     )
-    parser.add_argument("--fake-server", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=30000, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.fake_server:
-        fake_server(host=args.host, port=args.port)
-        return 0
     if args.run_dir is None:
         parser.error("--run-dir is required")
     return run(args.run_dir, recipe_path=args.recipe, self_requeue=args.self_requeue)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from rlvr.launch.plan import LaunchPlan, make_plan
 from rlvr.launch.slurm import SIGNAL, SIGNAL_DELAY_S
+from rlvr.recipe.plan import LaunchPlan, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.rundir import RECIPE_FILE, SERVERS_DIR, SLURM_DIR, STATUS_FILE, RunDir
 

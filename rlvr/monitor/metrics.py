@@ -11,6 +11,8 @@ read the same files, so nobody needs a socket to the job:
   `rollout/staleness_*`, `throughput/tokens_per_s`, and the trainer's `loss`, `kl`, `entropy`,
   `clip_frac`, `mismatch_kl`, `tis_weight_mean`, ...);
 - `events.jsonl`: warnings and errors worth showing (`time`, `level`, `message`);
+- `samples.jsonl`: `monitor.log_samples` completions per domain each step (`step`, `domain`,
+  `id`, `prompt`, `completion`, `reward`, `finish_reason`), to read what the policy writes;
 - `status.json`: the run's state (`running`, `finished`, `failed`, ...), step, max_steps,
   start time and pid; replaced atomically so a reader never sees half a file.
 
@@ -47,6 +49,7 @@ class RunRecorder:
         }
         self._metrics = self.paths.metrics.open("a", encoding="utf-8")
         self._events = self.paths.events.open("a", encoding="utf-8")
+        self._samples = self.paths.samples.open("a", encoding="utf-8")
         write_json_atomic(self.paths.status, self.status)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -56,6 +59,11 @@ class RunRecorder:
         for sink in self.sinks:
             sink.log(step, clean)
         self.set_state("running", step=step)
+
+    def samples(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self._samples.write(json.dumps(row) + "\n")
+        self._samples.flush()
 
     def event(self, message: str, *, level: str = "warning") -> None:
         self._events.write(json.dumps({"time": time.time(), "level": level, "message": message}) + "\n")
@@ -71,6 +79,7 @@ class RunRecorder:
             sink.close()
         self._metrics.close()
         self._events.close()
+        self._samples.close()
 
 
 def mark_failed(run_dir: str | Path, message: str, **fields: Any) -> None:

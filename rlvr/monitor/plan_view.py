@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from rlvr.data.mixture import QuotaSchedule
-from rlvr.launch.plan import LaunchPlan
+from rlvr.recipe.plan import LaunchPlan
 from rlvr.recipe.presets import resolve_algorithm
 from rlvr.recipe.schema import Recipe
 
@@ -27,19 +28,32 @@ def print_plan(
     console = console or Console()
     exp, algo = recipe.experiment, recipe.algorithm
     model = recipe.model.path or "(built from model.config)"
+    tables = [domain_table(recipe, reports)]
+    if any(d.tools for d in recipe.domains.values()):
+        tables.append(tools_table(recipe))
+    tables += [algorithm_table(recipe), cluster_table(recipe, plan)]
+    widen_for_files(console, tables)
     console.rule(f"[bold]{exp.name}[/]")
     console.print(
         f"model [cyan]{model}[/] · preset [cyan]{algo.preset}[/] · {exp.max_steps} steps · "
         f"{recipe.data.prompts_per_step} prompts x n={recipe.rollout.n} = "
         f"[bold]{recipe.data.prompts_per_step * recipe.rollout.n}[/] sequences/step · seed {exp.seed}"
     )
-    console.print(domain_table(recipe, reports))
-    if any(d.tools for d in recipe.domains.values()):
-        console.print(tools_table(recipe))
-    console.print(algorithm_table(recipe))
-    console.print(cluster_table(recipe, plan))
+    for table in tables:
+        console.print(table)
     if resolved_path is not None:
         console.print(f"resolved recipe written to [green]{resolved_path}[/]")
+
+
+def widen_for_files(console: Console, renderables: list[Table]) -> None:
+    """A terminal fits tables to its width (truncating cells with …); `rlvr plan > plan.txt` or a
+    CI log has no width to fit, so there the console grows until every cell prints whole."""
+    if console.is_terminal:
+        return
+    wide = console.options.update_width(1_000_000)
+    need = max(Measurement.get(console, wide, table).maximum for table in renderables)
+    console.width = max(console.width, need)
+    console.soft_wrap = True  # and a long line of text stays one line
 
 
 def domain_table(recipe: Recipe, reports: dict[str, Any]) -> Table:

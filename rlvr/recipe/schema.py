@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rlvr.recipe.presets import PRESETS, resolve_algorithm
+from rlvr.recipe.presets import BASE, PRESETS, resolve_algorithm
 
 
 class Section(BaseModel):
@@ -196,83 +196,87 @@ class RolloutConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    """A named preset plus every knob it expands to; any knob set here wins over the preset."""
+    """A named preset plus every knob it expands to; any knob set here wins over the preset.
+
+    The preset is applied before the fields are validated (`_apply_preset`), so after
+    validation every knob holds a plain value: code reads `algo.kl_estimator`, never
+    `algo.kl_estimator or <a default of its own>` that could disagree with the preset table.
+    """
 
     preset: str = "grpo"
     """One of: ppo, grpo, dr_grpo, gspo, dapo, reinforce++, reinforce++_baseline, rloo, topr,
     raft++, cispo, lite_ppo, vanilla_pg."""
-    advantage: (
-        Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "opo", "raft"]
-        | None
-    ) = None
+    advantage: Literal[
+        "gae", "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "opo", "raft"
+    ] = BASE["advantage"]
     """Advantage estimator."""
-    adv_std_norm: Literal["group", "batch", "none"] | None = None
+    adv_std_norm: Literal["group", "batch", "none"] = BASE["adv_std_norm"]
     """Divide advantages by the group's std, the batch's std (Lite PPO), or not (Dr.GRPO)."""
-    adv_whiten: bool | None = None
+    adv_whiten: bool = BASE["adv_whiten"]
     """Whiten advantages over the batch (mean 0, std 1) after estimation."""
-    adv_clip: float | None = None
+    adv_clip: float = BASE["adv_clip"]
     """Clip advantages to [-adv_clip, adv_clip] (0: off)."""
-    gamma: float | None = None
+    gamma: float = BASE["gamma"]
     """Discount (GAE, REINFORCE returns)."""
-    lam: float | None = None
+    lam: float = BASE["lam"]
     """GAE lambda."""
-    policy_loss: Literal["ppo_clip", "gspo", "cispo", "topr", "vanilla", "tis"] | None = None
+    policy_loss: Literal["ppo_clip", "gspo", "cispo", "topr", "vanilla", "tis"] = BASE["policy_loss"]
     """Policy loss: PPO clip (with clip-higher / dual-clip), GSPO, CISPO, TOPR, vanilla PG, TIS."""
-    clip_ratio_low: float | None = None
+    clip_ratio_low: float = BASE["clip_ratio_low"]
     """Lower clip epsilon: ratio >= 1 - clip_ratio_low."""
-    clip_ratio_high: float | None = None
+    clip_ratio_high: float = BASE["clip_ratio_high"]
     """Upper clip epsilon (DAPO clip-higher sets it above clip_ratio_low)."""
-    dual_clip_c: float | None = None
+    dual_clip_c: float = BASE["dual_clip_c"]
     """Dual-clip bound for negative advantages (0: off; typical 3)."""
-    importance_level: Literal["token", "sequence"] | None = None
+    importance_level: Literal["token", "sequence"] = BASE["importance_level"]
     """Token-level importance ratios (PPO) or sequence-level geometric mean (GSPO)."""
-    tis_cap: float | None = None
+    tis_cap: float = BASE["tis_cap"]
     """Truncated importance sampling cap on rollout/trainer ratio (0: off)."""
-    kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
+    kl_estimator: Literal["k1", "k2", "k3", "abs"] = BASE["kl_estimator"]
     """KL estimator against the reference policy (k3: low-variance, always >= 0)."""
-    kl_coef: float | None = None
+    kl_coef: float = BASE["kl_coef"]
     """KL coefficient (0: no reference model is loaded)."""
-    kl_in: Literal["loss", "reward", "none"] | None = None
+    kl_in: Literal["loss", "reward", "none"] = BASE["kl_in"]
     """Add the KL penalty to the loss (GRPO) or subtract it from the reward (PPO)."""
-    kl_controller: Literal["fixed", "adaptive"] | None = None
+    kl_controller: Literal["fixed", "adaptive"] = BASE["kl_controller"]
     """Fixed coefficient or the adaptive controller of Ziegler et al."""
-    kl_target: float | None = None
+    kl_target: float = BASE["kl_target"]
     """Adaptive controller's target KL."""
-    kl_horizon: int | None = None
+    kl_horizon: int = BASE["kl_horizon"]
     """Adaptive controller's horizon in samples."""
-    entropy_coef: float | None = None
+    entropy_coef: float = BASE["entropy_coef"]
     """Entropy bonus coefficient (0: off)."""
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = (
-        None
-    )
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = BASE[
+        "loss_agg"
+    ]
     """How per-token losses become one scalar."""
-    dynamic_sampling: bool | None = None
+    dynamic_sampling: bool = BASE["dynamic_sampling"]
     """DAPO dynamic sampling: drop groups whose rewards are all equal, refill the batch."""
-    max_refill_rounds: int | None = None
+    max_refill_rounds: int = BASE["max_refill_rounds"]
     """Extra rollout rounds dynamic sampling may spend to refill the batch."""
-    min_group_std: float | None = None
+    min_group_std: float = BASE["min_group_std"]
     """Drop groups whose reward std is at or below this (0 with dynamic_sampling)."""
-    min_group_mean: float | None = None
+    min_group_mean: float | None = BASE["min_group_mean"]
     """Drop groups whose mean reward is below this (unset: no lower bound)."""
-    max_group_mean: float | None = None
+    max_group_mean: float | None = BASE["max_group_mean"]
     """Drop groups whose mean reward is above this, e.g. 0.99 drops all-correct 0/1 groups (unset: none)."""
-    overlong_mask: bool | None = None
+    overlong_mask: bool = BASE["overlong_mask"]
     """Mask the loss of truncated responses (finish_reason = length)."""
-    overlong_buffer: int | None = None
+    overlong_buffer: int = BASE["overlong_buffer"]
     """DAPO soft overlong punishment: tokens before max_new_tokens where the penalty ramps (0: off)."""
-    overlong_penalty: float | None = None
+    overlong_penalty: float = BASE["overlong_penalty"]
     """Penalty at max_new_tokens for the soft overlong punishment."""
-    raft_threshold: float | None = None
+    raft_threshold: float = BASE["raft_threshold"]
     """RAFT++: train only on completions whose reward exceeds this."""
-    ppo_epochs: int | None = None
+    ppo_epochs: int = Field(default=BASE["ppo_epochs"], ge=1)
     """Passes over each rollout batch."""
-    mini_batches: int | None = None
+    mini_batches: int = Field(default=BASE["mini_batches"], ge=1)
     """Optimizer steps per pass (the batch is split into this many mini-batches)."""
-    critic: bool | None = None
+    critic: bool = BASE["critic"]
     """Train a value model (needed by GAE)."""
-    value_clip: float | None = None
+    value_clip: float = BASE["value_clip"]
     """Critic value clipping range (0: off)."""
-    critic_lr: float | None = None
+    critic_lr: float = BASE["critic_lr"]
     """Critic learning rate."""
 
     @field_validator("preset")
@@ -282,15 +286,24 @@ class AlgorithmConfig(Section):
             raise ValueError(f"unknown preset {value!r}; expected one of {', '.join(PRESETS)}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        """Knobs the recipe leaves out come from the preset, then from BASE."""
+        if not isinstance(data, dict):
+            return data
+        preset = data.get("preset", "grpo")
+        if not isinstance(preset, str) or preset not in PRESETS:
+            return data  # `_known_preset` names the problem
+        return resolve_algorithm(preset, data)
+
     @model_validator(mode="after")
-    def _expand(self) -> AlgorithmConfig:
-        for key, value in resolve_algorithm(self.preset, self.model_dump(exclude={"preset"})).items():
-            object.__setattr__(self, key, value)
+    def _check(self) -> AlgorithmConfig:
         if self.advantage in ("reinforce_pp", "reinforce_pp_baseline") and self.adv_std_norm == "group":
             raise ValueError(f"advantage = {self.advantage!r} normalises over the batch: use adv_std_norm = 'batch'")
         if self.advantage == "gae" and not self.critic:
             raise ValueError("advantage = 'gae' needs critic = true (a value model)")
-        if self.kl_in != "none" and not (self.kl_coef and self.kl_coef > 0):
+        if self.kl_in != "none" and not self.kl_coef > 0:
             raise ValueError(f"kl_in = {self.kl_in!r} needs kl_coef > 0 (or set kl_in = 'none')")
         if self.kl_controller == "adaptive" and self.kl_in == "none":
             raise ValueError("kl_controller = 'adaptive' needs kl_in = 'loss' or 'reward'")
@@ -349,7 +362,8 @@ class SyncConfig(Section):
         return data
 
     method: Literal["auto", "broadcast", "disk", "inprocess"] = "auto"
-    """auto: broadcast (NCCL on GPU, gloo on CPU) to servers; disk when nodes can't join a group."""
+    """auto: broadcast (NCCL on GPU, gloo on CPU) to servers; disk when nodes can't join a group.
+    inprocess is rejected: a launched run has no engine in the trainer process to copy into."""
     bucket_mb: int = Field(default=256, ge=1)
     """Weights travel in buckets of about this many MB."""
     wire_format: Literal["flattened_bucket", "per_tensor"] = "flattened_bucket"
@@ -486,6 +500,13 @@ class Recipe(Section):
             )
         if self.rollout.engine == "sglang" and self.cluster.kind == "slurm" and self.cluster.gpus_per_node == 0:
             raise _at(("rollout", "engine"), "sglang needs GPUs: set cluster.gpus_per_node > 0")
+        if self.sync.method == "inprocess":
+            raise _at(
+                ("sync", "method"),
+                "inprocess needs the embedded engine inside the trainer process, and a launched run serves "
+                'rollouts from servers: use "auto", "broadcast" or "disk" (InProcessSync is for code that builds '
+                "its own engine)",
+            )
         self._sglang_sync_checks()
         self._check_model_impl()
         if self.model.config is not None:
@@ -496,10 +517,6 @@ class Recipe(Section):
         """Sync methods SGLang 0.5.23 cannot serve (its distributed update routes assert dp_size == 1)."""
         if self.rollout.engine != "sglang":
             return
-        if self.sync.method == "inprocess":
-            raise _at(
-                ("sync", "method"), 'inprocess needs the embedded engine; SGLang servers take "broadcast" or "disk"'
-            )
         dp = self.rollout.sglang.dp_size
         if dp > 1 and self.sync.method in ("auto", "broadcast"):
             raise _at(

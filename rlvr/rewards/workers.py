@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.process import die_with_parent
+
 
 @dataclass(slots=True)
 class JobResult:
@@ -49,19 +51,8 @@ class PoolStats:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-def _set_parent_death_signal() -> None:
-    """Linux: die with the parent, so a crashed controller leaves no sympy worker spinning."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _worker_main(conn: Any, preload: Sequence[str]) -> None:
-    _set_parent_death_signal()
+    die_with_parent(signal.SIGKILL)  # a crashed controller leaves no sympy worker spinning
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     cache: dict[str, Any] = {}
 

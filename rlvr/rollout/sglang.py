@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -471,40 +470,4 @@ def build_sglang_command(
     if seed is not None:
         argv += ["--random-seed", str(seed)]
     argv += list(sg.extra_args)
-    return argv
-
-
-def build_embedded_server_command(
-    cfg: RolloutConfig,
-    *,
-    model_path: str,
-    port: int,
-    host: str = "127.0.0.1",
-    python: str | None = None,
-    api_key: str | None = None,
-    dtype: str = "float32",
-    device: str | None = None,
-    max_seq_len: int | None = None,
-) -> list[str]:
-    """argv for `rlvr serve` (as `python -m rlvr.rollout.commands`, independent of the CLI's wiring)."""
-    argv = [
-        python or sys.executable,
-        "-m",
-        "rlvr.rollout.commands",
-        str(model_path),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--max-batch",
-        str(cfg.max_batch),
-        "--dtype",
-        dtype,
-    ]
-    if api_key:
-        argv += ["--api-key", api_key]
-    if device:
-        argv += ["--device", device]
-    if max_seq_len:
-        argv += ["--max-seq-len", str(max_seq_len)]
     return argv

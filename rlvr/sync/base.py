@@ -65,6 +65,18 @@ class SyncError(RuntimeError):
         self.failures = list(failures)
 
 
+def agree(decision: dict[str, Any] | None) -> dict[str, Any]:
+    """Trainer rank 0's decision (None elsewhere) on every rank. A `fail` decision raises the same
+    SyncError on every rank, so all ranks leave the collective sync together."""
+    from rlvr.trainer import dist as d
+
+    agreed = d.broadcast_object(decision)
+    assert isinstance(agreed, dict)
+    if agreed["state"] == "fail":
+        raise SyncError(agreed["message"], [EngineFailure(*f) for f in agreed["failures"]])
+    return agreed
+
+
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
     """Name, dtype (SGLang's spelling: "float32") and shape of one tensor on the wire."""

@@ -50,7 +50,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
 
-from rlvr.sync.base import EngineFailure, SyncError, TensorSpec, plan_buckets, weight_specs
+from rlvr.sync.base import EngineFailure, SyncError, TensorSpec, agree, plan_buckets, weight_specs
 from rlvr.sync.engines import Engines
 from rlvr.weight_arena import back_to_back_bytes
 
@@ -170,27 +170,18 @@ class BroadcastSync:
 
     def push(self, *, version: int) -> dict[str, float]:
         """Collective: pause -> flush -> broadcast every bucket -> resume; returns metrics on every rank."""
-        from rlvr.trainer import dist as d
 
         start = time.monotonic()
         attempts = 0
         while True:
             attempts += 1
-            decision = self._prepare(version, recover=attempts == 1) if self.rank == 0 else None
-            decision = d.broadcast_object(decision)
-            assert isinstance(decision, dict)
-            if decision["state"] == "fail":
-                raise SyncError(decision["message"], [EngineFailure(*f) for f in decision["failures"]])
+            decision = agree(self._prepare(version, recover=attempts == 1) if self.rank == 0 else None)
             if decision.get("wire_dtype") != self.wire_dtype:
                 self._set_wire_dtype(decision.get("wire_dtype"))
             transfer_start = time.monotonic()
             failures = self._transfer(version)
             transfer_s = time.monotonic() - transfer_start
-            decision = self._finish(version, failures) if self.rank == 0 else None
-            decision = d.broadcast_object(decision)
-            assert isinstance(decision, dict)
-            if decision["state"] == "fail":
-                raise SyncError(decision["message"], [EngineFailure(*f) for f in decision["failures"]])
+            decision = agree(self._finish(version, failures) if self.rank == 0 else None)
             if decision["state"] == "ok":
                 break
         total_bytes = sum(s.nbytes for s in self.specs)
@@ -450,15 +441,18 @@ class BroadcastSync:
             **extra,
         )
 
-    def _send_flat(self, weights: Iterator[tuple[str, Any]], version: int) -> list[EngineFailure]:
+    def _wire(self) -> tuple[Engines, Any, list[str], Any, timedelta]:
+        """What a send needs: the engines, the group, its members, root-0 broadcast options, the wait."""
         import torch.distributed as dist
 
         engines, group = self.engines, self._group
         assert engines is not None and group is not None
-        members = list(self._members)
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        wait = timedelta(seconds=self.timeout_s)
+        return engines, group, list(self._members), options, timedelta(seconds=self.timeout_s)
+
+    def _send_flat(self, weights: Iterator[tuple[str, Any]], version: int) -> list[EngineFailure]:
+        engines, group, members, options, wait = self._wire()
         in_flight: tuple[int, dict[str, Any], Any] | None = None  # (bucket index, HTTP futures, broadcast work)
 
         def land(
@@ -528,14 +522,7 @@ class BroadcastSync:
         return buffer[:total]
 
     def _send_per_tensor(self, weights: Iterator[tuple[str, Any]], version: int) -> list[EngineFailure]:
-        import torch.distributed as dist
-
-        engines, group = self.engines, self._group
-        assert engines is not None and group is not None
-        members = list(self._members)
-        options = dist.BroadcastOptions()
-        options.rootRank = 0
-        wait = timedelta(seconds=self.timeout_s)
+        engines, group, members, options, wait = self._wire()
         for index, bucket in enumerate(self.buckets):
             futures = self._request(index, version)
             error: BaseException | None = None

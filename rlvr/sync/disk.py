@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlvr.sync.base import EngineFailure, SyncError
+from rlvr.sync.base import SyncError, agree
 from rlvr.sync.engines import Engines
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,6 @@ class DiskSync:
             self.engines = Engines(client, timeout_s=timeout_s, on_failure=on_engine_failure, factory=engine_factory)
 
     def push(self, *, version: int) -> dict[str, float]:
-        from rlvr.trainer import dist as d
         from rlvr.trainer.checkpoint import export_hf
 
         start = time.monotonic()
@@ -71,11 +70,7 @@ class DiskSync:
             self.root.mkdir(parents=True, exist_ok=True)
         export_hf(self.model, self.tokenizer, path, dtype=self.dtype)
         export_s = time.monotonic() - start
-        decision = self._load(path, version) if self.rank == 0 else None
-        decision = d.broadcast_object(decision)
-        assert isinstance(decision, dict)
-        if decision["state"] == "fail":
-            raise SyncError(decision["message"], [EngineFailure(*f) for f in decision["failures"]])
+        decision = agree(self._load(path, version) if self.rank == 0 else None)
         if self.rank == 0:
             self._prune()
         size = sum(f.stat().st_size for f in path.glob("*.safetensors")) if self.rank == 0 else 0

@@ -121,10 +121,10 @@ class Actor(EngineHandles):
         from rlvr.algorithms.losses import compute_policy_loss
 
         alg = self.algorithm
-        epochs, mini_batches = alg.ppo_epochs or 1, alg.mini_batches or 1
+        epochs, mini_batches = alg.ppo_epochs, alg.mini_batches
         on_policy = batch.old_logprobs is None and epochs * mini_batches == 1
         batch = self.prepare(batch, on_policy_shortcut=on_policy)
-        entropy_mode = "grad" if (alg.entropy_coef or 0.0) != 0.0 else "detached"
+        entropy_mode = "grad" if alg.entropy_coef != 0.0 else "detached"
         max_len = self.max_response_len or batch.max_response_len
 
         def loss_fn(

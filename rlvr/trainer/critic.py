@@ -83,7 +83,7 @@ class Critic(EngineHandles):
                 old_values=slice_rows(local.old_values, mb).to(dev),
                 returns=slice_rows(local.returns, mb).to(dev),
                 mask=mask,
-                value_clip=float(alg.value_clip or 0.0),
+                value_clip=float(alg.value_clip),
                 mode=str(alg.loss_agg),
                 num_tokens=counts[0],
                 num_seqs=counts[1],
@@ -91,4 +91,4 @@ class Critic(EngineHandles):
             )
             return loss, metrics, float(mask.sum())
 
-        return self.engine.run(batch, loss_fn, epochs=alg.ppo_epochs or 1, mini_batches=alg.mini_batches or 1)
+        return self.engine.run(batch, loss_fn, epochs=alg.ppo_epochs, mini_batches=alg.mini_batches)

@@ -10,13 +10,10 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
-
-if TYPE_CHECKING:
-    from rlvr.trainer.batch import TrainBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +73,6 @@ def all_reduce(values: list[float], *, op: str = "sum", device: torch.device | N
     return t.tolist()
 
 
-def all_gather_tensor(t: torch.Tensor) -> list[torch.Tensor]:
-    """All-gather equal-shaped tensors; [t] on one process."""
-    if not is_dist() or world_size() == 1:
-        return [t]
-    out = [torch.empty_like(t) for _ in range(world_size())]
-    dist.all_gather(out, t.contiguous())
-    return out
-
-
 def barrier() -> None:
     if is_dist():
         dist.barrier()
@@ -111,18 +99,6 @@ def broadcast_object(obj: object, *, src: int = 0) -> object:
     holder = [obj]
     dist.broadcast_object_list(holder, src=src)
     return holder[0]
-
-
-def broadcast_batch(batch: TrainBatch | None, *, src: int = 0) -> TrainBatch:
-    """Give every rank the global batch the controller (rank `src`) built; others pass None.
-
-    The trainer wants the whole batch on every rank (see `rlvr.trainer.engine`); it is token
-    ids and a few floats per token, so one pickled broadcast is cheap next to a step.
-    """
-    out = broadcast_object(batch, src=src)
-    if out is None:
-        raise ValueError(f"rank {src} broadcast no batch")
-    return out  # pyright: ignore[reportReturnType]
 
 
 def _comm_device() -> torch.device:

@@ -48,14 +48,14 @@ def prepare_batch(
     )
     if algo.kl_in != "none":
         batch = batch.replace(ref_logprobs=actor.compute_ref_logprobs(batch))
-    single_update = (algo.ppo_epochs or 1) * (algo.mini_batches or 1) == 1
+    single_update = algo.ppo_epochs * algo.mini_batches == 1
     on_policy = not rollout.stale(version)
     # pi_old from the training forward itself only for one on-policy update with no KL-shaped reward.
     batch = actor.prepare(batch, on_policy_shortcut=single_update and on_policy and algo.kl_in != "reward")
     kl = None
     if algo.kl_in == "reward":
         assert batch.old_logprobs is not None and batch.ref_logprobs is not None
-        kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator=algo.kl_estimator or "k3")
+        kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, estimator=algo.kl_estimator)
     values = None
     if critic is not None:
         values = critic.compute_values(batch)
@@ -64,7 +64,7 @@ def prepare_batch(
     assert rewards is not None
     mask = batch.response_mask
     if algo.advantage == "raft":
-        mask = mask * raft_mask(rewards, threshold=algo.raft_threshold or 0.0).unsqueeze(1).to(mask.dtype)
+        mask = mask * raft_mask(rewards, threshold=algo.raft_threshold).unsqueeze(1).to(mask.dtype)
     advantages, returns = compute_advantages(
         cfg=algo, rewards=rewards, group_ids=batch.group_ids, mask=mask, values=values, kl=kl, kl_coef=kl_coef
     )

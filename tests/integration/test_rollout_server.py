@@ -7,8 +7,6 @@ tests drive it only through HTTP, as the RL loop drives SGLang servers.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -22,7 +20,8 @@ import torch
 
 from rlvr.recipe.schema import RolloutConfig
 from rlvr.rollout.engine import GenerateRequest, RolloutEngine, RolloutError, SamplingParams
-from rlvr.rollout.sglang import SGLangClient, build_embedded_server_command
+from rlvr.rollout.sglang import SGLangClient
+from tests.conftest import build_embedded_server_command, build_sharp_model_dir, embedded_server
 
 API_KEY = "test-key"
 
@@ -33,54 +32,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _sharp_model(path: Path) -> Path:
-    """A tiny Qwen3 with scaled-up weights, so greedy text varies (see tests/unit/rollout/conftest.py)."""
-    from transformers import AutoModelForCausalLM
-
-    from rlvr.tiny import build_tiny_model_dir
-
-    base = build_tiny_model_dir(path.with_name(path.name + "-base"))
-    model = AutoModelForCausalLM.from_pretrained(base)
-    with torch.no_grad():
-        for weight in model.parameters():
-            if weight.dim() == 2:
-                weight.mul_(6.0)
-    model.save_pretrained(path)
-    for file in base.iterdir():
-        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copy(file, path / file.name)
-    return path
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _sharp_model(tmp_path_factory.mktemp("rollout-server") / "sharp")
+    return build_sharp_model_dir(tmp_path_factory.mktemp("rollout-server") / "sharp")
 
 
 @pytest.fixture(scope="module")
 def server(model_dir: Path):
-    port = _free_port()
-    argv = build_embedded_server_command(
-        RolloutConfig(max_batch=8), model_path=str(model_dir), port=port, api_key=API_KEY
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stdout.read() if proc.stdout else ''}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            time.sleep(0.2)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with embedded_server(model_dir, log=model_dir.parent / "server.log", max_batch=8, api_key=API_KEY) as url:
+        yield url
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -101,32 +100,10 @@ def worker(model_dir: str, url: str, out: Path, run_dir: Path) -> None:
 
 @pytest.fixture
 def server(tiny_model_dir: Path, tmp_path: Path):
-    from rlvr.recipe.schema import RolloutConfig
-    from rlvr.rollout.sglang import build_embedded_server_command
+    from tests.conftest import embedded_server
 
-    port = _free_port()
-    argv = build_embedded_server_command(RolloutConfig(max_batch=4), model_path=str(tiny_model_dir), port=port)
-    argv += ["--max-seq-len", "64"] if "--max-seq-len" not in argv else []
-    log = (tmp_path / "server.log").open("w")  # a file, not a pipe nobody drains
-    proc = subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {(tmp_path / 'server.log').read_text()[-4000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with embedded_server(tiny_model_dir, log=tmp_path / "server.log", max_batch=4, max_seq_len=64) as url:
+        yield url
 
 
 def _local_answers(model_dir: Path, weights: dict[str, torch.Tensor], answers: list[dict]) -> None:

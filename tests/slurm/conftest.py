@@ -98,7 +98,7 @@ def job_env(monkeypatch):
     """The job inherits the submitter's environment (sbatch --export=ALL)."""
     monkeypatch.setenv("RLVR_WORKER_MODULE", "tests.slurm.fake_worker")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    monkeypatch.setenv("RLVR_FAKE_SERVER", "1")
+    monkeypatch.setenv("RLVR_SERVER_MODULE", "tests.slurm.fake_server")
     monkeypatch.setenv("RLVR_STOP_GRACE_S", "3")  # KillWait is 5 s on the test cluster
     monkeypatch.setenv("RLVR_MASTER_PORT", str(free_port()))
     monkeypatch.setenv("FAKE_STEP_S", "0.5")

@@ -24,10 +24,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from rlvr.launch.plan import make_plan
-from rlvr.launch.servers import wait_for_servers
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.load import recipe_from_json
+from rlvr.recipe.plan import make_plan
+from rlvr.rendezvous import wait_for_servers
 from rlvr.rundir import write_json_atomic
 
 EXIT_CHECKPOINTED = 3  # saved on a signal; the job may be requeued and resume

@@ -32,7 +32,7 @@ def wait_final(job_id: str, *, timeout: float = 120) -> str:
 
 def test_submit_runs_trainer_and_real_rollout_server(job_env, make_recipe, tiny_model_dir, monkeypatch, capsys):
     """submitit job: torchrun on node1, the real `rlvr serve` on node2, every step recorded."""
-    monkeypatch.delenv("RLVR_FAKE_SERVER")
+    monkeypatch.delenv("RLVR_SERVER_MODULE")
     recipe, run_dir = make_recipe(name="submit", steps=6, model=tiny_model_dir)
     started = time.monotonic()
     job = submit(recipe, run_dir=run_dir)
@@ -149,6 +149,6 @@ def test_scancel_stops_everything(job_env, make_recipe, capsys):
     assert status["state"] == "stopped"
     checkpoint = json.loads((run_dir / "checkpoint.json").read_text())
     assert checkpoint["step"] == steps(run_dir)[-1]  # saved on SIGTERM, nothing lost
-    assert os.environ["RLVR_FAKE_SERVER"] == "1"
+    assert os.environ["RLVR_SERVER_MODULE"] == "tests.slurm.fake_server"
     with capsys.disabled():
         print(f"\n[timing] scancel to no processes left: {gone_s:.1f}s")

@@ -34,7 +34,7 @@ def launch(out: Path, *overrides: str) -> subprocess.CompletedProcess:
     command += [x for s in sets for x in ("--set", s)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RLVR_MASTER_PORT": str(free_port())}
     env.pop("RLVR_WORKER_MODULE", None)
-    env.pop("RLVR_FAKE_SERVER", None)
+    env.pop("RLVR_SERVER_MODULE", None)
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=850)
 
 

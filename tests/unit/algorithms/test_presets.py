@@ -122,3 +122,22 @@ def test_new_group_mean_knobs_default_off() -> None:
     c = AlgorithmConfig(preset="grpo")
     assert c.min_group_mean is None and c.max_group_mean is None
     assert AlgorithmConfig(preset="grpo", max_group_mean=0.99).max_group_mean == 0.99
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_knob_is_a_plain_value_from_the_preset_table(name: str) -> None:
+    """Presets apply before validation: no knob is left None for call sites to default (and
+    disagree with the table, as a `kl_estimator or "k1"` once did)."""
+    from rlvr.recipe.presets import BASE, resolve_algorithm
+
+    c = AlgorithmConfig(preset=name)
+    assert c.model_dump(exclude={"preset"}) == pytest.approx(resolve_algorithm(name, {}))
+    assert set(c.model_dump(exclude={"preset"})) == set(BASE)
+    assert AlgorithmConfig(preset=name, kl_estimator="abs").kl_estimator == "abs"  # the recipe still wins
+
+
+def test_an_epoch_count_of_zero_is_rejected() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="ppo_epochs"):
+        AlgorithmConfig(ppo_epochs=0)

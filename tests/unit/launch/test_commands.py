@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlvr.launch.commands import judge_command, server_command, trainer_command
-from rlvr.launch.plan import make_plan
 from rlvr.recipe.load import load_recipe
+from rlvr.recipe.plan import make_plan
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -18,9 +18,9 @@ from rlvr.launch.node import (
     node_index,
     node_role,
 )
-from rlvr.launch.plan import make_plan
 from rlvr.launch.slurm import wait_and_watch
 from rlvr.recipe.load import load_recipe
+from rlvr.recipe.plan import make_plan
 from tests.conftest import ROOT
 
 HOSTS = ["gpu001", "gpu002", "gpu003", "gpu004"]

@@ -108,6 +108,10 @@ BAD_CASES = {
         MINIMAL.replace('reward = "math_rule"', 'reward = "math_rules"'),
         "recipe.toml:16: domains.math.reward: unknown reward 'math_rules'",
     ),
+    "in-process sync on a launched run": (
+        MINIMAL + '\n[sync]\nmethod = "inprocess"\n',
+        "sync.method: inprocess needs the embedded engine inside the trainer process",
+    ),
     "slurm split": (
         MINIMAL + '\n[cluster]\nkind = "slurm"\nnodes = 1\n',
         "cluster: trainer_nodes (1) must be less than nodes (1)",

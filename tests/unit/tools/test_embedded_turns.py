@@ -10,7 +10,7 @@ import pytest
 from rlvr.rollout.embedded import EmbeddedEngine
 from rlvr.rollout.engine import GenerateRequest, SamplingParams
 from rlvr.rollout.episode import ToolReply, run_episode
-from tests.unit.rollout.conftest import build_sharp_model_dir
+from tests.conftest import build_sharp_model_dir
 
 
 class EveryTokenIsACall:

@@ -32,18 +32,6 @@ class ServerWaitError(TimeoutError):
     """Not every planned rollout server registered in time."""
 
 
-def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
-    """GET {url}/health answers 200 (SGLang and `rlvr serve` both have the route)."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 def register_server(run_dir: str | Path, address: ServerAddress) -> Path:
     path = RunDir(run_dir).server(address.index)
     write_json_atomic(path, asdict(address))

@@ -44,10 +44,6 @@ class LaunchPlan:
         """Trainer model replicas: FSDP2 shards each over `dp_size` ranks, TP splits it over `tp_size`."""
         return self.trainer_world_size // self.tp_size
 
-    @property
-    def rollout_gpus(self) -> int:
-        return sum(len(s.gpus) for s in self.servers)
-
     def to_dict(self) -> dict:
         data = asdict(self)
         data["trainer_world_size"] = self.trainer_world_size

@@ -1,0 +1,250 @@
+"""Child processes: start one with a log file, have it die with its parent, poll its health,
+and take down its whole process tree.
+
+The local launcher, the SLURM node script and the reward worker pool all start processes
+that must not outlive the run: a server left behind holds a GPU and a port, a stuck sympy
+worker holds a core. So every child gets three things here, once:
+
+- its own session (process group), so a signal reaches everything it started;
+- a parent-death signal (Linux `PR_SET_PDEATHSIG`), so it goes when its parent is SIGKILLed;
+- a place in a `Children` set whose `kill_all` SIGTERMs every process of every tree, waits a
+  grace period and SIGKILLs what is left, including grandchildren that were re-parented
+  away (psutil walks the trees; a snapshot remembers pids that a later walk cannot reach).
+
+Nothing here imports the rest of rlvr: launchers and `rlvr.rewards` both sit above it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+LOG_TAIL_LINES = 25
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send `sig` to this process when its parent dies (a no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _child_setup(death_signal: int, ignored: tuple[int, ...]) -> None:
+    """Runs in the child between fork and exec. Ignored signals stay ignored through exec (a
+    child that installs its own handler still gets them)."""
+    for sig in ignored:
+        signal.signal(sig, signal.SIG_IGN)
+    die_with_parent(death_signal)
+
+
+def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
+    """GET {url}/health answers 200 (SGLang and `rlvr serve` both have the route)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file ("" when there is none yet)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def tree(pid: int) -> list[int]:
+    """Every live descendant of `pid` (children, grandchildren, ...); [] when it is gone."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def children_of(pid: int) -> list[int]:
+    """The direct children of `pid`; [] when it is gone."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
+
+
+def is_alive(pid: int) -> bool:
+    """`pid` runs (a zombie, dead but not yet reaped, does not count)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def send(pid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, sig)
+
+
+def send_group(pid: int, sig: int) -> None:
+    """`sig` to the process group `pid` leads (every child here leads its own)."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, sig)
+
+
+@dataclass
+class Child:
+    """One started process: its name (for messages), the Popen, and where its output goes."""
+
+    name: str
+    proc: subprocess.Popen
+    log_path: Path | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last lines of its log ("" without one): what a user needs to see why it died."""
+        return log_tail(self.log_path, lines) if self.log_path is not None else ""
+
+    def wait_healthy(self, url: str, *, timeout_s: float, poll_s: float = 0.3) -> str | None:
+        """Poll {url}/health until it answers; None then, else why not (exited, or timed out)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.running():
+                return f"{self.name} exited with code {self.proc.returncode}; last lines of {self.log_path}:\n{self.tail()}"
+            if is_healthy(url):
+                return None
+            time.sleep(poll_s)
+        return f"{self.name} was not healthy at {url} after {timeout_s:.0f}s:\n{self.tail()}"
+
+
+class Children:
+    """The processes one parent started; every exit path of the parent goes through `kill_all`.
+
+    `death_signal`: what a child gets when the parent dies. `ignore`: signals the children
+    start with ignored (a SLURM step signals every process; a child without a handler would
+    die of the time-limit warning meant for the trainer worker).
+    """
+
+    def __init__(
+        self, *, env: Mapping[str, str] | None = None, death_signal: int = signal.SIGKILL, ignore: Sequence[int] = ()
+    ):
+        self.env = dict(os.environ if env is None else env)
+        self.death_signal = death_signal
+        self.ignore = tuple(ignore)
+        self.started: list[Child] = []
+        self.known: set[int] = set()
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        log: Path | None = None,
+        cwd: Path | None = None,
+    ) -> Child:
+        """Start `argv` in its own session; stdout and stderr appended to `log` (inherited without)."""
+        out = None
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            out = log.open("ab")
+            out.write(f"$ {' '.join(argv)}\n".encode())
+            out.flush()
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                cwd=cwd,
+                env={**self.env, **(env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT if out is not None else None,
+                start_new_session=True,
+                preexec_fn=functools.partial(_child_setup, self.death_signal, self.ignore),
+            )
+        finally:
+            if out is not None:
+                out.close()  # the child holds its own descriptor
+        child = Child(name=name, proc=proc, log_path=log)
+        self.started.append(child)
+        return child
+
+    def alive(self) -> list[Child]:
+        return [c for c in self.started if c.running()]
+
+    def any_exited(self) -> bool:
+        return len(self.alive()) < len(self.started)
+
+    def snapshot(self) -> set[int]:
+        """Remember every descendant now: an orphan escapes a later walk from our children."""
+        for child in self.alive():
+            self.known |= {child.pid, *tree(child.pid)}
+        return self.known
+
+    def signal_workers(self, sig: int) -> None:
+        """`sig` to each child's own children (torchrun's workers), or to the child without any.
+
+        torchrun dies on SIGUSR1 without passing it on, so a time-limit warning must reach the
+        worker processes directly; they checkpoint and exit, and torchrun follows.
+        """
+        for child in self.alive():
+            for pid in children_of(child.pid) or [child.pid]:
+                send(pid, sig)
+
+    def signal_all(self, sig: int) -> None:
+        self.snapshot()
+        for child in self.alive():
+            send_group(child.pid, sig)
+        for pid in self.known:
+            send(pid, sig)
+
+    def stop(self, child: Child, *, grace_s: float) -> None:
+        """SIGTERM one child's group, wait up to `grace_s`, then SIGKILL the group (it may
+        outlive its leader) and reap."""
+        if child.running():
+            send_group(child.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=grace_s)
+        send_group(child.pid, signal.SIGKILL)
+        child.proc.wait()
+
+    def kill_all(self, *, grace_s: float) -> None:
+        """SIGTERM every process of every tree, wait up to `grace_s`, then SIGKILL what is left."""
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (self.alive() or any(is_alive(p) for p in self.known)):
+            time.sleep(0.1)
+        self.signal_all(signal.SIGKILL)
+        for child in self.started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=5)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (two runs on one machine must not collide)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

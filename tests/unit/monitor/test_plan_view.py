@@ -1,0 +1,24 @@
+"""`rlvr plan ... > plan.txt`: output that is not a terminal keeps every table cell whole."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+
+def test_plan_into_a_file_does_not_truncate_cells(tmp_path: Path) -> None:
+    out = tmp_path / "plan.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}  # as a CI job or a cron line
+    recipe = ROOT / "recipes" / "math_code_judge.toml"
+    command = [sys.executable, "-m", "rlvr.cli", "plan", str(recipe), "--out", str(tmp_path / "resolved.json")]
+    with out.open("w") as handle:
+        result = subprocess.run(command, stdout=handle, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert "…" not in text, text
+    assert "code_sandbox" in text and "quota steps 1-4" in text
+    assert any(len(line) > 80 for line in text.splitlines())  # wider than the 80-column default
