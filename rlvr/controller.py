@@ -35,6 +35,7 @@ from rlvr.algorithms.filters import keep_group, soft_overlong_penalty
 from rlvr.data.chat import encode_prompt
 from rlvr.data.mixture import MixtureSampler, hash_seed
 from rlvr.evaluation import evaluate_groups
+from rlvr.monitor.samples import sample_rows
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.pool import RewardPool
 from rlvr.rollout.engine import RolloutEngine, SamplingParams
@@ -103,6 +104,7 @@ class Wave:
     prompts: list[Sample]
     kept: list[Group] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)  # monitor.log_samples episodes
     started_at: float = field(default_factory=time.perf_counter)
     task: asyncio.Task[None] | None = None
 
@@ -159,6 +161,7 @@ class RolloutManager:
         self._weights_ready = asyncio.Event()
         self._weights_ready.set()  # closed only while a weight push runs
         self._thread: threading.Thread | None = None
+        self._samples: list[dict[str, Any]] = []  # the last taken wave's, for samples.jsonl
 
     # -- the trainer's side (any thread) -------------------------------------------------------
     def start(self, *, version: int) -> None:
@@ -171,6 +174,11 @@ class RolloutManager:
     def take(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """Block until wave `step` is complete; its batch and metrics (the trainer is at `step`)."""
         return self._call(self._take(step))
+
+    def pop_samples(self) -> list[dict[str, Any]]:
+        """The episodes `monitor.log_samples` picked from the wave `take` returned last (once)."""
+        rows, self._samples = self._samples, []
+        return rows
 
     def pause(self) -> None:
         """Before a weight push: no new groups, and aborted episodes hold until `resume`."""
@@ -199,6 +207,9 @@ class RolloutManager:
                 messages, tokenizer=self.tokenizer, template=self.recipe.model.chat_template
             )
         return self._prompt_ids[key]
+
+    def prompt_text(self, sample: Sample) -> str:
+        return self.tokenizer.decode(self.prompt_ids(sample))
 
     def sampling(self, *, seed: int | None) -> SamplingParams:
         r = self.recipe.rollout
@@ -290,6 +301,9 @@ class RolloutManager:
             if round_ == 0:
                 wave.metrics.update(merge_reward_metrics(scores))
                 wave.metrics.update(self._group_metrics(groups))
+                wave.samples = sample_rows(
+                    groups, per_domain=self.recipe.monitor.log_samples, step=wave.step + 1, prompt_text=self.prompt_text
+                )
             survivors = [g for g in groups if keep_group(self.shaped_rewards(g), cfg=algo)]
             self._end("filtered", len(groups) - len(survivors))
             kept += survivors
@@ -319,6 +333,7 @@ class RolloutManager:
         self._end("stale", len(wave.kept) - len(fresh))
         self._end("trained", len(fresh))
         batch = self.build_batch(fresh)
+        self._samples = wave.samples
         metrics = {
             **wave.metrics,
             **self._staleness_metrics(fresh, step=step),

@@ -156,6 +156,8 @@ class RLLoop:
     def log(self, metrics: dict[str, float]) -> None:
         if self.recorder is not None:
             self.recorder.log(self.step, metrics)
+            if self.manager is not None:
+                self.recorder.samples(self.manager.pop_samples())
 
     @property
     def checkpoint_root(self) -> Path:

@@ -29,6 +29,7 @@ from typing import Any
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
 STATUS_FILE = "status.json"
+SAMPLES_FILE = "samples.jsonl"  # monitor.log_samples episodes (rlvr.monitor.samples)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -55,6 +56,7 @@ class RunRecorder:
         }
         self._metrics = (self.run_dir / METRICS_FILE).open("a", encoding="utf-8")
         self._events = (self.run_dir / EVENTS_FILE).open("a", encoding="utf-8")
+        self._samples: Any = None  # opened on the first episodes (log_samples = 0: no file)
         write_json_atomic(self.run_dir / STATUS_FILE, self.status)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -64,6 +66,16 @@ class RunRecorder:
         for sink in self.sinks:
             sink.log(step, clean)
         self.set_state("running", step=step)
+
+    def samples(self, rows: list[dict[str, Any]]) -> None:
+        """Append whole episodes to samples.jsonl (see rlvr.monitor.samples)."""
+        if not rows:
+            return
+        if self._samples is None:
+            self._samples = (self.run_dir / SAMPLES_FILE).open("a", encoding="utf-8")
+        for row in rows:
+            self._samples.write(json.dumps(row) + "\n")
+        self._samples.flush()
 
     def event(self, message: str, *, level: str = "warning") -> None:
         self._events.write(json.dumps({"time": time.time(), "level": level, "message": message}) + "\n")
@@ -79,6 +91,8 @@ class RunRecorder:
             sink.close()
         self._metrics.close()
         self._events.close()
+        if self._samples is not None:
+            self._samples.close()
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any] | None:

@@ -36,8 +36,10 @@ class Toolbox:
         max_tool_calls: int,
         timeout_s: float,
         max_tokens: int,
+        instructions: bool = True,
     ):
         self.tools = tools
+        self.instructions = instructions
         self.format = make_format(tool_format, tools)
         self.tokenizer = tokenizer
         self.max_turns, self.max_tool_calls = max_turns, max_tool_calls
@@ -54,10 +56,14 @@ class Toolbox:
             max_tool_calls=domain.max_tool_calls,
             timeout_s=domain.tool_timeout_s,
             max_tokens=domain.max_episode_tokens or default_tokens,
+            instructions=domain.tool_instructions,
         )
 
     def prompt_messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
-        """The prompt with the tools described in its system message (prepended, or added to one)."""
+        """The prompt with the tools described in its system message (prepended, or added to one);
+        unchanged with `tool_instructions = false`."""
+        if not self.instructions:
+            return messages
         text = self.format.instructions()
         if messages and messages[0].get("role") == "system":
             return [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
