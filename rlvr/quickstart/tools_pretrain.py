@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--call", type=float, default=0.5, help="share of warm-up episodes that call the tool")
-    parser.add_argument("--steps", type=int, default=450)
+    parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args(argv)
     write_tools_data(args.out_dir / "data", seed=args.seed)
