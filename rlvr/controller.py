@@ -146,7 +146,7 @@ class RolloutManager:
             for name, d in recipe.domains.items()
             if d.tools
         }
-        self._prompt_ids: dict[tuple[str, str], list[int]] = {}
+        self._prompt_ids: dict[tuple[Any, ...], list[int]] = {}
         self.version = 0  # the weights the engines serve (trainer steps applied)
         self.counts: dict[str, int] = dict.fromkeys(("started", *GROUP_ENDS), 0)
         self._open = 0  # groups started that have not ended
@@ -199,7 +199,8 @@ class RolloutManager:
 
     # -- prompts -> episodes -> groups -----------------------------------------------------------
     def prompt_ids(self, sample: Sample) -> list[int]:
-        key = (sample.domain, sample.id)
+        # Keyed by the messages too: a train row and an eval row may share an id.
+        key = (sample.domain, sample.id, tuple((m["role"], m["content"]) for m in sample.messages))
         if key not in self._prompt_ids:
             box = self.toolboxes.get(sample.domain)
             messages = box.prompt_messages(sample.messages) if box is not None else sample.messages

@@ -52,11 +52,12 @@ def fact_row(name: str, city: str, index: int) -> dict:
 def rows(domain: str, split: str, *, seed: int, count: int) -> list[dict]:
     """`count` rows of a domain's split (math: random products; facts: the split's entities)."""
     rng = random.Random(f"{seed}:{domain}:{split}")
+    offset = 10_000 if split == "eval" else 0  # ids unique across a domain's train and eval files
     if domain == "math":
-        return [math_row(rng, i) for i in range(count)]
+        return [math_row(rng, offset + i) for i in range(count)]
     lo, hi = SPLITS[split]
     pool = entities(seed)[lo:hi]
-    return [fact_row(*pool[i % len(pool)], i) for i in rng.sample(range(count), count)]
+    return [fact_row(*pool[i % len(pool)], offset + i) for i in rng.sample(range(count), count)]
 
 
 def math_call(row: dict) -> str:
