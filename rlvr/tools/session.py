@@ -122,12 +122,13 @@ class ToolSession:
         start = time.perf_counter()
         try:
             tool.check_arguments(call.arguments)
-            arguments = call.arguments
-            if call.name == "python" and self.box.python_session:
-                arguments = {"code": session_script(self.cells, call.arguments["code"])}
-                self.cells.append(call.arguments["code"])
+            session = call.name == "python" and self.box.python_session
+            arguments = {"code": session_script(self.cells, call.arguments["code"])} if session else call.arguments
             limit = self.box.timeout_s + (TIMEOUT_GRACE_S if tool.own_timeout else 0.0)
-            return await asyncio.wait_for(tool.fn(**arguments), timeout=limit)
+            answer = await asyncio.wait_for(tool.fn(**arguments), timeout=limit)
+            if session:  # a cell that timed out is not replayed (it would time out every later call)
+                self.cells.append(call.arguments["code"])
+            return answer
         except TimeoutError:
             self.timeouts += 1
             return f"error: {call.name} timed out after {self.box.timeout_s:g}s"

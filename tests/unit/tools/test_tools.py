@@ -196,3 +196,13 @@ async def test_python_session_keeps_state_within_an_episode_only(tokenizer):
 def test_python_session_needs_the_python_tool():
     assert "needs the python tool" in (check_tools(_domain(tools=[PLUGIN], python_session=True)) or "")
     assert check_tools(_domain(tools=["python"], python_session=True)) is None
+
+
+async def test_python_session_does_not_replay_a_cell_that_timed_out(tokenizer):
+    box = toolbox(tokenizer, [python_tool(timeout_s=1, session=True)], python_session=True, timeout_s=1)
+    session = box.session()
+    await session.respond("<code>y = 2</code>")
+    reply = await session.respond("<code>while True: pass</code>")
+    assert reply is not None and "timed out" in reply.text
+    reply = await session.respond("<code>print(y + 1)</code>")
+    assert reply is not None and "<result>\n3\n</result>" in reply.text
