@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.algorithms.filters import keep_group, soft_overlong_penalty
-from rlvr.data.chat import encode_prompt
+from rlvr.data.chat import encode_prompt, render_prompt
 from rlvr.data.mixture import MixtureSampler, hash_seed
 from rlvr.evaluation import evaluate_groups
 from rlvr.monitor.samples import sample_rows
@@ -210,7 +210,10 @@ class RolloutManager:
         return self._prompt_ids[key]
 
     def prompt_text(self, sample: Sample) -> str:
-        return self.tokenizer.decode(self.prompt_ids(sample))
+        """The prompt as the model sees it (tool instructions included), as text."""
+        box = self.toolboxes.get(sample.domain)
+        messages = box.prompt_messages(sample.messages) if box is not None else sample.messages
+        return render_prompt(messages, tokenizer=self.tokenizer, template=self.recipe.model.chat_template)
 
     def sampling(self, *, seed: int | None) -> SamplingParams:
         r = self.recipe.rollout

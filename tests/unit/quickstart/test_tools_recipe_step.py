@@ -27,7 +27,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 def test_one_step_of_the_tools_recipe(tmp_path: Path) -> None:
-    overrides = ["experiment.max_steps=1", "data.prompts_per_step=4", "rollout.n=4", 'trainer.strategy="none"']
+    overrides = ["experiment.max_steps=1", "experiment.eval_steps=0", "data.prompts_per_step=4", "rollout.n=4"]
+    overrides += ["trainer.micro_batch_size=16", 'trainer.strategy="none"']
     recipe = load_recipe(ROOT / "recipes" / "tools.toml", overrides)
     actor = Actor.build(
         recipe.model, recipe.trainer, recipe.algorithm, total_steps=1, device=torch.device("cpu"), seed=0
