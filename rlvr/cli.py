@@ -102,6 +102,7 @@ def plan(
     from rlvr.launch.plan import PlanError, make_plan
     from rlvr.monitor.plan_view import print_plan
     from rlvr.recipe.load import resolved_json
+    from rlvr.rundir import RunDir, write_atomic
 
     resolved = load_or_exit(recipe, set_)
     from rlvr.data.sources import load_recipe_domains
@@ -111,9 +112,13 @@ def plan(
         launch = make_plan(resolved)
     except PlanError as exc:
         raise fail(f"{recipe}: cluster: {exc}") from None
-    out = out or Path(resolved.experiment.output_dir) / resolved.experiment.name / "resolved_recipe.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(resolved_json(resolved))
+    paths = RunDir.of(resolved)
+    if out is None and paths.is_run():  # an existing run's recipe is what eval and a resume read
+        print_plan(resolved, launch, reports=reports, resolved_path=None)
+        typer.echo(f"not writing {paths.recipe}: it belongs to the run there (pass --out FILE)")
+        return
+    out = out or paths.recipe
+    write_atomic(out, resolved_json(resolved))
     print_plan(resolved, launch, reports=reports, resolved_path=out)
 
 
@@ -127,32 +132,63 @@ def launch(
     ] = "auto",
     dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
 ) -> None:
-    """Run a recipe: local processes (cluster.kind = local) or a SLURM job (cluster.kind = slurm)."""
+    """Run a recipe: local processes (cluster.kind = local) or a SLURM job (cluster.kind = slurm).
+
+    Rerun the same command to resume a stopped or crashed run from its last checkpoint.
+    """
+    from rlvr.rundir import RunActive, RunDir
+
     resolved = load_or_exit(recipe, set_)
     if resolved.model.path is None:
         raise fail(f"{recipe}: model.path: launching needs a model folder (model.config is for tests and plans)")
-    from rlvr.recipe.load import resolved_json
+    paths = RunDir.of(resolved)
+    try:
+        lock = paths.lock()  # before anything is written: a second launch must not touch the first's files
+    except RunActive as exc:
+        raise fail(f"{paths.root}: {exc}; wait for it or stop it, or set another experiment.name") from None
+    with lock:
+        done = paths.finished_at(resolved.experiment.max_steps) if resume == "auto" else None
+        if done is not None:
+            typer.echo(f"{paths.root}: already finished at {done}/{resolved.experiment.max_steps}; nothing to do")
+            raise typer.Exit(0)
+        from rlvr.recipe.load import resolved_json
 
-    run_dir = (Path(resolved.experiment.output_dir) / resolved.experiment.name).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "resolved_recipe.json").write_text(resolved_json(resolved))
-    if resolved.cluster.kind == "local":
-        from rlvr.launch.local import LaunchError, run_local
+        paths.write_recipe(resolved_json(resolved))
+        if resolved.cluster.kind == "local":
+            code = _launch_local(resolved, run_dir=paths.root, resume=resume, dashboard=dashboard)
+        else:
+            code = _launch_slurm(resolved, run_dir=paths.root, dashboard=dashboard)
+    raise typer.Exit(code)
 
-        typer.echo(f"run directory: {run_dir}")
-        try:
-            code = run_local(resolved, run_dir=run_dir, resume=resume, dashboard=dashboard)
-        except LaunchError as exc:
-            raise fail(str(exc)) from None
-        raise typer.Exit(code)
+
+def _launch_local(resolved, *, run_dir: Path, resume: str, dashboard: bool) -> int:
+    from rlvr.launch.local import LaunchError, run_local
+    from rlvr.monitor.metrics import mark_failed
+    from rlvr.monitor.progress import final_line
+
+    typer.echo(f"run directory: {run_dir}")
+    try:
+        code = run_local(resolved, run_dir=run_dir, resume=resume, dashboard=dashboard)
+    except LaunchError as exc:
+        mark_failed(run_dir, str(exc), name=resolved.experiment.name, max_steps=resolved.experiment.max_steps)
+        typer.echo(final_line(run_dir, code=1))
+        raise fail(str(exc)) from None
+    typer.echo(final_line(run_dir, code=code))
+    return code
+
+
+def _launch_slurm(resolved, *, run_dir: Path, dashboard: bool) -> int:
+    from rlvr.launch.sbatch import node_local_paths
     from rlvr.launch.slurm import SlurmError
     from rlvr.launch.slurm import launch as launch_slurm
+    from rlvr.recipe.load import resolved_json
 
+    for warning in node_local_paths(resolved, run_dir=run_dir, python=sys.executable):
+        typer.echo(f"warning: {warning}", err=True)
     try:
-        code = launch_slurm(resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), dashboard=dashboard)
+        return launch_slurm(resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), dashboard=dashboard)
     except SlurmError as exc:
         raise fail(str(exc)) from None
-    raise typer.Exit(code=code)
 
 
 @app.command()
@@ -161,13 +197,18 @@ def sbatch(
     set_: SetOpt = None,
     out: Annotated[Path | None, typer.Option(help="Write the script here (default: RUN_DIR/job.sbatch).")] = None,
     submit: Annotated[bool, typer.Option("--submit", help="Also submit it with sbatch.")] = False,
+    python: Annotated[
+        str | None,
+        typer.Option(help="Python every node runs (default: this one); it must exist on the compute nodes."),
+    ] = None,
 ) -> None:
     """Write a plain, commented sbatch script (and the resolved recipe) for submitting by hand."""
     import subprocess
 
     from rlvr.launch.plan import PlanError, make_plan
-    from rlvr.launch.sbatch import write_sbatch
-    from rlvr.recipe.load import resolved_json
+    from rlvr.launch.sbatch import node_local_paths, write_sbatch
+    from rlvr.recipe.load import changed_keys, resolved_json
+    from rlvr.rundir import RunDir
 
     resolved = load_or_exit(recipe, set_)
     if resolved.cluster.kind != "slurm":
@@ -178,13 +219,20 @@ def sbatch(
         make_plan(resolved)
     except PlanError as exc:
         raise fail(f"{recipe}: cluster: {exc}") from None
-    run_dir = (Path(resolved.experiment.output_dir) / resolved.experiment.name).resolve()
-    script = write_sbatch(
-        resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), out=out, python=sys.executable
-    )
-    typer.echo(
-        f"wrote {script} and {run_dir / 'resolved_recipe.json'} (the run dir must be on a filesystem every node sees)"
-    )
+    paths = RunDir.of(resolved)
+    run_dir = paths.root
+    if paths.is_run() and paths.recipe.exists():  # the script would resume that run with this recipe
+        changes = changed_keys(paths.recipe.read_text(), resolved_json(resolved))
+        if changes:
+            raise fail(
+                f"{run_dir} holds a run made from a different recipe ({'; '.join(changes[:3])}): "
+                "set another experiment.name, or remove that run directory"
+            )
+    python = python or sys.executable
+    for warning in node_local_paths(resolved, run_dir=run_dir, python=python):
+        typer.echo(f"warning: {warning}", err=True)
+    script = write_sbatch(resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), out=out, python=python)
+    typer.echo(f"wrote {script} and {paths.recipe} (the run dir must be on a filesystem every node sees)")
     if not submit:
         typer.echo(f"submit with: sbatch {script}")
         return
@@ -298,8 +346,9 @@ def monitor(
 ) -> None:
     """Attach the live dashboard to a running or finished run."""
     from rlvr.monitor.dashboard import watch
+    from rlvr.rundir import RunDir
 
-    if not (run_dir / "status.json").exists() and not (run_dir / "metrics.jsonl").exists():
+    if not RunDir(run_dir).is_run():
         raise fail(f"{run_dir}: not a run directory (no status.json or metrics.jsonl)")
     watch(run_dir, once=once)
 

@@ -31,6 +31,7 @@ from rlvr.algorithms.kl import make_kl_controller
 from rlvr.controller import RolloutManager
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.schema import Recipe
+from rlvr.rundir import RunDir
 from rlvr.sync.base import WeightSync
 from rlvr.trainer import dist as d
 from rlvr.trainer.actor import Actor
@@ -161,7 +162,7 @@ class RLLoop:
 
     @property
     def checkpoint_root(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return RunDir(self.run_dir).checkpoints
 
     def parts(self) -> dict[str, Any]:
         return {"actor": self.actor.engine, **({"critic": self.critic.engine} if self.critic is not None else {})}

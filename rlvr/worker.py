@@ -11,7 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-RESOLVED = "resolved_recipe.json"
+from rlvr.rundir import RunDir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr.trainer.actor import Actor
     from rlvr.trainer.model import load_tokenizer
 
-    recipe = recipe_from_json((args.run_dir / RESOLVED).read_text())
+    recipe = recipe_from_json(RunDir(args.run_dir).recipe.read_text())
     exp, algo = recipe.experiment, recipe.algorithm
     torch.manual_seed(exp.seed)
     info = d.init_distributed(force=recipe.trainer.strategy == "fsdp2")

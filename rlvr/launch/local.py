@@ -3,7 +3,7 @@
 The launcher starts each rollout server (`rlvr serve`, or SGLang on a local GPU box),
 waits for its /health, registers it in the run directory, starts the trainer with
 torchrun, shows the dashboard, and supervises: a child that dies stops the whole run
-with the tail of its log; Ctrl-C (or SIGTERM) asks the trainer to checkpoint and stop,
+with the root cause from its log; Ctrl-C (or SIGTERM) asks the trainer to checkpoint and stop,
 then tears every child down. Each child runs in its own process group so nothing is
 left behind.
 """
@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import IO
 
 from rlvr.launch.commands import judge_command, server_command, trainer_command
+from rlvr.launch.failure import root_cause
 from rlvr.launch.plan import LaunchPlan, ServerSpec, make_plan
 from rlvr.launch.servers import ServerAddress, clear_servers, is_healthy, register_judge, register_server
+from rlvr.monitor.progress import PlainProgress
 from rlvr.recipe.schema import Recipe
-
-LOG_TAIL_LINES = 25
+from rlvr.rundir import RunDir
 
 
 class LaunchError(RuntimeError):
-    """A child failed; the message carries its name, exit code and log tail."""
+    """A child failed; one line: its name, exit code, root cause and log path."""
 
 
 @dataclass
@@ -39,13 +40,14 @@ class Child:
     log_path: Path
     log: IO[bytes]
 
-    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+    def failure(self, what: str) -> LaunchError:
+        """One line: who failed, the root cause from its log (not torchrun's banner), where the log is."""
         self.log.flush()
         try:
             text = self.log_path.read_text(errors="replace")
         except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+            text = ""
+        return LaunchError(f"{self.name} {what}: {root_cause(text)} (log: {self.log_path})")
 
 
 class LocalLauncher:
@@ -56,7 +58,8 @@ class LocalLauncher:
         self.plan: LaunchPlan = make_plan(recipe, master_port=_free_port())
         self.children: list[Child] = []
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.paths = RunDir(run_dir)
+        self.paths.logs.mkdir(parents=True, exist_ok=True)
 
     def start(self, *, server_timeout_s: float = 300.0) -> None:
         clear_servers(self.run_dir)
@@ -83,7 +86,7 @@ class LocalLauncher:
         return self._spawn("judge", judge_command(self.recipe, host="127.0.0.1", port=port)), f"http://127.0.0.1:{port}"
 
     def _spawn(self, name: str, command: list[str], *, env: dict[str, str] | None = None) -> Child:
-        log_path = self.run_dir / "logs" / f"{name}.log"
+        log_path = self.paths.log(name)
         log = log_path.open("ab")
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()
@@ -103,13 +106,11 @@ class LocalLauncher:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if child.proc.poll() is not None:
-                raise LaunchError(
-                    f"{child.name} exited with code {child.proc.returncode}; last lines of {child.log_path}:\n{child.tail()}"
-                )
+                raise child.failure(f"exited with code {child.proc.returncode} before it was healthy")
             if is_healthy(url):
                 return
             time.sleep(0.3)
-        raise LaunchError(f"{child.name} was not healthy at {url} after {timeout_s:.0f}s:\n{child.tail()}")
+        raise child.failure(f"was not healthy at {url} after {timeout_s:.0f}s")
 
     @property
     def trainer(self) -> Child:
@@ -123,11 +124,9 @@ class LocalLauncher:
                 continue
             if child.name == "trainer":
                 if code != 0:
-                    raise LaunchError(
-                        f"trainer exited with code {code}; last lines of {child.log_path}:\n{child.tail()}"
-                    )
+                    raise child.failure(f"exited with code {code}")
                 return 0
-            raise LaunchError(f"{child.name} died with code {code}; last lines of {child.log_path}:\n{child.tail()}")
+            raise child.failure(f"died with code {code}")
         return None
 
     def wait(self, *, poll_s: float = 0.5) -> int:
@@ -159,21 +158,27 @@ class LocalLauncher:
 def run_local(recipe: Recipe, *, run_dir: Path, resume: str = "auto", dashboard: bool = True) -> int:
     """Start, watch, and always tear down; returns the trainer's exit code."""
     launcher = LocalLauncher(recipe, run_dir=run_dir, resume=resume)
+    live = dashboard and sys.stdout.isatty()  # else (a log file, a pipe, --no-dashboard): a plain line per step
+    plain = None if live else PlainProgress(run_dir, emit=lambda line: print(line, flush=True))
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     # Ctrl-C must checkpoint and tear down even when the launcher inherited SIGINT as ignored
     # (a background job of a non-interactive shell does, and Python then leaves it ignored).
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         launcher.start()
-        if dashboard and sys.stdout.isatty():
+        if plain is None:
             from rlvr.monitor.dashboard import watch
 
             watch(run_dir, stop=lambda: launcher.check() is not None)
+        else:
+            plain.follow(stop=lambda: launcher.check() is not None)
         return launcher.wait()
     except KeyboardInterrupt:
         launcher.request_stop()
         with contextlib.suppress(subprocess.TimeoutExpired, StopIteration):
             launcher.trainer.proc.wait(timeout=60)
+        if plain is not None:
+            plain.poll()  # the steps finished while stopping
         return 130
     finally:
         launcher.shutdown()

@@ -46,14 +46,9 @@ from typing import Any
 
 from rlvr.launch.plan import LaunchPlan, ServerSpec
 from rlvr.launch.servers import is_healthy
+from rlvr.rundir import DONE_STATES, RunDir, read_json, read_status, write_json_atomic
 
-RECIPE_FILE = "resolved_recipe.json"
-SLURM_DIR = "slurm"
-ATTEMPT_FILE = "attempt.json"
-TRAINER_EXIT_FILE = "trainer_exit.json"
-LOGS_DIR = "logs"
 JUDGE_PORT_OFFSET = 100  # the judge listens at rollout.sglang.port + this on the first rollout node
-DONE_STATES = ("finished", "failed", "stopped")
 
 FAKE_SERVER_ENV = "RLVR_FAKE_SERVER"  # test-only: an HTTP stub instead of the rollout server
 MASTER_PORT_ENV = "RLVR_MASTER_PORT"  # force torchrun's rendezvous port
@@ -339,20 +334,6 @@ def _log(role: NodeRole | None, message: str) -> None:
     print(f"[rlvr.node {where}] {message}", file=sys.stderr, flush=True)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    from rlvr.monitor.metrics import write_json_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, data)
-
-
 class Node:
     """One node's lifetime: start children, forward signals, clean up on every exit path."""
 
@@ -361,7 +342,8 @@ class Node:
         from rlvr.recipe.load import recipe_from_json
 
         self.run_dir = run_dir
-        self.recipe = recipe_from_json((recipe_path or run_dir / RECIPE_FILE).read_text())
+        self.paths = RunDir(run_dir)
+        self.recipe = recipe_from_json((recipe_path or self.paths.recipe).read_text())
         plan = make_plan(self.recipe)
         env = os.environ
         self.role = node_role(plan, env=env, hostnames=job_hostnames(env))
@@ -370,7 +352,6 @@ class Node:
         self.children = Children()
         self.signals: list[int] = []
         self.grace_s = float(os.environ.get(STOP_GRACE_ENV, "20"))
-        self.slurm_dir = run_dir / SLURM_DIR
 
     # signals are only recorded here; the main loop acts on them (no work inside a handler)
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -410,12 +391,10 @@ class Node:
         os._exit(EXIT_SIGNALLED)
 
     def _mark_stopped(self) -> None:
-        from rlvr.monitor.metrics import STATUS_FILE, read_status
-
         status = read_status(self.run_dir)
         if status is not None and status.get("state") not in DONE_STATES:
             status.update(state="stopped", ended_at=time.time())
-            _write_json(self.run_dir / STATUS_FILE, status)
+            write_json_atomic(self.paths.status, status)
 
     def _pending(self) -> list[int]:
         out, self.signals = self.signals, []
@@ -430,7 +409,7 @@ class Node:
         role = self.role
         if role.is_first_trainer:
             clear_servers(self.run_dir)
-            _write_json(self.slurm_dir / ATTEMPT_FILE, {"attempt": role.attempt, "time": time.time()})
+            write_json_atomic(self.paths.attempt, {"attempt": role.attempt, "time": time.time()})
         argv = trainer_command(
             self.plan, run_dir=self.run_dir, node_rank=role.node_rank, master_addr=resolve_address(role.master_node)
         )
@@ -458,12 +437,10 @@ class Node:
         return rc
 
     def _finished(self) -> bool:
-        from rlvr.monitor.metrics import read_status
-
         return (read_status(self.run_dir) or {}).get("state") == "finished"
 
     def _write_trainer_exit(self, rc: int) -> None:
-        _write_json(self.slurm_dir / TRAINER_EXIT_FILE, {"attempt": self.role.attempt, "rc": rc, "time": time.time()})
+        write_json_atomic(self.paths.trainer_exit, {"attempt": self.role.attempt, "rc": rc, "time": time.time()})
 
     def _requeue(self) -> None:
         """Put the job back in the queue; SLURM then SIGTERMs this attempt (handled by _stop)."""
@@ -486,7 +463,7 @@ class Node:
 
         role = self.role
         for spec in role.servers:  # forget this node's registrations from an earlier attempt
-            (self.run_dir / "servers" / f"{spec.index}.json").unlink(missing_ok=True)
+            self.paths.server(spec.index).unlink(missing_ok=True)
         address = resolve_address(role.name)
         bind = os.environ.get(SERVER_BIND_ENV, address)
         urls = {}
@@ -496,7 +473,7 @@ class Node:
             if spec.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(spec.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
             _log(role, f"server {spec.index}: {' '.join(argv)}")
-            self.children.start(argv, env=env, log=self.run_dir / LOGS_DIR / f"server-{spec.index}.log")
+            self.children.start(argv, env=env, log=self.paths.log(f"server-{spec.index}"))
             urls[spec.index] = f"http://{address}:{spec.port}"
         judge_url = None
         if self.recipe.judge is not None and any(spec.index == 0 for spec in role.servers):
@@ -506,9 +483,7 @@ class Node:
             port = self.recipe.rollout.sglang.port + JUDGE_PORT_OFFSET
             argv = judge_command(self.recipe, host=bind, port=port)
             _log(role, f"judge: {' '.join(argv)}")
-            self.children.start(
-                argv, env=dict(os.environ, RLVR_NODE_ROLE=ROLLOUT), log=self.run_dir / LOGS_DIR / "judge.log"
-            )
+            self.children.start(argv, env=dict(os.environ, RLVR_NODE_ROLE=ROLLOUT), log=self.paths.log("judge"))
             judge_url = f"http://{address}:{port}"
         timeout = float(os.environ.get(SERVER_TIMEOUT_ENV, "1800"))
         deadline = time.monotonic() + timeout
@@ -524,7 +499,7 @@ class Node:
                     _log(role, f"server {index} healthy at {url}")
                     del pending[index]
             if len(self.children.alive()) < len(self.children.procs):
-                _log(role, f"a rollout server exited before it was healthy; see {self.run_dir / LOGS_DIR}")
+                _log(role, f"a rollout server exited before it was healthy; see {self.paths.logs}")
                 return 1
             if time.monotonic() > deadline:
                 _log(role, f"servers {sorted(pending)} not healthy after {timeout:.0f}s")
@@ -547,7 +522,7 @@ class Node:
         while not self._trainer_done(since=attempt.get("time")):
             self._rollout_signals()
             if not warned and len(self.children.alive()) < len(self.children.procs):
-                _log(role, f"a rollout server died; see {self.run_dir / LOGS_DIR}")
+                _log(role, f"a rollout server died; see {self.paths.logs}")
                 warned = True
             time.sleep(0.5)
         _log(role, "trainer done: stopping servers")
@@ -574,20 +549,18 @@ class Node:
             self._rollout_signals()
             if self._trainer_done():
                 return None
-            data = _read_json(self.slurm_dir / ATTEMPT_FILE)
+            data = read_json(self.paths.attempt)
             if data and data.get("attempt") == self.role.attempt:
                 return data
             time.sleep(0.2)
 
     def _trainer_done(self, *, since: float | None = None) -> bool:
         """The trainer node's exit marker for this attempt, or a final status of a run started since."""
-        marker = _read_json(self.slurm_dir / TRAINER_EXIT_FILE)
+        marker = read_json(self.paths.trainer_exit)
         if marker and marker.get("attempt") == self.role.attempt:
             return True
         if since is None:
             return False
-        from rlvr.monitor.metrics import read_status
-
         status = read_status(self.run_dir) or {}
         return status.get("state") in DONE_STATES and float(status.get("started_at", 0)) >= since
 

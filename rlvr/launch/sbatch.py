@@ -15,10 +15,9 @@ import shlex
 from pathlib import Path
 
 from rlvr.launch.plan import LaunchPlan, make_plan
-from rlvr.launch.slurm import SIGNAL, SIGNAL_DELAY_S, SUBMITIT_DIR
+from rlvr.launch.slurm import SIGNAL, SIGNAL_DELAY_S
 from rlvr.recipe.schema import Recipe
-
-SCRIPT_NAME = "job.sbatch"
+from rlvr.rundir import RECIPE_FILE, SERVERS_DIR, SLURM_DIR, STATUS_FILE, RunDir
 
 
 def _q(value: object) -> str:
@@ -64,7 +63,7 @@ def sbatch_directives(recipe: Recipe, *, run_dir: str | Path) -> list[str]:
         if value is not None:
             lines.append(f"#SBATCH --{flag}={_q(value)}")
     lines.append(f"#SBATCH --time={cluster.time}")
-    lines.append(f"#SBATCH --output={_q(Path(run_dir) / SUBMITIT_DIR / '%j.out')}")
+    lines.append(f"#SBATCH --output={_q(RunDir(run_dir).slurm / '%j.out')}")
     lines.append("#SBATCH --open-mode=append")
     lines.append(
         "# Requeue on preemption or node failure (the run resumes from its last checkpoint)"
@@ -98,7 +97,7 @@ def render_sbatch(recipe: Recipe, *, run_dir: str | Path, recipe_json_path: str 
         "# Every node runs one task, `python -m rlvr.launch.node`, which reads the resolved recipe",
         "# and starts what the plan gives its node:",
         *_layout(plan),
-        "# Rollout servers register in RUN_DIR/servers/; the trainer waits for them there.",
+        f"# Rollout servers register in RUN_DIR/{SERVERS_DIR}/; the trainer waits for them there.",
         "#",
         *sbatch_directives(recipe, run_dir=run_dir),
         "",
@@ -114,9 +113,9 @@ def render_sbatch(recipe: Recipe, *, run_dir: str | Path, recipe_json_path: str 
         "",
         "# NCCL and networking: see slurm/README.md (e.g. export NCCL_SOCKET_IFNAME=ib0).",
         "",
-        "# Every node and the worker read RUN_DIR/resolved_recipe.json.",
-        'mkdir -p "$RUN_DIR/slurm"',
-        '[ "$RECIPE_JSON" -ef "$RUN_DIR/resolved_recipe.json" ] || cp "$RECIPE_JSON" "$RUN_DIR/resolved_recipe.json"',
+        f"# Every node and the worker read RUN_DIR/{RECIPE_FILE}.",
+        f'mkdir -p "$RUN_DIR/{SLURM_DIR}"',
+        f'[ "$RECIPE_JSON" -ef "$RUN_DIR/{RECIPE_FILE}" ] || cp "$RECIPE_JSON" "$RUN_DIR/{RECIPE_FILE}"',
         'echo "$(date +%T) job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST"',
         "",
     ]
@@ -128,7 +127,7 @@ def render_sbatch(recipe: Recipe, *, run_dir: str | Path, recipe_json_path: str 
             f'  echo "$(date +%T) {SIGNAL}: checkpointing, then requeueing job $SLURM_JOB_ID"',
             f'  kill -{SIGNAL} "$SRUN_PID" 2>/dev/null',
             '  wait "$SRUN_PID"',
-            '  if grep -q \'"state": "finished"\' "$RUN_DIR/status.json" 2>/dev/null; then exit 0; fi',
+            f'  if grep -q \'"state": "finished"\' "$RUN_DIR/{STATUS_FILE}" 2>/dev/null; then exit 0; fi',
             '  scontrol requeue "$SLURM_JOB_ID"',
             "  exit 0",
             "}",
@@ -159,16 +158,47 @@ def render_sbatch(recipe: Recipe, *, run_dir: str | Path, recipe_json_path: str 
     return "\n".join(lines)
 
 
+NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")  # on every cluster, each node has its own
+
+
+def node_local_paths(recipe: Recipe, *, run_dir: str | Path, python: str) -> list[str]:
+    """One warning per path the job needs that lives on the submitting node's own disk.
+
+    Every node reads the run directory, the recipe's files and the Python environment; a path
+    under /tmp on the login node is a different (usually empty) folder on a compute node, and
+    the job then fails minutes later in the queue instead of here.
+    """
+    found = [("run directory (experiment.output_dir)", str(run_dir)), ("--python", python)]
+    found += [(key, value) for key, value in _strings(recipe.model_dump(mode="json"))]
+    return [
+        f"{key} = {value} is node-local ({root}): other nodes cannot see it; use a shared filesystem"
+        for key, value in found
+        for root in NODE_LOCAL
+        if value == root or value.startswith(root + "/")
+    ]
+
+
+def _strings(tree: object, prefix: str = ""):
+    """(dotted key, value) for every string in a dumped recipe (lists as key[i])."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _strings(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            yield from _strings(value, f"{prefix}[{i}]")
+    elif isinstance(tree, str):
+        yield prefix, tree
+
+
 def write_sbatch(
     recipe: Recipe, *, run_dir: str | Path, recipe_json: str, out: str | Path | None = None, python: str = "python"
 ) -> Path:
     """Write RUN/resolved_recipe.json and the script (default RUN/job.sbatch); returns the script path."""
-    run_dir = Path(run_dir).resolve()
-    (run_dir / SUBMITIT_DIR).mkdir(parents=True, exist_ok=True)  # sbatch opens --output before the script runs
-    recipe_path = run_dir / "resolved_recipe.json"
-    recipe_path.write_text(recipe_json)
-    path = Path(out) if out else run_dir / SCRIPT_NAME
+    paths = RunDir(Path(run_dir).resolve())
+    paths.slurm.mkdir(parents=True, exist_ok=True)  # sbatch opens --output before the script runs
+    recipe_path = paths.write_recipe(recipe_json)
+    path = Path(out) if out else paths.sbatch_script
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_sbatch(recipe, run_dir=run_dir, recipe_json_path=recipe_path, python=python))
+    path.write_text(render_sbatch(recipe, run_dir=paths.root, recipe_json_path=recipe_path, python=python))
     path.chmod(0o755)
     return path

@@ -11,14 +11,12 @@ its servers were started.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-SERVERS_DIR = "servers"
-JUDGE_FILE = "judge.url"
+from rlvr.rundir import RunDir, write_atomic, write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -47,34 +45,26 @@ def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:
 
 
 def register_server(run_dir: str | Path, address: ServerAddress) -> Path:
-    folder = Path(run_dir) / SERVERS_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{address.index}.json"
-    tmp = folder / f".{address.index}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(asdict(address)))
-    os.replace(tmp, path)
+    path = RunDir(run_dir).server(address.index)
+    write_json_atomic(path, asdict(address))
     return path
 
 
 def clear_servers(run_dir: str | Path) -> None:
     """Forget a previous attempt's addresses (a requeued job gets new nodes and ports)."""
-    folder = Path(run_dir) / SERVERS_DIR
-    for path in folder.glob("*.json") if folder.exists() else []:
+    paths = RunDir(run_dir)
+    for path in paths.servers.glob("*.json") if paths.servers.exists() else []:
         path.unlink(missing_ok=True)
-    (folder / JUDGE_FILE).unlink(missing_ok=True)
+    paths.judge.unlink(missing_ok=True)
 
 
 def register_judge(run_dir: str | Path, url: str) -> None:
     """The judge server (recipe `[judge]`) announces itself beside the rollout servers."""
-    folder = Path(run_dir) / SERVERS_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{JUDGE_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(url)
-    os.replace(tmp, folder / JUDGE_FILE)
+    write_atomic(RunDir(run_dir).judge, url)
 
 
 def wait_for_judge(run_dir: str | Path, *, timeout_s: float, poll_s: float = 0.5) -> str:
-    path = Path(run_dir) / SERVERS_DIR / JUDGE_FILE
+    path = RunDir(run_dir).judge
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         if time.monotonic() > deadline:
@@ -84,7 +74,7 @@ def wait_for_judge(run_dir: str | Path, *, timeout_s: float, poll_s: float = 0.5
 
 
 def read_servers(run_dir: str | Path) -> list[ServerAddress]:
-    folder = Path(run_dir) / SERVERS_DIR
+    folder = RunDir(run_dir).servers
     out = []
     for path in sorted(folder.glob("*.json")) if folder.exists() else []:
         try:
@@ -104,7 +94,7 @@ def wait_for_servers(run_dir: str | Path, *, count: int, timeout_s: float, poll_
             have = {s.index for s in servers}
             missing = [i for i in range(count) if i not in have]
             raise ServerWaitError(
-                f"rollout servers {missing} did not register in {Path(run_dir) / SERVERS_DIR} within {timeout_s:.0f}s; "
+                f"rollout servers {missing} did not register in {RunDir(run_dir).servers} within {timeout_s:.0f}s; "
                 "check their logs in the run directory"
             )
         time.sleep(poll_s)

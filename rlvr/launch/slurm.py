@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.recipe.schema import Recipe
+from rlvr.rundir import RunDir
 
 SIGNAL = "USR1"
 SIGNAL_DELAY_S = 120  # time-limit warning: enough for an FSDP checkpoint of a 7B model
-SUBMITIT_DIR = "slurm"
-RECIPE_FILE = "resolved_recipe.json"
 
 # squeue/sacct states after which the job will not run again
 FINAL_STATES = frozenset(
@@ -122,7 +121,7 @@ def run_node_task(run_dir: str, self_requeue: bool = True) -> int:
 
     rc = run(run_dir, self_requeue=self_requeue)
     if rc != 0:
-        raise RuntimeError(f"the trainer exited with code {rc}; see the job log in {Path(run_dir) / SUBMITIT_DIR}")
+        raise RuntimeError(f"the trainer exited with code {rc}; see the job log in {RunDir(run_dir).slurm}")
     return rc
 
 
@@ -141,13 +140,12 @@ def submit(recipe: Recipe, *, run_dir: str | Path, recipe_json: str | None = Non
 
     if shutil.which("sbatch") is None:
         raise SlurmError("sbatch not found: submit from a SLURM login node (or use cluster.kind = 'local')")
-    run_dir = Path(run_dir).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RECIPE_FILE).write_text(recipe_json if recipe_json is not None else resolved_json(recipe))
-    executor = submitit.SlurmExecutor(folder=run_dir / SUBMITIT_DIR, max_num_timeout=0)
+    paths = RunDir(Path(run_dir).resolve())
+    paths.write_recipe(recipe_json if recipe_json is not None else resolved_json(recipe))
+    executor = submitit.SlurmExecutor(folder=paths.slurm, max_num_timeout=0)
     executor.update_parameters(**submitit_parameters(recipe))
     try:
-        return executor.submit(run_node_task, str(run_dir), recipe.cluster.requeue)
+        return executor.submit(run_node_task, str(paths.root), recipe.cluster.requeue)
     except (OSError, subprocess.CalledProcessError, FailedJobError, FailedSubmissionError) as exc:
         reasons = [r.strip() for r in re.split(r"sbatch: error:|\n", str(exc)) if r.strip()]
         raise SlurmError(f"sbatch refused the job: {'; '.join(dict.fromkeys(reasons))}") from None
@@ -198,7 +196,8 @@ def wait_and_watch(
     from rich.console import Console
 
     from rlvr.monitor.dashboard import watch
-    from rlvr.monitor.metrics import read_status
+    from rlvr.monitor.progress import follow
+    from rlvr.rundir import DONE_STATES, read_status
 
     job_id = str(getattr(job, "job_id", job))
     run_dir = Path(run_dir)
@@ -207,6 +206,12 @@ def wait_and_watch(
     shown: tuple[str, str] | None = None
     finished_run: Any = None  # started_at of a run whose end the dashboard already showed
     last_poll = time.monotonic()
+
+    def plain(line: str) -> None:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+    def run_over(run_dir: Path) -> bool:
+        return (read_status(run_dir) or {}).get("state") in DONE_STATES
 
     def job_over() -> bool:
         nonlocal state, reason, last_poll
@@ -220,11 +225,15 @@ def wait_and_watch(
             status = read_status(run_dir)
             attached = status is not None and status.get("started_at") != finished_run
             if dashboard and state == "RUNNING" and attached:
-                view = watch(run_dir, console=console, stop=job_over)
-                if not console.is_terminal:
-                    console.line()  # a non-terminal Live leaves the cursor after its last frame
-                if view.done:
-                    finished_run = view.status.get("started_at")
+                if console.is_terminal:
+                    watch(run_dir, console=console, stop=job_over)
+                else:  # a log file: one plain line per step, not the last frame of a live view
+                    follow(run_dir, stop=lambda: job_over() or run_over(run_dir), emit=plain)
+                if run_over(run_dir):
+                    status = read_status(run_dir) or {}
+                    finished_run = status.get("started_at")
+                    if not console.is_terminal:
+                        plain(f"run {status.get('state')} at step {status.get('step')}/{status.get('max_steps')}")
                 continue
             if (state, reason) != shown:
                 console.print(f"job {job_id}: {state}" + (f" ({reason})" if reason else ""))
@@ -247,7 +256,16 @@ def launch(recipe: Recipe, *, run_dir: str | Path, recipe_json: str | None = Non
     run_dir = Path(run_dir).resolve()
     console.print(
         f"submitted job {job.job_id} ({recipe.cluster.nodes} nodes); run dir {run_dir}; "
-        f"logs {run_dir / SUBMITIT_DIR}; stop with: scancel {job.job_id}"
+        f"logs {RunDir(run_dir).slurm}; stop with: scancel {job.job_id}"
     )
     state = wait_and_watch(job, run_dir, console=console, dashboard=dashboard and recipe.monitor.dashboard)
-    return 0 if state == "COMPLETED" else 1
+    code = 0 if state == "COMPLETED" else 1
+    if state in FINAL_STATES:
+        from rlvr.monitor.metrics import mark_failed
+        from rlvr.monitor.progress import final_line
+        from rlvr.rundir import read_status
+
+        if code and (read_status(run_dir) or {}).get("state") not in ("failed", "stopped"):
+            mark_failed(run_dir, f"job {job.job_id} ended {state}; logs in {RunDir(run_dir).slurm}")
+        console.print(final_line(run_dir, code=code), soft_wrap=True, highlight=False, markup=False)
+    return code

@@ -21,12 +21,12 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from rlvr.monitor.metrics import EVENTS_FILE, METRICS_FILE, JsonlTail, read_status
+from rlvr.monitor.metrics import JsonlTail
+from rlvr.rundir import DONE_STATES, RunDir, read_status
 
 # The step's critical path: waiting for the rollout wave, training, pushing weights (their shares add
 # up to about the step). Generation and rewards run beside them, shown in the pipeline table.
 TIME_KEYS = {"wait": "wait_rollout", "train": "train", "sync": "sync"}
-DONE_STATES = ("finished", "failed", "stopped")
 GROUP_ENDS = ("trained", "stale", "filtered", "cancelled")  # as rlvr.controller counts them
 
 
@@ -35,8 +35,8 @@ class RunView:
 
     def __init__(self, run_dir: str | Path):
         self.run_dir = Path(run_dir)
-        self.metrics_tail = JsonlTail(self.run_dir / METRICS_FILE)
-        self.events_tail = JsonlTail(self.run_dir / EVENTS_FILE)
+        self.metrics_tail = JsonlTail(RunDir(self.run_dir).metrics)
+        self.events_tail = JsonlTail(RunDir(self.run_dir).events)
         self.first: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.events: list[dict[str, Any]] = []

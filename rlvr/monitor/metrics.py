@@ -26,17 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
-EVENTS_FILE = "events.jsonl"
-STATUS_FILE = "status.json"
-SAMPLES_FILE = "samples.jsonl"  # monitor.log_samples episodes (rlvr.monitor.samples)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write then rename: a reader (or a crash) never leaves a truncated file behind."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+from rlvr.rundir import RunDir, read_status, write_json_atomic
 
 
 class RunRecorder:
@@ -44,6 +34,7 @@ class RunRecorder:
 
     def __init__(self, run_dir: str | Path, *, max_steps: int, name: str = "", sinks: list[Any] | None = None):
         self.run_dir = Path(run_dir)
+        self.paths = RunDir(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.sinks = sinks or []
         self.status: dict[str, Any] = {
@@ -54,10 +45,10 @@ class RunRecorder:
             "started_at": time.time(),
             "pid": os.getpid(),
         }
-        self._metrics = (self.run_dir / METRICS_FILE).open("a", encoding="utf-8")
-        self._events = (self.run_dir / EVENTS_FILE).open("a", encoding="utf-8")
+        self._metrics = self.paths.metrics.open("a", encoding="utf-8")
+        self._events = self.paths.events.open("a", encoding="utf-8")
         self._samples: Any = None  # opened on the first episodes (log_samples = 0: no file)
-        write_json_atomic(self.run_dir / STATUS_FILE, self.status)
+        write_json_atomic(self.paths.status, self.status)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(float(v))}
@@ -72,7 +63,7 @@ class RunRecorder:
         if not rows:
             return
         if self._samples is None:
-            self._samples = (self.run_dir / SAMPLES_FILE).open("a", encoding="utf-8")
+            self._samples = self.paths.samples.open("a", encoding="utf-8")
         for row in rows:
             self._samples.write(json.dumps(row) + "\n")
         self._samples.flush()
@@ -83,7 +74,7 @@ class RunRecorder:
 
     def set_state(self, state: str, **fields: Any) -> None:
         self.status.update(state=state, **fields)
-        write_json_atomic(self.run_dir / STATUS_FILE, self.status)
+        write_json_atomic(self.paths.status, self.status)
 
     def close(self, state: str = "finished") -> None:
         self.set_state(state, ended_at=time.time())
@@ -95,11 +86,19 @@ class RunRecorder:
             self._samples.close()
 
 
-def read_status(run_dir: str | Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((Path(run_dir) / STATUS_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+def mark_failed(run_dir: str | Path, message: str, **fields: Any) -> None:
+    """The launcher's word when a child died: status `failed` plus an error event with the cause.
+
+    A trainer that dies during start-up never reaches its own `close("failed")`, and one killed
+    by a signal cannot write at all; without this, status.json would say `starting` (or
+    `running`) forever and `rlvr monitor` would wait for it.
+    """
+    paths = RunDir(run_dir)
+    status = {**fields, **(read_status(run_dir) or {})}
+    status.update(state="failed", ended_at=time.time(), error=message)
+    write_json_atomic(paths.status, status)
+    with paths.events.open("a", encoding="utf-8") as events:
+        events.write(json.dumps({"time": time.time(), "level": "error", "message": message}) + "\n")
 
 
 class JsonlTail:

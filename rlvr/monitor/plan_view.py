@@ -17,7 +17,12 @@ QUOTA_STEPS = 4
 
 
 def print_plan(
-    recipe: Recipe, plan: LaunchPlan, *, reports: dict[str, Any], resolved_path: Path, console: Console | None = None
+    recipe: Recipe,
+    plan: LaunchPlan,
+    *,
+    reports: dict[str, Any],
+    resolved_path: Path | None,
+    console: Console | None = None,
 ) -> None:
     console = console or Console()
     exp, algo = recipe.experiment, recipe.algorithm
@@ -33,7 +38,8 @@ def print_plan(
         console.print(tools_table(recipe))
     console.print(algorithm_table(recipe))
     console.print(cluster_table(recipe, plan))
-    console.print(f"resolved recipe written to [green]{resolved_path}[/]")
+    if resolved_path is not None:
+        console.print(f"resolved recipe written to [green]{resolved_path}[/]")
 
 
 def domain_table(recipe: Recipe, reports: dict[str, Any]) -> Table:

@@ -12,7 +12,9 @@ class TensorBoardSink:
     def __init__(self, run_dir: str | Path):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        from rlvr.rundir import RunDir
+
+        self.writer = SummaryWriter(log_dir=str(RunDir(run_dir).tensorboard))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():

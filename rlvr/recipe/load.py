@@ -186,6 +186,20 @@ def resolved_json(recipe: Recipe) -> str:
     return json.dumps(recipe.model_dump(mode="json"), indent=2, sort_keys=False)
 
 
+def changed_keys(old_json: str, new_json: str) -> list[str]:
+    """`key: old -> new` for each resolved value that differs (what a rewrite would change)."""
+
+    def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(tree, dict):
+            return {k: v for key, sub in tree.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): tree}
+
+    old, new = flat(json.loads(old_json)), flat(json.loads(new_json))
+    return [
+        f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)
+    ]
+
+
 def recipe_from_json(text: str) -> Recipe:
     """Inverse of `resolved_json` (workers start from this; files were checked already)."""
     return Recipe.model_validate_json(text)

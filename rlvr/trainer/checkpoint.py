@@ -6,7 +6,7 @@ Layout under a checkpoint root (the run's `checkpoints/` folder):
       meta.json         rank_<r>.pt (scheduler states + the caller's extra state, per rank:
       rank_0.pt ...     RNG states differ by rank), and meta.json
     step_50.tmp/        a save in progress (or one killed mid-way): never read
-    latest              "step_50": replaced atomically (write latest.tmp, os.replace)
+    latest              "step_50": replaced atomically (rlvr.rundir.write_atomic)
 
 A save writes everything into `step_N.tmp/`, then rank 0 renames it to `step_N/` (atomic on
 POSIX) and only then moves `latest`: a kill at any point leaves the previous checkpoint
@@ -17,7 +17,6 @@ Resume is exact: model, AdamW moments and step counts, lr schedule position, and
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -31,6 +30,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from rlvr.rundir import write_atomic, write_json_atomic
 from rlvr.trainer import dist as d
 from rlvr.trainer.optim import load_scheduler_state
 from rlvr.trainer.weights import iter_full_weights
@@ -107,12 +107,12 @@ def save_checkpoint(
     d.barrier()
     if d.rank() == 0:
         meta = {"step": step, "world_size": d.world_size(), "parts": sorted(parts), "time": time.time()}
-        _write_atomic(tmp / "meta.json", json.dumps(meta, indent=2))
+        write_json_atomic(tmp / "meta.json", meta, indent=2, durable=True)
         if final.exists():  # re-saving a step (e.g. after resuming from it): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(root)
-        _write_atomic(root / LATEST, final.name)
+        write_atomic(root / LATEST, final.name, durable=True)
         if keep_last is not None:
             prune(root, keep_last=keep_last)
     d.barrier()
@@ -201,15 +201,6 @@ def _quiet_single_process() -> Iterator[None]:
         if not d.is_dist():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -1,5 +1,5 @@
-"""The local launcher's supervision: a dead child stops the run with its log tail; Ctrl-C saves and
-tears every process down."""
+"""The local launcher's supervision: a dead child stops the run with its root cause in one line and
+the run marked failed; Ctrl-C saves and tears every process down; off a terminal, plain lines."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def processes_mentioning(text: str) -> list[str]:
     return [line for line in out.splitlines() if text in line and not line.startswith("Z") and "ps -ww" not in line]
 
 
-def test_a_server_that_dies_stops_the_run_with_its_log_tail(tmp_path: Path) -> None:
+def test_a_server_that_dies_stops_the_run_with_its_root_cause(tmp_path: Path) -> None:
     broken = tmp_path / "broken-model"
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "nonsense"}')
@@ -46,16 +46,41 @@ def test_a_server_that_dies_stops_the_run_with_its_log_tail(tmp_path: Path) -> N
     assert result.returncode == 2, result.stdout + result.stderr
     assert "rollout-0 exited with code" in result.stderr
     assert "logs/rollout-0.log" in result.stderr
-    assert 'File "' in result.stderr  # the server's own log tail (its traceback)
+    assert 'File "' not in result.stderr  # the cause, not a traceback
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "ValueError: " in result.stderr  # the server's own error (the folder has no tokenizer)
+    status = json.loads((tmp_path / "quickstart" / "status.json").read_text())
+    assert status["state"] == "failed" and "rollout-0" in status["error"]
     assert not processes_mentioning(str(tmp_path))
+
+
+def test_a_trainer_that_fails_shows_the_cause_not_torchruns_banner(tmp_path: Path) -> None:
+    broken = tmp_path / "step_3"  # looks like a checkpoint (meta.json) but holds no weights
+    broken.mkdir()
+    (broken / "meta.json").write_text("{}")
+    result = subprocess.run(
+        [*command(tmp_path), "--resume", str(broken)], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1, line
+    assert line.startswith("error: trainer exited with code 1: ") and "logs/trainer.log" in line
+    assert "ChildFailedError" not in line and "Error" in line
+    run_dir = tmp_path / "quickstart"
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "failed"
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["level"] == "error" and "trainer exited" in events[-1]["message"]
+    assert result.stdout.strip().endswith("rerun the same command to resume from the last checkpoint")
 
 
 def test_ctrl_c_checkpoints_and_tears_everything_down(tmp_path: Path) -> None:
     run_dir = tmp_path / "quickstart"
+    log = (tmp_path / "launch.log").open("w")  # not a terminal: plain lines, one per step
     proc = subprocess.Popen(
         command(tmp_path, "experiment.max_steps=1000", "experiment.save_steps=0", "experiment.eval_steps=0"),
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
+        stdout=log,
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -64,10 +89,22 @@ def test_ctrl_c_checkpoints_and_tears_everything_down(tmp_path: Path) -> None:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         assert time.monotonic() < deadline
         time.sleep(0.2)
+    servers = {p.name: p.read_text() for p in (run_dir / "servers").iterdir()}
+    second = subprocess.run(
+        command(tmp_path, "experiment.max_steps=1000"), capture_output=True, text=True, timeout=120, cwd=ROOT
+    )  # two launches into one run directory: the second is refused before it writes anything
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert f"run active (pid {proc.pid} on " in second.stderr
+    assert {p.name: p.read_text() for p in (run_dir / "servers").iterdir()} == servers
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "stopped"
+    printed = (tmp_path / "launch.log").read_text().splitlines()
+    assert printed[0] == f"run directory: {run_dir}"
+    assert printed[1].startswith("step 1/1000  reward ") and "s/step" in printed[1]
+    assert printed[-1] == f"stopped at step {status['step']}/1000: rerun the same command to resume"
+    assert "\x1b[" not in "".join(printed)
     assert (run_dir / "checkpoints" / f"step_{status['step']}" / "meta.json").exists()  # saved on the way out
     port = json.loads(next((run_dir / "servers").glob("*.json")).read_text())["url"].rsplit(":", 1)[1]
     judge_port = (run_dir / "servers" / "judge.url").read_text().rsplit(":", 1)[1]

@@ -49,6 +49,12 @@ def test_quickstart_reward_rises(tmp_path: Path) -> None:
     assert (tmp_path / "quickstart" / "tensorboard").is_dir()
     status = json.loads((tmp_path / "quickstart" / "status.json").read_text())
     assert status["state"] == "finished"
+    lines = result.stdout.splitlines()  # captured, so not a terminal: one plain line per step
+    assert sum(line.startswith("step ") for line in lines) == steps
+    assert lines[-1] == f"finished at {steps}/{steps}; results in {tmp_path / 'quickstart'}"
+    again = launch(tmp_path, f"experiment.max_steps={steps}", "experiment.eval_steps=20", "experiment.save_steps=0")
+    assert again.returncode == 0 and f"already finished at {steps}/{steps}" in again.stdout
+    assert json.loads((tmp_path / "quickstart" / "status.json").read_text()) == status  # not reset to step 0
 
 
 def test_killed_run_resumes_to_the_same_metrics(tmp_path: Path) -> None:

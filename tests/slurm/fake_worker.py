@@ -26,8 +26,9 @@ from pathlib import Path
 
 from rlvr.launch.plan import make_plan
 from rlvr.launch.servers import wait_for_servers
-from rlvr.monitor.metrics import RunRecorder, write_json_atomic
+from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.load import recipe_from_json
+from rlvr.rundir import write_json_atomic
 
 EXIT_CHECKPOINTED = 3  # saved on a signal; the job may be requeued and resume
 CHECKPOINT_FILE = "checkpoint.json"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -91,8 +92,10 @@ def test_cuda_visible_devices_map_through_slurms_list():
         cuda_visible_devices([4], "0,1")
 
 
-def test_wait_and_watch_follows_slurm_across_a_requeue(tmp_path: Path):
-    """The dashboard ends when status says stopped, but the job is requeued: keep following SLURM."""
+@pytest.mark.parametrize("terminal", [True, False], ids=["dashboard", "plain-lines"])
+def test_wait_and_watch_follows_slurm_across_a_requeue(tmp_path: Path, terminal: bool):
+    """The dashboard ends when status says stopped, but the job is requeued: keep following SLURM.
+    Off a terminal (a log file) the same run reads as plain lines."""
     from io import StringIO
 
     from rich.console import Console
@@ -112,8 +115,14 @@ def test_wait_and_watch_follows_slurm_across_a_requeue(tmp_path: Path):
         return state
 
     out = StringIO()
-    final = wait_and_watch("42", tmp_path, console=Console(file=out, width=100), poll_s=0.01, state_fn=fake_state)
+    console = Console(file=out, width=100, force_terminal=terminal)
+    final = wait_and_watch("42", tmp_path, console=console, poll_s=0.01, state_fn=fake_state)
     assert final == "COMPLETED"
-    text = out.getvalue()
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", out.getvalue()) if terminal else out.getvalue()
     assert "job 42: PENDING (Priority)" in text and "job 42: PENDING (BeginTime)" in text
-    assert "[stopped]" in text and "[finished]" in text and text.rstrip().endswith("job 42: COMPLETED")
+    assert text.rstrip().endswith("job 42: COMPLETED")
+    if terminal:
+        assert "[stopped]" in text and "[finished]" in text
+    else:
+        assert "run stopped at step 3/6" in text and "run finished at step 6/6" in text
+        assert "\x1b[" not in text  # no control codes in a log file

@@ -154,3 +154,33 @@ def test_sbatch_flag_dict():
     }
     with pytest.raises(ValueError, match="extra_sbatch"):
         sbatch_flag_dict(["exclusive"])
+
+
+def test_node_local_paths_are_named_by_key(flagship):
+    from rlvr.launch.sbatch import node_local_paths
+
+    assert node_local_paths(flagship, run_dir=RUN_DIR, python="/shared/venv/bin/python") == []
+    local = load_recipe(FLAGSHIP, ["cluster.nodes=4", 'model.path="/tmp/qwen"'])
+    warnings = node_local_paths(local, run_dir="/tmp/runs/x", python="/tmp/venv/bin/python")
+    assert any(w.startswith("model.path = /tmp/qwen is node-local (/tmp)") for w in warnings), warnings
+    assert any(w.startswith("run directory (experiment.output_dir) = /tmp/runs/x") for w in warnings)
+    assert any(w.startswith("--python = /tmp/venv/bin/python") for w in warnings)
+    assert not node_local_paths(flagship, run_dir="/tmpfs-shared/x", python="/shared/py")  # a prefix, not a folder
+
+
+def test_rlvr_sbatch_takes_the_nodes_python_and_warns_on_node_local_paths(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "job.sbatch"
+    result = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "sbatch", str(FLAGSHIP), "--out", str(out)]
+        + ["--python", "/shared/envs/rlvr/bin/python", "--set", f"experiment.output_dir={json.dumps(str(tmp_path))}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "PYTHON=/shared/envs/rlvr/bin/python" in out.read_text()
+    warned = "warning: run directory (experiment.output_dir)" in result.stderr
+    assert warned == str(tmp_path.resolve()).startswith("/tmp/"), result.stderr

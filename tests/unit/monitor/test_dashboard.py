@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from rlvr.cli import app
 from rlvr.monitor.dashboard import RunView, watch
-from rlvr.monitor.metrics import JsonlTail, RunRecorder, read_status
+from rlvr.monitor.metrics import JsonlTail, RunRecorder
+from rlvr.rundir import read_status
 
 
 def record(run_dir: Path, steps: int = 3) -> RunRecorder:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlvr.monitor.metrics import SAMPLES_FILE, RunRecorder
+from rlvr.monitor.metrics import RunRecorder
 from rlvr.monitor.samples import sample_rows
+from rlvr.rundir import SAMPLES_FILE
 from rlvr.types import Completion, Group, RewardResult, Sample
 
 

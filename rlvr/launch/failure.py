@@ -1,0 +1,59 @@
+"""Why a child failed, in one line: the root-cause error from its log, not torchrun's banner.
+
+A failing trainer rank's log ends with torchrun's own traceback and a ChildFailedError
+banner of ~20 lines; the line a user needs (`DataError: data/x.jsonl:7: invalid JSON`) is
+above it. The launcher prints that line and the log's path, and the run's status.json
+says `failed` with the same line as an event.
+"""
+
+from __future__ import annotations
+
+import re
+
+_TORCHRUN_FAILED = re.compile(r"^[EWI]\d{4} .*\bfailed \(exitcode")  # torchrun's "E1203 ... failed (exitcode: 1)"
+_ELASTIC = "torch.distributed.elastic"
+
+
+def root_cause(log_text: str) -> str:
+    """The first exception a traceback ended with (the first rank to fail), else the last words.
+
+    Exception lines are the first unindented line after a `Traceback` header; torchrun's own
+    ChildFailedError is skipped. A worker that exits with a message (SystemExit("...")) prints
+    no traceback: then the last non-blank line before torchrun's failure report is the cause.
+    """
+    lines = log_text.splitlines()
+    in_traceback = False
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+            continue
+        if in_traceback and line and not line.startswith((" ", "\t")):
+            in_traceback = False
+            if _ELASTIC not in line and not line.startswith("During handling"):
+                return _short(" ".join([line.strip(), *_continuation(lines[i + 1 :])]))
+    end = next((i for i, line in enumerate(lines) if _TORCHRUN_FAILED.match(line)), len(lines))
+    last = [line.strip() for line in lines[:end] if line.strip() and not line.startswith("$ ")]
+    return _short(last[-1]) if last else "no output"
+
+
+def _continuation(lines: list[str]) -> list[str]:
+    """A multi-line exception message goes on until a blank line or the next report."""
+    out = []
+    for line in lines:
+        if (
+            not line.strip()
+            or line.startswith((" ", "\t", "Traceback", "During handling"))
+            or _TORCHRUN_FAILED.match(line)
+        ):
+            break
+        out.append(line.strip())
+    return out
+
+
+def _short(line: str, *, limit: int = 400) -> str:
+    """`rlvr.data.sources.DataError: x` -> `DataError: x` (the module path is noise here)."""
+    head, sep, rest = line.strip().partition(": ")
+    if "." in head and " " not in head:
+        head = head.rsplit(".", 1)[1]
+    text = f"{head}{sep}{rest}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,80 @@
+"""Plain progress for logs: one line per step and one line at the end, read from the run directory.
+
+`rlvr launch ... > log` (or under nohup, CI, a SLURM login-node script) has no terminal for the
+live dashboard; without this it would print the run directory and then nothing until it exits.
+Lines are plain text, no colour or control codes, flushed one by one so `tail -f log` shows them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlvr.monitor.metrics import JsonlTail
+from rlvr.rundir import RunDir, read_status
+
+
+def step_line(row: dict[str, Any], *, max_steps: int) -> str:
+    """`step 3/100  reward math 0.41 code 0.25  kl 0.0012  4.1 s/step` — what a log reader scans for."""
+    parts = [f"step {int(row.get('step', 0))}/{max_steps}"]
+    rewards = sorted(
+        (key.split("/")[1], value)
+        for key, value in row.items()
+        if key.startswith("reward/") and key.count("/") == 2 and key.endswith("/mean")
+    )
+    if rewards:
+        parts.append("reward " + " ".join(f"{name} {value:.3f}" for name, value in rewards))
+    evals = sorted(
+        (key.split("/")[2], v) for key, v in row.items() if key.startswith("eval/reward/") and "/mean" in key
+    )
+    if evals:
+        parts.append("eval " + " ".join(f"{name} {value:.3f}" for name, value in evals))
+    for key, label, digits in (("kl", "kl", 4), ("entropy", "entropy", 3)):
+        if key in row:
+            parts.append(f"{label} {row[key]:.{digits}f}")
+    if "time/step" in row:
+        parts.append(f"{row['time/step']:.1f} s/step")
+    return "  ".join(parts)
+
+
+class PlainProgress:
+    """Emits a line per step as metrics.jsonl grows; `poll()` again after a stop prints the rest."""
+
+    def __init__(self, run_dir: str | Path, *, emit: Callable[[str], None]):
+        self.run_dir = Path(run_dir)
+        self.emit = emit
+        self._tail = JsonlTail(RunDir(self.run_dir).metrics)
+
+    def poll(self) -> None:
+        rows = self._tail.read_new()
+        if rows:
+            max_steps = int((read_status(self.run_dir) or {}).get("max_steps") or 0)
+            for row in rows:
+                self.emit(step_line(row, max_steps=max_steps))
+
+    def follow(self, *, stop: Callable[[], bool], poll_s: float = 1.0) -> None:
+        """Until `stop()`; the rows written meanwhile are emitted before returning."""
+        while True:
+            done = stop()
+            self.poll()
+            if done:
+                return
+            time.sleep(poll_s)
+
+
+def follow(run_dir: str | Path, *, stop: Callable[[], bool], emit: Callable[[str], None], poll_s: float = 1.0) -> None:
+    PlainProgress(run_dir, emit=emit).follow(stop=stop, poll_s=poll_s)
+
+
+def final_line(run_dir: str | Path, *, code: int) -> str:
+    """How the run ended and what to do next, from status.json and the launcher's exit code."""
+    status = read_status(run_dir) or {}
+    step, total = int(status.get("step") or 0), int(status.get("max_steps") or 0)
+    state = status.get("state")
+    if code == 0 and state == "finished":
+        return f"finished at {step}/{total}; results in {run_dir}"
+    if state == "failed":
+        return f"failed at step {step}/{total}; rerun the same command to resume from the last checkpoint"
+    return f"stopped at step {step}/{total}: rerun the same command to resume"

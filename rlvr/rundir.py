@@ -1,0 +1,240 @@
+"""The run directory: every path inside it, where it is, and the one atomic write.
+
+A run directory (`experiment.output_dir / experiment.name`) is the one thing every process
+of a run shares: the launcher writes the resolved recipe there, rollout servers announce
+themselves there, trainer rank 0 writes metrics and status there, checkpoints live there,
+and `rlvr monitor` reads it from another terminal or a login node. So its layout lives in
+one place, and every writer goes through `write_atomic` (write a temporary file beside
+the target, then `os.replace`), so a reader or a crash never sees half a file:
+
+    resolved_recipe.json   the recipe every node and the worker read
+    status.json            state (starting, running, finished, failed, stopped), step, pid
+    metrics.jsonl          one JSON object per step
+    events.jsonl           warnings and errors worth showing
+    samples.jsonl          a few whole episodes per domain and step (monitor.log_samples)
+    checkpoints/           step_N/ and `latest` (rlvr/trainer/checkpoint.py)
+    servers/               <index>.json per rollout server, judge.url
+    logs/                  one log per child process of the local launcher or a node
+    slurm/                 submitit/sbatch job logs, attempt.json, trainer_exit.json
+    tensorboard/           TensorBoard event files
+    job.sbatch             the script `rlvr sbatch` writes
+    .lock                  held (flock) by the `rlvr launch` that runs here; names its pid
+
+Nothing here imports torch or any other part of rlvr: the recipe layer, the CLI and the
+launchers all use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+RECIPE_FILE = "resolved_recipe.json"
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+EVENTS_FILE = "events.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
+SERVERS_DIR = "servers"
+JUDGE_FILE = "judge.url"
+LOGS_DIR = "logs"
+SLURM_DIR = "slurm"
+ATTEMPT_FILE = "attempt.json"
+TRAINER_EXIT_FILE = "trainer_exit.json"
+TENSORBOARD_DIR = "tensorboard"
+SBATCH_FILE = "job.sbatch"
+LOCK_FILE = ".lock"
+
+DONE_STATES = ("finished", "failed", "stopped")
+"""status.json states after which the run's trainer is gone."""
+
+
+def run_dir_of(experiment: Any) -> Path:
+    """`output_dir/name` of a recipe's `experiment` table, absolute (nodes may start elsewhere)."""
+    return (Path(experiment.output_dir) / experiment.name).resolve()
+
+
+class RunDir:
+    """The paths of one run directory; building one touches nothing on disk."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    @classmethod
+    def of(cls, recipe: Any) -> RunDir:
+        """The run directory a recipe writes to (`experiment.output_dir / experiment.name`)."""
+        return cls(run_dir_of(recipe.experiment))
+
+    @property
+    def recipe(self) -> Path:
+        return self.root / RECIPE_FILE
+
+    @property
+    def status(self) -> Path:
+        return self.root / STATUS_FILE
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS_FILE
+
+    @property
+    def events(self) -> Path:
+        return self.root / EVENTS_FILE
+
+    @property
+    def samples(self) -> Path:
+        return self.root / SAMPLES_FILE
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS_DIR
+
+    @property
+    def servers(self) -> Path:
+        return self.root / SERVERS_DIR
+
+    def server(self, index: int) -> Path:
+        """Where rollout server `index` registers its address."""
+        return self.servers / f"{index}.json"
+
+    @property
+    def judge(self) -> Path:
+        return self.servers / JUDGE_FILE
+
+    @property
+    def logs(self) -> Path:
+        return self.root / LOGS_DIR
+
+    def log(self, name: str) -> Path:
+        """The log file of child process `name` (`trainer`, `rollout-0`, `server-0`, `judge`)."""
+        return self.logs / f"{name}.log"
+
+    @property
+    def slurm(self) -> Path:
+        return self.root / SLURM_DIR
+
+    @property
+    def attempt(self) -> Path:
+        return self.slurm / ATTEMPT_FILE
+
+    @property
+    def trainer_exit(self) -> Path:
+        return self.slurm / TRAINER_EXIT_FILE
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / TENSORBOARD_DIR
+
+    @property
+    def sbatch_script(self) -> Path:
+        return self.root / SBATCH_FILE
+
+    def lock(self) -> RunLock:
+        """Take the run directory for one launch, or raise RunActive naming the holder.
+
+        Two launches into one directory overwrite each other's server registrations and
+        interleave metrics (steps 1, 2, 1); the second must be refused before it writes
+        anything. `flock` is released by the kernel when the holder exits, however it exits,
+        so a killed launch never leaves a stale lock behind.
+        """
+        return RunLock(self.root / LOCK_FILE)
+
+    def finished_at(self, max_steps: int) -> int | None:
+        """The step a finished run ended at, if it already reached `max_steps` (else None)."""
+        status = read_status(self.root) or {}
+        step = int(status.get("step") or 0)
+        return step if status.get("state") == "finished" and step >= max_steps else None
+
+    def is_run(self) -> bool:
+        """A trainer has written here (what `rlvr monitor` can show)."""
+        return self.status.exists() or self.metrics.exists()
+
+    def write_recipe(self, text: str) -> Path:
+        """Write the resolved recipe the workers read; creates the directory."""
+        write_atomic(self.recipe, text)
+        return self.recipe
+
+
+class RunActive(RuntimeError):
+    """Another process holds the run directory's lock; the message names it."""
+
+
+class RunLock:
+    """An exclusive `flock` on RUN/.lock for as long as the launcher runs (a context manager)."""
+
+    def __init__(self, path: Path):
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = path.read_text(errors="replace").strip() or "another process"
+            os.close(self._fd)
+            raise RunActive(f"run active ({holder})") from None
+        os.ftruncate(self._fd, 0)
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.write(self._fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}".encode())
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = -1
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def read_status(run_dir: str | Path) -> dict[str, Any] | None:
+    """A run's status.json, or None when there is none yet (or it is not JSON)."""
+    return read_json(RunDir(run_dir).status)
+
+
+def write_atomic(path: str | Path, text: str, *, durable: bool = False) -> None:
+    """Write `text` to `path` so that a reader sees the old file or the new one, never half.
+
+    The temporary name carries the pid and thread, so two writers never share one. `durable`
+    fsyncs the data before the rename (checkpoint markers: the rename must not land on disk
+    before the bytes it points to). The parent folder is created if missing.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | Path, data: Any, *, durable: bool = False, indent: int | None = None) -> None:
+    """`write_atomic` of `data` as JSON."""
+    write_atomic(path, json.dumps(data, indent=indent), durable=durable)
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON in `path`, or None when the file is missing or not (yet) JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

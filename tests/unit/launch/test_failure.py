@@ -1,0 +1,49 @@
+"""The launcher's one-line cause of a child's failure, read from real log shapes."""
+
+from __future__ import annotations
+
+from rlvr.launch.failure import root_cause
+
+TORCHRUN_LOG = """$ torchrun --nproc-per-node 1 -m rlvr.worker --run-dir runs/q
+Traceback (most recent call last):
+  File "/x/rlvr/worker.py", line 3, in <module>
+    raise DataError("data/x.jsonl:7: invalid JSON")
+rlvr.data.sources.DataError: data/x.jsonl:7: invalid JSON
+E1203 02:44:38.679000 19829 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0
+Traceback (most recent call last):
+  File "/venv/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+rlvr.worker FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+  exitcode  : 1 (pid: 19834)
+============================================================
+"""
+
+
+def test_the_first_ranks_exception_not_torchruns_banner() -> None:
+    assert root_cause(TORCHRUN_LOG) == "DataError: data/x.jsonl:7: invalid JSON"
+
+
+def test_a_multi_line_message_is_joined_and_capped() -> None:
+    log = "Traceback (most recent call last):\n  File 'x'\nValueError: first\nsecond\n\nlater noise\n"
+    assert root_cause(log) == "ValueError: first second"
+    long = "Traceback (most recent call last):\n  File 'x'\nValueError: " + "y" * 1000 + "\n"
+    assert len(root_cause(long)) == 400 and root_cause(long).endswith("...")
+
+
+def test_an_exit_with_a_message_is_the_last_words_before_torchrun() -> None:
+    log = "$ torchrun ...\nloading\nmodel.path must name a folder with a tokenizer\nE1203 00:00:00.0 1 api.py:1] failed (exitcode: 1)\n"
+    assert root_cause(log) == "model.path must name a folder with a tokenizer"
+    assert root_cause("") == "no output"
+
+
+def test_a_chained_exception_reports_the_first_one() -> None:
+    log = (
+        "Traceback (most recent call last):\n  File 'a'\nKeyError: 'step'\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n  File 'b'\nRuntimeError: wrapped\n"
+    )
+    assert root_cause(log) == "KeyError: 'step'"

@@ -1,0 +1,57 @@
+"""Plain progress lines for a launch whose output is a file, and the launcher's failed status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlvr.monitor.metrics import RunRecorder, mark_failed
+from rlvr.monitor.progress import final_line, follow, step_line
+from rlvr.rundir import read_status
+
+
+def test_a_step_line_names_rewards_eval_kl_and_time() -> None:
+    row = {"step": 3, "reward/math/mean": 0.5, "reward/code/mean": 0.25, "reward/mean": 0.4, "kl": 0.00123}
+    row |= {"eval/reward/math/mean": 0.75, "time/step": 4.14, "reward/math/accuracy": 1.0}
+    assert step_line(row, max_steps=10) == (
+        "step 3/10  reward code 0.250 math 0.500  eval math 0.750  kl 0.0012  4.1 s/step"
+    )
+
+
+def test_follow_prints_each_step_once_including_the_last_rows(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path, max_steps=3)
+    printed: list[str] = []
+    calls = iter([False, False, True])
+
+    def stop() -> bool:
+        done = next(calls)
+        recorder.log(len(printed) + 1, {"reward/a/mean": 1.0})  # a step lands between polls
+        return done
+
+    follow(tmp_path, stop=stop, emit=printed.append, poll_s=0)
+    assert [line.split("  ")[0] for line in printed] == ["step 1/3", "step 2/3", "step 3/3"]
+
+
+def test_final_line_says_finished_or_how_to_resume(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path, max_steps=5)
+    recorder.log(5, {})
+    recorder.close("finished")
+    assert final_line(tmp_path, code=0) == f"finished at 5/5; results in {tmp_path}"
+    recorder = RunRecorder(tmp_path / "b", max_steps=5)
+    recorder.log(2, {})
+    recorder.close("stopped")
+    assert final_line(tmp_path / "b", code=130) == "stopped at step 2/5: rerun the same command to resume"
+
+
+def test_mark_failed_ends_a_start_that_never_ran(tmp_path: Path) -> None:
+    RunRecorder(tmp_path, max_steps=5)  # status "starting": the trainer died before step 1
+    mark_failed(tmp_path, "trainer exited with code 1: DataError: x:7: bad (log: logs/trainer.log)")
+    status = read_status(tmp_path)
+    assert status is not None and status["state"] == "failed" and status["max_steps"] == 5
+    assert status["error"].startswith("trainer exited")
+    event = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1])
+    assert event["level"] == "error" and "DataError" in event["message"]
+    mark_failed(tmp_path / "fresh", "judge died", max_steps=7)  # no status.json yet
+    fresh = read_status(tmp_path / "fresh")
+    assert fresh is not None and fresh["state"] == "failed" and fresh["max_steps"] == 7
+    assert "failed at step 0/7" in final_line(tmp_path / "fresh", code=1)
