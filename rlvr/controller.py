@@ -33,9 +33,10 @@ from typing import Any
 
 from rlvr.algorithms.advantages import RunningMoments
 from rlvr.algorithms.filters import keep_group, soft_overlong_penalty
-from rlvr.data.chat import encode_prompt
+from rlvr.data.chat import encode_prompt, render_prompt
 from rlvr.data.mixture import MixtureSampler, hash_seed
 from rlvr.evaluation import evaluate_groups
+from rlvr.monitor.samples import sample_rows
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.pool import RewardPool
 from rlvr.rollout.engine import RolloutEngine, SamplingParams
@@ -80,6 +81,7 @@ class Wave:
     prompts: list[Sample]
     kept: list[Group] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)  # monitor.log_samples episodes
     started_at: float = field(default_factory=time.perf_counter)
     task: asyncio.Task[None] | None = None
 
@@ -119,10 +121,9 @@ class RolloutManager:
             for name, d in recipe.domains.items()
             if d.tools
         }
-        self._prompt_ids: dict[tuple[str, str], list[int]] = {}
+        self._prompt_ids: dict[tuple[Any, ...], list[int]] = {}
         self.version = 0  # the weights the engines serve (trainer steps applied)
         self.counts: dict[str, int] = dict.fromkeys(("started", *GROUP_ENDS), 0)
-        self.samples: list[dict[str, Any]] = []  # the last step's rows for samples.jsonl
         self._open = 0  # groups started that have not ended
         self._waves: dict[int, Wave] = {}
         self._next_wave = 0
@@ -135,6 +136,7 @@ class RolloutManager:
         self._weights_ready = asyncio.Event()
         self._weights_ready.set()  # closed only while a weight push runs
         self._thread: threading.Thread | None = None
+        self._samples: list[dict[str, Any]] = []  # the last taken wave's, for samples.jsonl
 
     # -- the trainer's side (any thread) -------------------------------------------------------
     def start(self, *, version: int) -> None:
@@ -147,6 +149,11 @@ class RolloutManager:
     def take(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """Block until wave `step` is complete; its batch and metrics (the trainer is at `step`)."""
         return self._call(self._take(step))
+
+    def pop_samples(self) -> list[dict[str, Any]]:
+        """The episodes `monitor.log_samples` picked from the wave `take` returned last (once)."""
+        rows, self._samples = self._samples, []
+        return rows
 
     def pause(self) -> None:
         """Before a weight push: no new groups, and aborted episodes hold until `resume`."""
@@ -167,7 +174,8 @@ class RolloutManager:
 
     # -- prompts -> episodes -> groups -----------------------------------------------------------
     def prompt_ids(self, sample: Sample) -> list[int]:
-        key = (sample.domain, sample.id)
+        # Keyed by the messages too: a train row and an eval row may share an id.
+        key = (sample.domain, sample.id, tuple((m["role"], m["content"]) for m in sample.messages))
         if key not in self._prompt_ids:
             box = self.toolboxes.get(sample.domain)
             messages = box.prompt_messages(sample.messages) if box is not None else sample.messages
@@ -175,6 +183,12 @@ class RolloutManager:
                 messages, tokenizer=self.tokenizer, template=self.recipe.model.chat_template
             )
         return self._prompt_ids[key]
+
+    def prompt_text(self, sample: Sample) -> str:
+        """The prompt as the model sees it (tool instructions included), as text."""
+        box = self.toolboxes.get(sample.domain)
+        messages = box.prompt_messages(sample.messages) if box is not None else sample.messages
+        return render_prompt(messages, tokenizer=self.tokenizer, template=self.recipe.model.chat_template)
 
     def sampling(self, *, seed: int | None) -> SamplingParams:
         r = self.recipe.rollout
@@ -266,6 +280,9 @@ class RolloutManager:
             if round_ == 0:
                 wave.metrics.update(merge_reward_metrics(scores))
                 wave.metrics.update(self._group_metrics(groups))
+                wave.samples = sample_rows(
+                    groups, per_domain=self.recipe.monitor.log_samples, step=wave.step + 1, prompt_text=self.prompt_text
+                )
             survivors = [g for g in groups if keep_group(self.shaped_rewards(g), cfg=algo)]
             self._end("filtered", len(groups) - len(survivors))
             kept += survivors
@@ -295,7 +312,7 @@ class RolloutManager:
         self._end("stale", len(wave.kept) - len(fresh))
         self._end("trained", len(fresh))
         batch = self.build_batch(fresh)
-        self.samples = self.sample_rows(fresh, step=step)
+        self._samples = wave.samples
         metrics = {
             **wave.metrics,
             **self._staleness_metrics(fresh, step=step),
@@ -305,26 +322,6 @@ class RolloutManager:
             "batch/sequences": float(len(batch)),
         }
         return batch, metrics
-
-    def sample_rows(self, groups: Sequence[Group], *, step: int) -> list[dict[str, Any]]:
-        """The first completion of the first `monitor.log_samples` groups of each domain (samples.jsonl)."""
-        per_domain = self.recipe.monitor.log_samples
-        taken: dict[str, int] = {}
-        rows = []
-        for group in groups:
-            domain = group.sample.domain
-            if taken.get(domain, 0) >= per_domain or not group.completions:
-                continue
-            taken[domain] = taken.get(domain, 0) + 1
-            completion = group.completions[0]
-            rows.append(
-                {
-                    "step": step, "domain": domain, "id": group.sample.id, "prompt": group.sample.prompt_text,
-                    "completion": completion.text, "reward": group.scores[0] if group.rewards else None,
-                    "finish_reason": completion.finish_reason,
-                }
-            )  # fmt: skip
-        return rows
 
     # -- shaping ----------------------------------------------------------------------------------
     def shaped_rewards(self, group: Group) -> list[float]:

@@ -158,7 +158,7 @@ class RLLoop:
         if self.recorder is not None:
             self.recorder.log(self.step, metrics)
             if self.manager is not None:
-                self.recorder.samples(self.manager.samples)
+                self.recorder.samples(self.manager.pop_samples())
 
     @property
     def checkpoint_root(self) -> Path:

@@ -11,7 +11,7 @@ the target, then `os.replace`), so a reader or a crash never sees half a file:
     status.json            state (starting, running, finished, failed, stopped), step, pid
     metrics.jsonl          one JSON object per step
     events.jsonl           warnings and errors worth showing
-    samples.jsonl          a few completions per domain each step (monitor.log_samples)
+    samples.jsonl          a few whole episodes per domain and step (monitor.log_samples)
     checkpoints/           step_N/ and `latest` (rlvr/trainer/checkpoint.py)
     servers/               <index>.json per rollout server, judge.url
     logs/                  one log per child process of the local launcher or a node

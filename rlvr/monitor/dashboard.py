@@ -3,7 +3,9 @@
 `rlvr launch` shows it while its children train; `rlvr monitor RUN_DIR` attaches to a
 running or finished run from any terminal that can read the directory. It renders: a
 step progress bar with ETA, a per-domain reward table (latest, first, change, accuracy,
-response length), throughput and the step-time split, and the last warnings/errors.
+response length), a tools table for domains that call tools (calls per episode, share of
+episodes calling, turns, errors, timeouts, latency), throughput and the step-time split,
+and the last warnings/errors.
 """
 
 from __future__ import annotations
@@ -61,8 +63,13 @@ class RunView:
             k.split("/")[1] for k in self.last if k.startswith("reward/") and k.count("/") == 2 and k.endswith("/mean")
         )
 
+    def tool_domains(self) -> list[str]:
+        """Domains whose episodes run tools, as named by `tools/<domain>/calls_per_episode`."""
+        return sorted(k.split("/")[1] for k in self.last if k.startswith("tools/") and k.endswith("/calls_per_episode"))
+
     def render(self) -> Group:
-        return Group(self._header(), self._domain_table(), self._throughput(), self._pipeline(), self._events())
+        tools = [self._tools()] if self.tool_domains() else []
+        return Group(self._header(), self._domain_table(), *tools, self._throughput(), self._pipeline(), self._events())
 
     def _header(self) -> Panel:
         step = int(self.last.get("step") or self.status.get("step") or 0)
@@ -98,6 +105,29 @@ class RunView:
             for tag in self._benchmarks(name):  # one line per eval benchmark (row tag) of this domain
                 mean = self.last.get(f"eval/{name}/{tag}/mean")
                 table.add_row(Text(f"  {tag}", style="dim"), "", "", "", "", "", _num(mean))
+        return table
+
+    def _tools(self) -> Table:
+        """Per tool domain: how often episodes call (latest, and the change since the first step:
+        the number RL should move), turns, and what went wrong in the last step."""
+        table = Table(title="Tools", title_justify="left")
+        for column in ("domain", "calls/ep", "call rate", "change", "turns", "errors", "timeouts", "latency"):
+            table.add_column(column, justify="left" if column == "domain" else "right")
+        for name in self.tool_domains():
+            key = f"tools/{name}/"
+            now, first = self.last.get(key + "call_rate"), self.first.get(key + "call_rate")
+            change = now - first if now is not None and first is not None else None
+            latency = self.last.get(key + "latency_s")
+            table.add_row(
+                name,
+                _num(self.last.get(key + "calls_per_episode"), digits=2),
+                _pct(now),
+                Text(f"{100 * change:+.0f} pt", style="green" if change >= 0 else "red") if change is not None else "-",
+                _num(self.last.get(f"turns/{name}"), digits=2),
+                _num(self.last.get(key + "errors"), digits=0),
+                _num(self.last.get(key + "timeouts"), digits=0),
+                f"{1000 * latency:.0f} ms" if latency is not None else "-",
+            )
         return table
 
     def _benchmarks(self, domain: str) -> list[str]:

@@ -49,7 +49,7 @@ class RunRecorder:
         }
         self._metrics = self.paths.metrics.open("a", encoding="utf-8")
         self._events = self.paths.events.open("a", encoding="utf-8")
-        self._samples = self.paths.samples.open("a", encoding="utf-8")
+        self._samples: Any = None  # opened on the first episodes (log_samples = 0: no file)
         write_json_atomic(self.paths.status, self.status)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -61,6 +61,11 @@ class RunRecorder:
         self.set_state("running", step=step)
 
     def samples(self, rows: list[dict[str, Any]]) -> None:
+        """Append whole episodes to samples.jsonl (see rlvr.monitor.samples)."""
+        if not rows:
+            return
+        if self._samples is None:
+            self._samples = self.paths.samples.open("a", encoding="utf-8")
         for row in rows:
             self._samples.write(json.dumps(row) + "\n")
         self._samples.flush()
@@ -79,7 +84,8 @@ class RunRecorder:
             sink.close()
         self._metrics.close()
         self._events.close()
-        self._samples.close()
+        if self._samples is not None:
+            self._samples.close()
 
 
 def mark_failed(run_dir: str | Path, message: str, **fields: Any) -> None:

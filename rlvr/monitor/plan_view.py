@@ -154,7 +154,7 @@ def tools_table(recipe: Recipe) -> Table:
         table.add_row(
             name,
             ", ".join(d.tools),
-            d.tool_format,
+            d.tool_format if d.tool_instructions else f"{d.tool_format} (tools not listed in the prompt)",
             str(d.max_turns),
             str(d.max_tool_calls),
             f"{d.tool_timeout_s:g}",

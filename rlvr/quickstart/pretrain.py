@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rlvr.quickstart.tasks import OPPOSITES, ROWS, write_quickstart_data, wrong_answer
@@ -46,8 +47,25 @@ def judge_examples(*, seed: int, count: int) -> list[tuple[str, str]]:
     return examples
 
 
-def sft(examples: list[tuple[str, str]], out_dir: Path, *, seed: int, steps: int, batch: int, lr: float) -> float:
-    """Train a fresh tiny model on prompt -> answer (loss on the answer and EOS only)."""
+Answer = str | list[tuple[str, bool]]
+
+
+def sft(
+    examples: Sequence[tuple[str, Answer]],
+    out_dir: Path,
+    *,
+    seed: int,
+    steps: int,
+    batch: int,
+    lr: float,
+    shape: dict | None = None,
+    log_every: int = 0,
+) -> float:
+    """Train a fresh tiny model on prompt -> answer (loss on the answer and EOS only).
+
+    An answer may be a list of (text, trained) pieces: a tool episode's tool output is given
+    with trained = False, so the model learns to call and to read, never to write the answer
+    of the tool itself (as RL masks those tokens)."""
     import torch
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, Qwen3Config
@@ -57,16 +75,19 @@ def sft(examples: list[tuple[str, str]], out_dir: Path, *, seed: int, steps: int
 
     torch.manual_seed(seed)
     tokenizer = build_char_tokenizer()
-    config = Qwen3Config(**tiny_config(vocab_size=len(tokenizer), **MODEL_SHAPE))
+    config = Qwen3Config(**tiny_config(vocab_size=len(tokenizer), **(shape or MODEL_SHAPE)))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     encoded = []
     for prompt, answer in examples:
         p = tokenizer(
             render_prompt([{"role": "user", "content": prompt}], tokenizer=tokenizer), add_special_tokens=False
         )
-        a = tokenizer(answer, add_special_tokens=False)
-        ids = p["input_ids"] + a["input_ids"] + [tokenizer.eos_token_id]
-        encoded.append((ids, len(p["input_ids"])))
+        ids, trained = list(p["input_ids"]), [False] * len(p["input_ids"])
+        for text, train in [(answer, True)] if isinstance(answer, str) else answer:
+            piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids += piece
+            trained += [train] * len(piece)
+        encoded.append((ids + [tokenizer.eos_token_id], trained + [True]))
     pad_id: int = tokenizer.pad_token_id  # pyright: ignore[reportAssignmentType]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
@@ -76,9 +97,9 @@ def sft(examples: list[tuple[str, str]], out_dir: Path, *, seed: int, steps: int
         width = max(len(ids) for ids, _ in chosen)
         input_ids = torch.full((batch, width), pad_id)
         labels = torch.full((batch, width), -100)
-        for row, (ids, prompt_len) in enumerate(chosen):
+        for row, (ids, trained) in enumerate(chosen):
             input_ids[row, : len(ids)] = torch.tensor(ids)
-            labels[row, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
+            labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, trained, strict=True)])
         logits = model(input_ids=input_ids, attention_mask=input_ids.ne(pad_id).long()).logits
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1))
         optimizer.zero_grad()
@@ -87,6 +108,8 @@ def sft(examples: list[tuple[str, str]], out_dir: Path, *, seed: int, steps: int
             group["lr"] = lr * min(1.0, (step + 1) / 50) * (1 - step / steps) + lr * 0.05
         optimizer.step()
         loss_value = float(loss.detach())
+        if log_every and (step + 1) % log_every == 0:
+            print(f"step {step + 1}/{steps}: loss {loss_value:.3f}", flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

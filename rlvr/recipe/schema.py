@@ -112,6 +112,13 @@ class DomainConfig(Section):
     """`tags`: <code>...</code> or a fenced python block, <search>...</search>, answers in
     <result>...</result>; `hermes`: <tool_call>{"name": ..., "arguments": ...}</tool_call>,
     answered as the Qwen2.5/Qwen3 chat templates render the tool role."""
+    tool_instructions: bool = True
+    """List the tools in the prompt's system message. False when the policy already knows how to
+    call them (it was fine-tuned on these prompts, e.g. recipes/tools.toml): the prompt is then
+    the same with and without tools."""
+    python_session: bool = False
+    """The python calls of one episode share variables, functions and imports (each call replays
+    the episode's earlier code, output hidden, in a fresh sandbox). Default: stateless calls."""
     max_turns: int = Field(default=4, ge=1)
     """Model turns per episode (a call is not run once this many turns were generated)."""
     max_tool_calls: int = Field(default=3, ge=0)

@@ -2,7 +2,11 @@
 
 Same isolation and limits as `code_sandbox` (`LocalSandbox`: bubblewrap where available),
 stateless per call: every call is a fresh interpreter in a fresh scratch directory, so one
-episode's variables or files never leak into the next call.
+episode's variables or files never leak into the next call. With `python_session = true` the
+calls of one episode share state the simplest way that keeps that isolation: each call runs the
+episode's earlier cells again first, their output hidden and their errors ignored, then the new
+cell (`session_script`). Cost grows with the calls (`max_tool_calls` bounds it), and a cell
+whose result depends on time or randomness may differ on replay.
 """
 
 from __future__ import annotations
@@ -14,7 +18,20 @@ from rlvr.tools.base import Tool
 STDERR_TAIL = 1500
 
 
-def python_tool(*, timeout_s: float, memory_mb: int = 512, sandbox_mode: str = "auto") -> Tool:
+def session_script(cells: list[str], code: str) -> str:
+    """A program that replays `cells` silently, then runs `code` (its output and errors shown)."""
+    if not cells:
+        return code
+    lines = ["import contextlib as _c, io as _io", "_g = {'__name__': '__main__'}"]
+    for i, cell in enumerate(cells, 1):
+        lines.append("with _c.redirect_stdout(_io.StringIO()), _c.redirect_stderr(_io.StringIO()):")
+        lines.append(f"    try: exec(compile({cell!r}, '<cell {i}>', 'exec'), _g)")
+        lines.append("    except BaseException: pass")
+    lines.append(f"exec(compile({code!r}, '<cell {len(cells) + 1}>', 'exec'), _g)")
+    return "\n".join(lines) + "\n"
+
+
+def python_tool(*, timeout_s: float, memory_mb: int = 512, sandbox_mode: str = "auto", session: bool = False) -> Tool:
     sandbox: list[Any] = []  # built on first call: probing the isolation modes runs processes
 
     async def run(code: str) -> str:
@@ -34,7 +51,8 @@ def python_tool(*, timeout_s: float, memory_mb: int = 512, sandbox_mode: str = "
 
     return Tool(
         name="python",
-        description="Run a Python program and return what it prints (a fresh interpreter each call).",
+        description="Run a Python program and return what it prints "
+        + ("(variables persist across this episode's calls)." if session else "(a fresh interpreter each call)."),
         parameters={
             "type": "object",
             "properties": {"code": {"type": "string", "description": "The program to run."}},

@@ -33,7 +33,7 @@ def build_tools(domain: Any) -> dict[str, Tool]:
     tools: dict[str, Tool] = {}
     for spec in domain.tools:
         if spec == "python":
-            tool = python_tool(timeout_s=domain.tool_timeout_s)
+            tool = python_tool(timeout_s=domain.tool_timeout_s, session=getattr(domain, "python_session", False))
         elif spec == "search":
             tool = search_tool(
                 corpus=domain.search_corpus,
@@ -71,6 +71,8 @@ def check_tools(domain: Any) -> str | None:
                 return str(exc)
     if len(set(domain.tools)) != len(domain.tools):
         return "a tool is listed twice"
+    if getattr(domain, "python_session", False) and "python" not in domain.tools:
+        return "python_session = true needs the python tool in tools"
     return None
 
 

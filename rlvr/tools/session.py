@@ -17,6 +17,7 @@ from typing import Any
 from rlvr.rollout.episode import ToolReply
 from rlvr.tools.base import Tool, ToolError
 from rlvr.tools.formats import Malformed, ToolCall, Unfinished, make_format
+from rlvr.tools.python import session_script
 from rlvr.tools.registry import build_tools
 
 # The sandbox enforces the python tool's own timeout; this grace covers its start and teardown.
@@ -36,8 +37,12 @@ class Toolbox:
         max_tool_calls: int,
         timeout_s: float,
         max_tokens: int,
+        instructions: bool = True,
+        python_session: bool = False,
     ):
         self.tools = tools
+        self.instructions = instructions
+        self.python_session = python_session
         self.format = make_format(tool_format, tools)
         self.tokenizer = tokenizer
         self.max_turns, self.max_tool_calls = max_turns, max_tool_calls
@@ -54,10 +59,15 @@ class Toolbox:
             max_tool_calls=domain.max_tool_calls,
             timeout_s=domain.tool_timeout_s,
             max_tokens=domain.max_episode_tokens or default_tokens,
+            instructions=domain.tool_instructions,
+            python_session=domain.python_session,
         )
 
     def prompt_messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
-        """The prompt with the tools described in its system message (prepended, or added to one)."""
+        """The prompt with the tools described in its system message (prepended, or added to one);
+        unchanged with `tool_instructions = false`."""
+        if not self.instructions:
+            return messages
         text = self.format.instructions()
         if messages and messages[0].get("role") == "system":
             return [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
@@ -78,6 +88,7 @@ class ToolSession:
 
     def reset(self) -> None:
         self.calls, self.errors, self.timeouts, self.seconds = 0, 0, 0, 0.0
+        self.cells: list[str] = []  # this episode's python code so far (python_session)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.box.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -111,8 +122,13 @@ class ToolSession:
         start = time.perf_counter()
         try:
             tool.check_arguments(call.arguments)
+            session = call.name == "python" and self.box.python_session
+            arguments = {"code": session_script(self.cells, call.arguments["code"])} if session else call.arguments
             limit = self.box.timeout_s + (TIMEOUT_GRACE_S if tool.own_timeout else 0.0)
-            return await asyncio.wait_for(tool.fn(**call.arguments), timeout=limit)
+            answer = await asyncio.wait_for(tool.fn(**arguments), timeout=limit)
+            if session:  # a cell that timed out is not replayed (it would time out every later call)
+                self.cells.append(call.arguments["code"])
+            return answer
         except TimeoutError:
             self.timeouts += 1
             return f"error: {call.name} timed out after {self.box.timeout_s:g}s"

@@ -291,23 +291,3 @@ def test_stale_groups_are_dropped_and_counted() -> None:
     batch, metrics = manager.take(3)
     manager.close()
     assert len(batch) == 0 and metrics["groups/stale"] == 4
-
-
-def test_log_samples_rows_per_domain_reach_samples_jsonl(tmp_path) -> None:
-    """monitor.log_samples: that many completions per domain each step, in samples.jsonl."""
-    import json
-
-    from rlvr.monitor.metrics import RunRecorder
-    from rlvr.rundir import RunDir
-
-    manager, _ = make()
-    manager.take(0)
-    rows = manager.samples
-    assert sorted(Counter(r["domain"] for r in rows).values()) == [2, 2]  # the default, 2 per domain
-    assert {"step", "domain", "id", "prompt", "completion", "reward", "finish_reason"} <= set(rows[0])
-    recorder = RunRecorder(tmp_path, max_steps=1)
-    recorder.samples(rows)
-    recorder.close()
-    written = [json.loads(line) for line in RunDir(tmp_path).samples.read_text().splitlines()]
-    assert written == rows and all(r["step"] == 0 and r["prompt"].startswith("q") for r in written)
-    manager.close()

@@ -95,3 +95,40 @@ def test_monitor_command(tmp_path: Path) -> None:
     assert result.exit_code == 0 and "demo" in result.stdout
     result = CliRunner().invoke(app, ["monitor", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "not a run directory" in result.stderr
+
+
+def test_tools_table_shows_calls_turns_errors_and_latency(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path, max_steps=10, name="tools")
+    for step, rate in ((1, 0.25), (2, 0.75)):
+        recorder.log(
+            step,
+            {
+                "reward/math/mean": rate,
+                "reward/words/mean": 0.5,
+                "tools/math/calls_per_episode": rate * 1.2,
+                "tools/math/call_rate": rate,
+                "tools/math/errors": 3.0,
+                "tools/math/timeouts": 1.0,
+                "tools/math/latency_s": 0.043,
+                "turns/math": 1.0 + rate,
+            },
+        )
+    view = RunView(tmp_path)
+    view.refresh()
+    assert view.tool_domains() == ["math"]  # words calls no tool: no row
+    console = Console(record=True, width=140)
+    console.print(view.render())
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("math") and "ms" in line)
+    for cell in ("0.90", "75%", "+50 pt", "1.75", "3", "1", "43 ms"):
+        assert cell in row, (cell, row)
+    assert "Tools" in text
+
+
+def test_no_tools_table_without_tool_metrics(tmp_path: Path) -> None:
+    record(tmp_path)
+    view = RunView(tmp_path)
+    view.refresh()
+    console = Console(record=True, width=120)
+    console.print(view.render())
+    assert view.tool_domains() == [] and "calls/ep" not in console.export_text()

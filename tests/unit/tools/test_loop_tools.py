@@ -115,6 +115,11 @@ def test_the_loop_trains_on_tool_episodes(tmp_path: Path, model_dir: Path, k: in
         assert all(v == v and abs(v) != float("inf") for v in m.values() if isinstance(v, float))  # no NaN/inf
     if k == 1:
         assert all(m["rollout/staleness_max"] <= 1 for m in metrics)
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 1, 2, 2, 3, 3]  # monitor.log_samples = 2 (default) per step
+    for s in samples:
+        assert s["prompt"].startswith("system: tools: lookup_price\nuser: say ")
+        assert s["completion"].count("<r>3</r>") == 2 and (s["turns"], s["tool_calls"]) == (3, 2)
     after = weights(loop)
     assert any(not torch.equal(before[name], after[name]) for name in before)
 

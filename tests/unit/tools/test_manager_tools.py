@@ -76,3 +76,20 @@ def test_a_tool_domain_runs_turns_and_masks_tool_tokens(tokenizer) -> None:
         assert mask.count(0.0) == tool_len and all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if m == 0)
     train_batch = TrainBatch.from_sequences(batch.prompts, batch.responses, response_masks=batch.loss_masks)
     assert train_batch.response_mask.sum().item() == sum(len(r) - tool_len for r in batch.responses)
+
+
+def test_a_train_row_and_an_eval_row_with_the_same_id_keep_their_own_prompts(tokenizer) -> None:
+    recipe = Recipe.model_validate({
+        "experiment": {"max_steps": 1},
+        "model": {"config": {}, "chat_template": "plain"},
+        "domains": {"shop": {"tags": ["shop"], "files": ["x"], "reward": "qa_match"}},
+    })  # fmt: skip
+    train = Sample(id="7", tag="shop", domain="shop", messages=[{"role": "user", "content": "train"}])
+    held_out = Sample(id="7", tag="shop", domain="shop", messages=[{"role": "user", "content": "eval"}])
+    manager = RolloutManager(recipe, train={"shop": [train]}, evals={"shop": [held_out]}, tokenizer=tokenizer,
+                             engine=PriceEngine(tokenizer), rewards=Rewards())  # type: ignore[arg-type]  # fmt: skip
+    try:
+        assert manager.prompt_text(held_out).endswith("user: eval\nassistant: ")
+        assert manager.prompt_text(train).endswith("user: train\nassistant: ")
+    finally:
+        manager.close()

@@ -173,3 +173,36 @@ async def test_search_from_a_retrieval_server_and_a_server_down(tokenizer, unuse
     reply = await session.respond("<search>capital</search>")
     assert reply is not None and "error: search failed: Client" in reply.text
     assert session.stats()["tool_errors"] == 1
+
+
+async def test_python_session_keeps_state_within_an_episode_only(tokenizer):
+    box = toolbox(tokenizer, [python_tool(timeout_s=10, session=True)], python_session=True, max_tool_calls=4)
+    assert "persist" in box.format.instructions()
+    session = box.session()
+    first = await session.respond("<code>x = 6\nprint('set')</code>")
+    assert first is not None and "set" in first.text
+    await session.respond("<code>raise ValueError('boom')</code>")  # a failing cell does not end the session
+    second = await session.respond("<code>def f(y): return x * y\nprint(f(7))</code>")
+    assert second is not None and "<result>\n42\n</result>" in second.text  # the first cell's print is not repeated
+    assert session.stats()["tool_errors"] == 0
+    fresh = box.session()  # another episode starts empty
+    reply = await fresh.respond("<code>print('x' in globals())</code>")
+    assert reply is not None and "False" in reply.text
+    session.reset()  # an episode restarted from its prompt starts empty too
+    reply = await session.respond("<code>print('x' in globals())</code>")
+    assert reply is not None and "False" in reply.text
+
+
+def test_python_session_needs_the_python_tool():
+    assert "needs the python tool" in (check_tools(_domain(tools=[PLUGIN], python_session=True)) or "")
+    assert check_tools(_domain(tools=["python"], python_session=True)) is None
+
+
+async def test_python_session_does_not_replay_a_cell_that_timed_out(tokenizer):
+    box = toolbox(tokenizer, [python_tool(timeout_s=1, session=True)], python_session=True, timeout_s=1)
+    session = box.session()
+    await session.respond("<code>y = 2</code>")
+    reply = await session.respond("<code>while True: pass</code>")
+    assert reply is not None and "timed out" in reply.text
+    reply = await session.respond("<code>print(y + 1)</code>")
+    assert reply is not None and "<result>\n3\n</result>" in reply.text
