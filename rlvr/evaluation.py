@@ -24,6 +24,24 @@ def is_checkpoint(path: Path) -> bool:
     return (path / "meta.json").exists()
 
 
+def find_checkpoint(path: Path) -> Path | None:
+    """The checkpoint a user means: `RUN/checkpoints/step_N` itself, the `RUN/checkpoints/latest`
+    pointer file, `RUN/checkpoints`, or `RUN` (the latest complete one); None if there is none.
+    Torch-free, so `launch --resume` can check it before starting anything."""
+    if path.is_file() and path.name == "latest":
+        path = path.parent
+    for folder in (path, path / "checkpoints"):
+        if is_checkpoint(folder):
+            return folder
+        pointer = folder / "latest"
+        if pointer.is_file() and is_checkpoint(folder / pointer.read_text().strip()):
+            return folder / pointer.read_text().strip()
+        steps = [p for p in folder.glob("step_*") if p.name[5:].isdigit() and is_checkpoint(p)]
+        if steps:
+            return max(steps, key=lambda p: int(p.name[5:]))
+    return None
+
+
 def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
     """DCP checkpoint -> safetensors HF folder (model weights, config and tokenizer)."""
     import torch
