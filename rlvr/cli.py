@@ -264,14 +264,14 @@ def eval_(
     from rlvr.evaluation import find_checkpoint, load_rows
 
     checkpoint = None if (model / "config.json").exists() else find_checkpoint(model)
-    if checkpoint is None and not (model / "config.json").exists():
-        raise fail(f"{model}: neither a HF model folder (config.json) nor a checkpoint (meta.json)")
     source = recipe or (checkpoint.resolve().parent.parent / "resolved_recipe.json" if checkpoint else None)
     parsed = eval_recipe(source) if source is not None and source.exists() else None
     template = parsed.model.chat_template if parsed else "auto"
     tag_rewards = {tag: (d.reward, d.reward_args) for d in parsed.domains.values() for tag in d.tags} if parsed else {}
     if reward is None and not tag_rewards:
         raise fail("pass --reward NAME or --recipe R.toml (to map row tags to rewards)")
+    if checkpoint is None and not (model / "config.json").exists():
+        raise fail(f"{model}: neither a HF model folder (config.json) nor a checkpoint (meta.json)")
     if reward is not None:
         from rlvr.rewards.registry import check_reward_args, check_reward_name
 
