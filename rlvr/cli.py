@@ -93,7 +93,12 @@ def check_tools(recipe) -> tuple[tuple[str, ...], str] | None:
 
 @app.command()
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
-    """Check a recipe and its data files; exit 0 if valid, 2 with a one-line error if not."""
+    """Check a recipe, its data files and this machine; exit 0 if valid, 2 with a one-line error if not.
+
+    It runs every check `launch` and the workers run at start-up (see the README, "Recipes").
+
+    Example: rlvr validate recipes/quickstart.toml --set rollout.n=16
+    """
     load_or_exit(recipe, set_)
     typer.echo(f"{recipe}: ok")
 
@@ -102,9 +107,12 @@ def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
 def plan(
     recipe: RecipeArg,
     set_: SetOpt = None,
-    out: Annotated[Path | None, typer.Option(help="Write the resolved recipe JSON here.")] = None,
+    out: Annotated[Path | None, typer.Option(metavar="FILE", help="Write the resolved recipe JSON here.")] = None,
 ) -> None:
-    """Print the resolved recipe, per-step domain quotas and the node/GPU split; write resolved JSON."""
+    """Print the resolved recipe, per-step domain quotas and the node/GPU split; write resolved JSON.
+
+    Example: rlvr plan recipes/math_code_judge.toml --set cluster.nodes=4
+    """
     from rlvr.launch.plan import PlanError, make_plan
     from rlvr.monitor.plan_view import print_plan
     from rlvr.recipe.load import resolved_json
@@ -129,11 +137,19 @@ def launch(
     set_: SetOpt = None,
     resume: Annotated[
         str,
-        typer.Option(help="auto: continue from the latest checkpoint if any; none: start fresh; or a checkpoint path."),
+        typer.Option(
+            metavar="auto|none|PATH",
+            help="auto: continue from the latest checkpoint if any; none: start fresh; or a checkpoint path.",
+        ),
     ] = "auto",
     dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
 ) -> None:
-    """Run a recipe: local processes (cluster.kind = local) or a SLURM job (cluster.kind = slurm)."""
+    """Run a recipe: local processes (cluster.kind = local) or a SLURM job (cluster.kind = slurm).
+
+    Runs `rlvr validate`'s checks first; rerun the same command to resume from the latest checkpoint.
+
+    Example: rlvr launch recipes/quickstart.toml --set experiment.max_steps=10
+    """
     resolved = load_or_exit(recipe, set_)
     if resolved.model.path is None:
         raise fail(f"{recipe}: model.path: launching needs a model folder (model.config is for tests and plans)")
@@ -179,10 +195,15 @@ def resume_or_exit(resume: str) -> str:
 def sbatch(
     recipe: RecipeArg,
     set_: SetOpt = None,
-    out: Annotated[Path | None, typer.Option(help="Write the script here (default: RUN_DIR/job.sbatch).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="Write the script here (default: RUN_DIR/job.sbatch).")
+    ] = None,
     submit: Annotated[bool, typer.Option("--submit", help="Also submit it with sbatch.")] = False,
 ) -> None:
-    """Write a plain, commented sbatch script (and the resolved recipe) for submitting by hand."""
+    """Write a plain, commented sbatch script (and the resolved recipe) for submitting by hand.
+
+    Example: rlvr sbatch recipes/math_code_judge.toml --submit
+    """
     import subprocess
 
     from rlvr.launch.plan import PlanError, make_plan
@@ -421,7 +442,10 @@ def monitor(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (output_dir/name).")],
     once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit.")] = False,
 ) -> None:
-    """Attach the live dashboard to a running or finished run."""
+    """Attach the live dashboard to a running or finished run.
+
+    Example: rlvr monitor runs/quickstart --once
+    """
     from rlvr.monitor.dashboard import watch
 
     if not (run_dir / "status.json").exists() and not (run_dir / "metrics.jsonl").exists():

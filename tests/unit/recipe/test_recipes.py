@@ -297,3 +297,21 @@ def test_launch_runs_the_validate_checks_first(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "--set trainer.ranks: 4096 trainer ranks" in " ".join(result.stderr.split())
     assert not (tmp_path / "quickstart").exists()
+
+
+def test_help_names_values_plainly_and_shows_examples_and_version() -> None:
+    """What `rlvr` (the installed entry point, `rlvr.cli:main`) prints, not typer's test runner."""
+
+    def rlvr(*args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlvr.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    for command in ("validate", "plan", "launch", "sbatch", "eval", "export", "monitor", "serve"):
+        text = rlvr(command, "--help")
+        assert not any(mark in text for mark in ("<bool>", "<int>", "<path>", "<list[", "{RECIPE}", "{recipe}")), text
+        assert "Example:" in text, command
+    assert "KEY=VALUE" in rlvr("launch", "--help")
+    assert rlvr("--version").startswith("rlvr ")
