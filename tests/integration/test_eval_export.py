@@ -91,7 +91,7 @@ def test_export_takes_a_run_directory_or_latest_and_writes_readable_weights(tmp_
         out = tmp_path / f"hf{i}"
         result = CliRunner().invoke(app, ["export", str(given), str(out)])
         assert result.exit_code == 0, result.output
-        assert "step_7" in result.output
+        assert "step_7" in result.output and "Loading weights" not in result.output
         modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
         assert modes["model.safetensors"] == modes["config.json"], modes  # not 0600 beside 0644
     result = CliRunner().invoke(app, ["export", str(tmp_path / "none"), str(tmp_path / "x")])
@@ -106,6 +106,7 @@ def test_eval_exports_into_the_cache_not_the_checkpoint(tmp_path: Path, monkeypa
     result = CliRunner().invoke(app, ["eval", str(run_dir), "--data", str(rows), "--max-new-tokens", "4"])
     assert result.exit_code == 0, result.output
     assert not (run_dir / "checkpoints" / "step_7" / "hf").exists()
+    assert "Loading weights" not in result.output
     assert list((tmp_path / "cache" / "rlvr" / "exports").glob("run-step_7-*/config.json"))
     assert f"model: {tmp_path / 'cache'}" in " ".join(result.stdout.split())
 
