@@ -271,6 +271,7 @@ def eval_(
     Example: rlvr eval runs/quickstart --data recipes/quickstart/data/math_eval.jsonl
     """
     import json
+    import os
 
     for file in data:
         if not file.exists():
@@ -306,8 +307,6 @@ def eval_(
         raise fail(str(exc)) from None
     rewards = {s.tag: ((reward, reward_args) if reward else tag_rewards[s.tag]) for s in samples}
     unjudged = sorted(tag for tag, (name, kw) in rewards.items() if name == "llm_judge" and not kw.get("judge_url"))
-    import os
-
     serve_judge = bool(unjudged) and not os.environ.get("RLVR_JUDGE_URL")
     if serve_judge and (parsed is None or parsed.judge is None):
         raise fail(
@@ -315,7 +314,10 @@ def eval_(
             '\'{"judge_url": "http://HOST:PORT"}\', export RLVR_JUDGE_URL, or use a recipe with a [judge] table'
         )
     if checkpoint is not None:
-        model = exported_copy(checkpoint)
+        from rlvr.evaluation import cached_export
+
+        quiet_loading_bars()
+        model = cached_export(checkpoint, announce=typer.echo)
     with judge_for_eval(parsed) if serve_judge else contextlib.nullcontext():
         rows = run_eval(
             model, samples, rewards, template=template, n=n, temperature=temperature, max_new=max_new_tokens
@@ -349,27 +351,6 @@ def eval_recipe(source: Path):
         raise fail(str(exc)) from None
 
 
-def exported_copy(checkpoint: Path) -> Path:
-    """A HF folder of `checkpoint` in the user's cache, not beside the checkpoint (a 7B model is
-    15 GB): exported once, reused while the checkpoint is unchanged."""
-    import hashlib
-    import os
-
-    from rlvr.evaluation import export_checkpoint
-
-    checkpoint = checkpoint.resolve()
-    stamp = f"{checkpoint}:{(checkpoint / 'meta.json').stat().st_mtime_ns}"
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlvr" / "exports"
-    folder = (
-        cache / f"{checkpoint.parent.parent.name}-{checkpoint.name}-{hashlib.sha1(stamp.encode()).hexdigest()[:10]}"
-    )
-    if (folder / "config.json").exists():
-        return folder
-    typer.echo(f"exporting {checkpoint} to {folder} (reused by later evals; delete it freely)")
-    quiet_loading_bars()
-    return export_checkpoint(checkpoint, folder)
-
-
 def run_eval(model: Path, samples, rewards, *, template: str, n: int, temperature: float, max_new: int):
     from rlvr.evaluation import evaluate
 
@@ -384,15 +365,17 @@ def judge_for_eval(recipe):
     """Serve the recipe's [judge] for this eval as `launch` does (`rlvr serve` on a free port,
     its URL in RLVR_JUDGE_URL), and stop it afterwards; one error line if it does not come up."""
     import os
+    import socket
     import subprocess
     import tempfile
     import time
 
     from rlvr.launch.commands import judge_command
-    from rlvr.launch.local import _free_port
     from rlvr.launch.servers import is_healthy
 
-    port = _free_port()
+    with socket.socket() as sock:  # a free port, as the launcher picks one
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="rlvr-eval-judge-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(

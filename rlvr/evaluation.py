@@ -61,6 +61,24 @@ def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
     return exported
 
 
+def cached_export(checkpoint: Path, *, announce: Callable[[str], Any] = print) -> Path:
+    """A HF folder of `checkpoint` in the user's cache (`XDG_CACHE_HOME`, else ~/.cache), not beside
+    the checkpoint (a 7B model is 15 GB in a run directory nobody asked to grow): exported once,
+    reused while the checkpoint is unchanged."""
+    import hashlib
+    import os
+
+    checkpoint = checkpoint.resolve()
+    stamp = f"{checkpoint}:{(checkpoint / 'meta.json').stat().st_mtime_ns}"
+    digest = hashlib.sha1(stamp.encode()).hexdigest()[:10]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlvr" / "exports"
+    folder = cache / f"{checkpoint.parent.parent.name}-{checkpoint.name}-{digest}"
+    if (folder / "config.json").exists():
+        return folder
+    announce(f"exporting {checkpoint} to {folder} (reused by later evals; delete it freely)")
+    return export_checkpoint(checkpoint, folder)
+
+
 @dataclass
 class EvalRow:
     sample: Sample

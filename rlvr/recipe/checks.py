@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 from rlvr.recipe.schema import Recipe
@@ -20,7 +21,7 @@ Problem = tuple[tuple[str, ...], str]
 
 def machine_problems(recipe: Recipe) -> Problem | None:
     """The first thing this machine cannot run, or None."""
-    return model_problem(recipe) or tokenizer_problem(recipe) or ranks_problem(recipe)
+    return model_problem(recipe) or tokenizer_problem(recipe) or ranks_problem(recipe) or sglang_problem(recipe)
 
 
 def model_problem(recipe: Recipe) -> Problem | None:
@@ -70,6 +71,18 @@ def ranks_problem(recipe: Recipe) -> Problem | None:
     cores = cpu_cores()
     if ranks > cores:
         return ("trainer", "ranks"), f"{ranks} trainer ranks but this machine has {cores} CPU core(s) and no GPU"
+    return None
+
+
+def sglang_problem(recipe: Recipe) -> Problem | None:
+    """A local SGLang server needs a GPU and the Python that has SGLang (`rollout.sglang.python`)."""
+    if recipe.cluster.kind != "local" or recipe.rollout.engine != "sglang":
+        return None
+    if not visible_gpus():
+        return ("rollout", "engine"), 'sglang needs a CUDA GPU and this machine has none; use "embedded"'
+    python = recipe.rollout.sglang.python
+    if shutil.which(python) is None:
+        return ("rollout", "sglang", "python"), f"{python!r} is not an executable on PATH (the env that has SGLang)"
     return None
 
 

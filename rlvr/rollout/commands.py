@@ -39,8 +39,10 @@ def serve(
         str, typer.Option(help="Initial weight version reported in meta_info.", metavar="VERSION")
     ] = "0",
 ) -> None:
-    """Serve a model: SGLang's routes (/generate, /update_weights_*, ...) and OpenAI's
-    /v1/chat/completions and /v1/completions.
+    """Serve a model on SGLang's HTTP routes and OpenAI's /v1 routes (the rollout and judge server).
+
+    SGLang's /generate, /update_weights_*, /pause_generation, ...; OpenAI's /v1/chat/completions
+    and /v1/completions (streaming and per-token logprobs).
 
     Example: rlvr serve recipes/quickstart/policy --port 0
     """

@@ -583,7 +583,9 @@ def _unsupported(body: dict[str, Any], route: str) -> str | None:
     return None
 
 
-async def _openai_generate(request: web.Request, prompts: list[list[int]], body: dict[str, Any], *, default_max):
+async def _openai_generate(
+    request: web.Request, prompts: list[list[int]], body: dict[str, Any], *, default_max: int | None
+) -> list[Any]:
     """Sample `n` completions per prompt; a FieldError/ValueError is the caller's 400."""
     engine = request.app[ENGINE_KEY]
     requests = [

@@ -139,6 +139,10 @@ BAD_CASES = {
         MINIMAL.replace('reward = "code_sandbox"', 'reward = "llm_judge"\nreward_args = {{ template = "reference" }}'),
         "code.jsonl:1: llm_judge rows need 'ground_truth' (template 'reference')",
     ),
+    "eval rows checked like training rows": (
+        MINIMAL.replace('reward = "math_rule"', 'reward = "math_rule"\neval_files = ["{code}"]'),
+        "code.jsonl:1: math_rule rows need 'ground_truth'",
+    ),
     "hub id as model path": (
         MINIMAL.replace("config = {{ hidden_size = 32 }}", 'path = "Qwen/Qwen2.5-0.5B"'),
         "recipe.toml:7: model.path: no model folder 'Qwen/Qwen2.5-0.5B' (a relative path starts at the recipe's "
@@ -160,7 +164,8 @@ BAD_CASES = {
 
 
 @pytest.mark.parametrize("case", BAD_CASES, ids=list(BAD_CASES))
-def test_bad_recipe_gives_one_clear_line_and_exit_2(tmp_path: Path, case: str) -> None:
+def test_bad_recipe_gives_one_clear_line_and_exit_2(tmp_path: Path, case: str, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the machine checks see a CPU-only machine, GPU box or not
     body, expected = BAD_CASES[case]
     path = write_recipe(tmp_path, body)
     result = runner.invoke(app, ["validate", str(path)])
