@@ -6,11 +6,15 @@ with code 2; nothing a user types should produce a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from rlvr.rollout.commands import quiet_loading_bars
+from rlvr.rollout.commands import serve as serve_command
 
 app = typer.Typer(
     name="rlvr",
@@ -22,7 +26,8 @@ app = typer.Typer(
 
 RecipeArg = Annotated[Path, typer.Argument(help="Recipe TOML file.", show_default=False)]
 SetOpt = Annotated[
-    list[str] | None, typer.Option("--set", "-s", help="Override a key: --set rollout.n=16 (repeatable).")
+    list[str] | None,
+    typer.Option("--set", "-s", metavar="KEY=VALUE", help="Override a key: --set rollout.n=16 (repeatable)."),
 ]
 
 
@@ -34,21 +39,22 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def load_or_exit(path: Path, overrides: list[str] | None, *, check_data: bool = True):
-    """The validated recipe, with every data file parsed, or one error line and exit 2."""
-    from rlvr.recipe.load import RecipeError, load_recipe
+def load_or_exit(path: Path, overrides: list[str] | None, *, check_data: bool = True, check_machine: bool = True):
+    """The validated recipe, checked against this machine, with every data file parsed, or one
+    error line and exit 2. `validate` and every command that starts processes call this, so
+    `validate` ok means the worker's start-up checks pass too (`plan` previews a run that may be
+    meant for another machine, so it skips the machine checks)."""
+    from rlvr.recipe.checks import machine_problems
+    from rlvr.recipe.load import Locator, RecipeError, load_recipe
 
     try:
         recipe = load_recipe(path, overrides or [])
     except RecipeError as exc:
         raise fail(str(exc)) from None
-    problem = check_rewards(recipe)
+    problem = check_rewards(recipe) or (machine_problems(recipe) if check_machine else None)
     if problem:
-        from rlvr.recipe.load import find_line
-
-        key, _, _ = problem.partition(": ")
-        line = find_line(path.read_text(), tuple(key.split(".")))
-        raise fail(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
+        loc, message = problem
+        raise fail(Locator(path, path.read_text(), overrides or []).error(loc, message))
     if check_data:
         from rlvr.data.sources import DataError, load_recipe_domains
 
@@ -60,34 +66,39 @@ def load_or_exit(path: Path, overrides: list[str] | None, *, check_data: bool = 
     return recipe
 
 
-def check_rewards(recipe) -> str | None:
+def check_rewards(recipe) -> tuple[tuple[str, ...], str] | None:
     """Every domain's reward must be registered (or an importable plug-in) and take its reward_args."""
     from rlvr.rewards.registry import check_reward_args, check_reward_name
 
     for name, domain in recipe.domains.items():
         problem = check_reward_name(domain.reward)
         if problem:
-            return f"domains.{name}.reward: {problem}"
+            return ("domains", name, "reward"), problem
         problem = check_reward_args(domain.reward, domain.reward_args)
         if problem:
-            return f"domains.{name}.reward_args: {problem}"
+            return ("domains", name, "reward_args"), problem
     return check_tools(recipe)
 
 
-def check_tools(recipe) -> str | None:
+def check_tools(recipe) -> tuple[tuple[str, ...], str] | None:
     """Every domain's tools must resolve: built-in names, importable plug-ins, a search corpus."""
     from rlvr.tools.registry import check_tools as check_domain_tools
 
     for name, domain in recipe.domains.items():
         problem = check_domain_tools(domain)
         if problem:
-            return f"domains.{name}.tools: {problem}"
+            return ("domains", name, "tools"), problem
     return None
 
 
 @app.command()
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
-    """Check a recipe and its data files; exit 0 if valid, 2 with a one-line error if not."""
+    """Check a recipe, its data files and this machine; exit 0 if valid, 2 with a one-line error if not.
+
+    It runs every check `launch` and the workers run at start-up (see the README, "Recipes").
+
+    Example: rlvr validate recipes/quickstart.toml --set rollout.n=16
+    """
     load_or_exit(recipe, set_)
     typer.echo(f"{recipe}: ok")
 
@@ -96,15 +107,18 @@ def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
 def plan(
     recipe: RecipeArg,
     set_: SetOpt = None,
-    out: Annotated[Path | None, typer.Option(help="Write the resolved recipe JSON here.")] = None,
+    out: Annotated[Path | None, typer.Option(metavar="FILE", help="Write the resolved recipe JSON here.")] = None,
 ) -> None:
-    """Print the resolved recipe, per-step domain quotas and the node/GPU split; write resolved JSON."""
+    """Print the resolved recipe, per-step domain quotas and the node/GPU split; write resolved JSON.
+
+    Example: rlvr plan recipes/math_code_judge.toml --set cluster.nodes=4
+    """
     from rlvr.monitor.plan_view import print_plan
     from rlvr.recipe.load import resolved_json
     from rlvr.recipe.plan import PlanError, make_plan
     from rlvr.rundir import RunDir, write_atomic
 
-    resolved = load_or_exit(recipe, set_)
+    resolved = load_or_exit(recipe, set_, check_machine=False)
     from rlvr.data.sources import load_recipe_domains
 
     _, reports = load_recipe_domains(resolved)
@@ -128,19 +142,25 @@ def launch(
     set_: SetOpt = None,
     resume: Annotated[
         str,
-        typer.Option(help="auto: continue from the latest checkpoint if any; none: start fresh; or a checkpoint path."),
+        typer.Option(
+            metavar="auto|none|PATH",
+            help="auto: continue from the latest checkpoint if any; none: start fresh; or a checkpoint path.",
+        ),
     ] = "auto",
     dashboard: Annotated[bool, typer.Option(help="Show the live dashboard.")] = True,
 ) -> None:
     """Run a recipe: local processes (cluster.kind = local) or a SLURM job (cluster.kind = slurm).
 
-    Rerun the same command to resume a stopped or crashed run from its last checkpoint.
+    Runs `rlvr validate`'s checks first; rerun the same command to resume from the latest checkpoint.
+
+    Example: rlvr launch recipes/quickstart.toml --set experiment.max_steps=10
     """
     from rlvr.rundir import RunActive, RunDir
 
     resolved = load_or_exit(recipe, set_)
     if resolved.model.path is None:
         raise fail(f"{recipe}: model.path: launching needs a model folder (model.config is for tests and plans)")
+    resume = resume_or_exit(resume)
     paths = RunDir.of(resolved)
     try:
         lock = paths.lock()  # before anything is written: a second launch must not touch the first's files
@@ -191,18 +211,36 @@ def _launch_slurm(resolved, *, run_dir: Path, dashboard: bool) -> int:
         raise fail(str(exc)) from None
 
 
+def resume_or_exit(resume: str) -> str:
+    """`auto`, `none`, or the checkpoint a path names (a run directory or `checkpoints/latest` too)."""
+    if resume in ("auto", "none"):
+        return resume
+    from rlvr.evaluation import find_checkpoint
+
+    found = find_checkpoint(Path(resume))
+    if found is None:
+        what = "no such path" if not Path(resume).exists() else "no complete checkpoint there (no meta.json)"
+        raise fail(f"--resume {resume}: {what}; pass auto, none, or RUN/checkpoints/step_N")
+    return str(found.resolve())
+
+
 @app.command()
 def sbatch(
     recipe: RecipeArg,
     set_: SetOpt = None,
-    out: Annotated[Path | None, typer.Option(help="Write the script here (default: RUN_DIR/job.sbatch).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="Write the script here (default: RUN_DIR/job.sbatch).")
+    ] = None,
     submit: Annotated[bool, typer.Option("--submit", help="Also submit it with sbatch.")] = False,
     python: Annotated[
         str | None,
         typer.Option(help="Python every node runs (default: this one); it must exist on the compute nodes."),
     ] = None,
 ) -> None:
-    """Write a plain, commented sbatch script (and the resolved recipe) for submitting by hand."""
+    """Write a plain, commented sbatch script (and the resolved recipe) for submitting by hand.
+
+    Example: rlvr sbatch recipes/math_code_judge.toml --submit
+    """
     import subprocess
 
     from rlvr.launch.sbatch import node_local_paths, write_sbatch
@@ -248,23 +286,37 @@ def sbatch(
 
 @app.command("eval")
 def eval_(
-    model: Annotated[Path, typer.Argument(help="A HF model folder or a checkpoint (RUN/checkpoints/step_N).")],
-    data: Annotated[list[Path], typer.Option("--data", help="Rows to score (jsonl/parquet; repeatable).")],
+    model: Annotated[Path, typer.Argument(help="A HF model folder, a checkpoint (RUN/checkpoints/step_N) or a run.")],
+    data: Annotated[
+        list[Path], typer.Option("--data", metavar="FILE", help="Rows to score (jsonl/parquet; repeatable).")
+    ],
     reward: Annotated[
         str | None,
-        typer.Option(help="Reward for every row (else each row's tag picks its domain's reward from --recipe)."),
+        typer.Option(
+            metavar="NAME", help="Reward for every row (else each row's tag picks its domain's reward from --recipe)."
+        ),
     ] = None,
     recipe: Annotated[
-        Path | None, typer.Option(help="Recipe whose domains map tags to rewards (default: the checkpoint's run).")
+        Path | None,
+        typer.Option(
+            metavar="RECIPE", help="Recipe whose domains map tags to rewards (default: the checkpoint's run)."
+        ),
     ] = None,
-    args: Annotated[str, typer.Option(help="reward_args as JSON (with --reward).")] = "{}",
-    n: Annotated[int, typer.Option(help="Samples per prompt.")] = 1,
-    temperature: Annotated[float, typer.Option(help="0 is greedy.")] = 0.0,
-    max_new_tokens: Annotated[int, typer.Option(help="Response length limit.")] = 256,
-    out: Annotated[Path | None, typer.Option(help="Write per-row results (jsonl) here.")] = None,
+    args: Annotated[str, typer.Option(metavar="JSON", help="reward_args as JSON (with --reward).")] = "{}",
+    n: Annotated[int, typer.Option(metavar="N", help="Samples per prompt.")] = 1,
+    temperature: Annotated[float, typer.Option(metavar="T", help="0 is greedy.")] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option(metavar="N", help="Response length limit.")] = 256,
+    out: Annotated[Path | None, typer.Option(metavar="FILE", help="Write per-row results (jsonl) here.")] = None,
 ) -> None:
-    """Score a model or checkpoint on held-out rows with the reward registry."""
+    """Score a model or checkpoint on held-out rows with the reward registry.
+
+    A checkpoint is exported once to ~/.cache/rlvr/exports (reused by later evals). Rows judged by
+    llm_judge use the recipe's [judge], started here as launch starts it, or judge_url / RLVR_JUDGE_URL.
+
+    Example: rlvr eval runs/quickstart --data recipes/quickstart/data/math_eval.jsonl
+    """
     import json
+    import os
 
     for file in data:
         if not file.exists():
@@ -276,67 +328,141 @@ def eval_(
     except json.JSONDecodeError as exc:
         raise fail(f"--args: not JSON: {exc.msg}") from None
     from rlvr.data.sources import DataError
-    from rlvr.evaluation import evaluate, export_checkpoint, is_checkpoint, load_rows, summarize, write_rows
+    from rlvr.evaluation import find_checkpoint, load_rows
 
-    tag_rewards: dict[str, tuple[str, dict]] = {}
-    template = "auto"
-    source = recipe or (model.resolve().parent.parent / "resolved_recipe.json" if is_checkpoint(model) else None)
-    if source is not None and source.exists():
-        from rlvr.recipe.load import RecipeError, load_recipe, recipe_from_json
-
-        try:
-            parsed = (
-                recipe_from_json(source.read_text())
-                if source.suffix == ".json"
-                else load_recipe(source, check_files=False)
-            )
-        except RecipeError as exc:
-            raise fail(str(exc)) from None
-        template = parsed.model.chat_template
-        tag_rewards = {tag: (d.reward, d.reward_args) for d in parsed.domains.values() for tag in d.tags}
+    checkpoint = None if (model / "config.json").exists() else find_checkpoint(model)
+    source = recipe or (checkpoint.resolve().parent.parent / "resolved_recipe.json" if checkpoint else None)
+    parsed = eval_recipe(source) if source is not None and source.exists() else None
+    template = parsed.model.chat_template if parsed else "auto"
+    tag_rewards = {tag: (d.reward, d.reward_args) for d in parsed.domains.values() for tag in d.tags} if parsed else {}
     if reward is None and not tag_rewards:
         raise fail("pass --reward NAME or --recipe R.toml (to map row tags to rewards)")
+    if checkpoint is None and not (model / "config.json").exists():
+        raise fail(f"{model}: neither a HF model folder (config.json) nor a checkpoint (meta.json)")
+    if reward is not None:
+        from rlvr.rewards.registry import check_reward_args, check_reward_name
+
+        if problem := check_reward_name(reward):
+            raise fail(f"--reward {reward}: {problem}")
+        if problem := check_reward_args(reward, reward_args):
+            raise fail(f"--args: {problem}")
     try:
         samples = load_rows(data, reward=reward, tag_rewards=tag_rewards)
     except DataError as exc:
         raise fail(str(exc)) from None
-    if is_checkpoint(model):
-        exported = model / "hf"
-        model = exported if (exported / "config.json").exists() else export_checkpoint(model, exported)
     rewards = {s.tag: ((reward, reward_args) if reward else tag_rewards[s.tag]) for s in samples}
-    rows = evaluate(
-        model,
-        samples,
-        rewards=rewards,
-        chat_template=template,
-        n=n,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-    )
+    unjudged = sorted(tag for tag, (name, kw) in rewards.items() if name == "llm_judge" and not kw.get("judge_url"))
+    serve_judge = bool(unjudged) and not os.environ.get("RLVR_JUDGE_URL")
+    if serve_judge and (parsed is None or parsed.judge is None):
+        raise fail(
+            f"rows tagged {', '.join(unjudged)} are scored by llm_judge but no judge is set: pass --args "
+            '\'{"judge_url": "http://HOST:PORT"}\', export RLVR_JUDGE_URL, or use a recipe with a [judge] table'
+        )
+    if checkpoint is not None:
+        from rlvr.evaluation import cached_export
+
+        quiet_loading_bars()
+        model = cached_export(checkpoint, announce=typer.echo)
+    with judge_for_eval(parsed) if serve_judge else contextlib.nullcontext():
+        rows = run_eval(
+            model, samples, rewards, template=template, n=n, temperature=temperature, max_new=max_new_tokens
+        )
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="eval", caption=str(model))
+    from rlvr.evaluation import summarize, write_rows
+
+    table = Table(title="eval")
     for column in ("tag", "count", "mean", "accuracy"):
         table.add_column(column, justify="left" if column == "tag" else "right")
     for tag, stats in summarize(rows).items():
         table.add_row(tag, str(stats["count"]), f"{stats['mean']:.3f}", f"{stats['accuracy']:.3f}")
-    Console().print(table)
+    console = Console(soft_wrap=True)  # a long model path stays whole (a caption wrapped it mid-word)
+    console.print(table)
+    console.print(f"model: {model}", markup=False, highlight=False)
     if out is not None:
         write_rows(rows, out)
 
 
+def eval_recipe(source: Path):
+    """The recipe `eval` maps tags with: a run's resolved JSON or a TOML file."""
+    from rlvr.recipe.load import RecipeError, load_recipe, recipe_from_json
+
+    try:
+        return (
+            recipe_from_json(source.read_text()) if source.suffix == ".json" else load_recipe(source, check_files=False)
+        )
+    except RecipeError as exc:
+        raise fail(str(exc)) from None
+
+
+def run_eval(model: Path, samples, rewards, *, template: str, n: int, temperature: float, max_new: int):
+    from rlvr.evaluation import evaluate
+
+    quiet_loading_bars()
+    return evaluate(
+        model, samples, rewards=rewards, chat_template=template, n=n, temperature=temperature, max_new_tokens=max_new
+    )
+
+
+@contextlib.contextmanager
+def judge_for_eval(recipe):
+    """Serve the recipe's [judge] for this eval as `launch` does (`rlvr serve` on a free port,
+    its URL in RLVR_JUDGE_URL), and stop it afterwards; one error line if it does not come up."""
+    import os
+    import socket
+    import subprocess
+    import tempfile
+    import time
+
+    from rlvr.launch.commands import judge_command
+    from rlvr.process import is_healthy
+
+    with socket.socket() as sock:  # a free port, as the launcher picks one
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    log = tempfile.NamedTemporaryFile(prefix="rlvr-eval-judge-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(
+        judge_command(recipe, host="127.0.0.1", port=port), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    typer.echo(f"judge: serving {recipe.judge.model} on {url} (log {log.name})")
+    try:
+        deadline = time.monotonic() + 300
+        while not is_healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise fail(f"judge: {recipe.judge.model} did not start; see {log.name}")
+            time.sleep(0.3)
+        os.environ["RLVR_JUDGE_URL"] = url
+        yield url
+    finally:
+        os.environ.pop("RLVR_JUDGE_URL", None)
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+
+
 @app.command()
 def export(
-    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint folder (RUN/checkpoints/step_N).")],
+    checkpoint: Annotated[
+        Path, typer.Argument(help="A checkpoint (RUN/checkpoints/step_N), RUN/checkpoints/latest, or a run directory.")
+    ],
     out_dir: Annotated[Path, typer.Argument(help="Where to write the safetensors HF folder.")],
 ) -> None:
-    """Export a checkpoint to a safetensors folder that transformers' from_pretrained loads."""
-    from rlvr.evaluation import export_checkpoint, is_checkpoint
+    """Export a checkpoint to a safetensors folder that transformers' from_pretrained loads.
 
-    if not is_checkpoint(checkpoint):
-        raise fail(f"{checkpoint}: not a complete checkpoint (no meta.json)")
-    typer.echo(f"exported {export_checkpoint(checkpoint, out_dir)}")
+    Example: rlvr export runs/quickstart runs/quickstart/hf   (the run's latest checkpoint)
+    """
+    from rlvr.evaluation import export_checkpoint, find_checkpoint
+
+    found = find_checkpoint(checkpoint)
+    if found is None:
+        raise fail(f"{checkpoint}: no complete checkpoint here (no meta.json in it, its latest, or its checkpoints/)")
+    quiet_loading_bars()
+    typer.echo(f"exported {found} to {export_checkpoint(found, out_dir)}")
 
 
 @app.command()
@@ -344,7 +470,10 @@ def monitor(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (output_dir/name).")],
     once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit.")] = False,
 ) -> None:
-    """Attach the live dashboard to a running or finished run."""
+    """Attach the live dashboard to a running or finished run.
+
+    Example: rlvr monitor runs/quickstart --once
+    """
     from rlvr.monitor.dashboard import watch
     from rlvr.rundir import RunDir
 
@@ -363,28 +492,58 @@ def _mount_subcommands() -> None:
 
 
 _mount_subcommands()
+app.command("serve")(serve_command)  # one definition, also run standalone by tests: rlvr/rollout/commands.py
 
 
-@app.command()
-def serve(
-    model_path: Annotated[Path, typer.Argument(help="HF model folder to serve.")],
-    host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port.")] = 30000,
-    api_key: Annotated[str | None, typer.Option(help="Require this bearer token.")] = None,
-    max_batch: Annotated[int, typer.Option(help="Sequences decoded together.")] = 64,
-    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "float32",
+def version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"rlvr {version('rlvr')}")
+        except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+            typer.echo("rlvr (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
-    """Serve a model with the embedded engine behind SGLang's HTTP routes (+ OpenAI chat)."""
-    if not model_path.exists():
-        raise fail(f"{model_path}: no such model folder")
-    from rlvr.rollout.commands import serve as run_server
+    """Multi-task RL with verifiable rewards on LLMs, from one TOML recipe.
 
-    run_server(model_path, host=host, port=port, api_key=api_key, max_batch=max_batch, dtype=dtype)
+    Start with: rlvr validate recipes/quickstart.toml, then rlvr launch recipes/quickstart.toml
+    """
+
+
+def plain_placeholders(command) -> None:
+    """Name values as a man page does (RECIPE, PORT, KEY=VALUE) and flags with none: typer 0.29
+    labels them `<int>`, `<list[str]>`, `<bool>` and `{recipe}`, which read as syntax to type.
+    Typer has no setting for this, so the command objects it built are adjusted here."""
+    import click
+
+    commands = [command]
+    while commands:
+        current = commands.pop()
+        commands.extend(getattr(current, "commands", {}).values())
+        help_option = current.get_help_option(click.Context(current))
+        for param in [*current.params, *([help_option] if help_option else [])]:
+            name = (param.name or "value").upper()
+            if param.param_type_name == "argument":
+                param.metavar = param.metavar or name
+                param.display_type_rich = lambda ctx: None  # the name column already says RECIPE
+                param._usage_display_name = lambda name=param.metavar: name
+            elif param.metavar is None:
+                param.metavar = "" if getattr(param, "is_flag", False) or getattr(param, "count", False) else name
 
 
 def main() -> None:
+    command = typer.main.get_command(app)
+    plain_placeholders(command)
     try:
-        app()
+        command(prog_name="rlvr")
     except KeyboardInterrupt:
         sys.exit(130)
 

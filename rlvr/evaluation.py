@@ -24,6 +24,24 @@ def is_checkpoint(path: Path) -> bool:
     return (path / "meta.json").exists()
 
 
+def find_checkpoint(path: Path) -> Path | None:
+    """The checkpoint a user means: `RUN/checkpoints/step_N` itself, the `RUN/checkpoints/latest`
+    pointer file, `RUN/checkpoints`, or `RUN` (the latest complete one); None if there is none.
+    Torch-free, so `launch --resume` can check it before starting anything."""
+    if path.is_file() and path.name == "latest":
+        path = path.parent
+    for folder in (path, path / "checkpoints"):
+        if is_checkpoint(folder):
+            return folder
+        pointer = folder / "latest"
+        if pointer.is_file() and is_checkpoint(folder / pointer.read_text().strip()):
+            return folder / pointer.read_text().strip()
+        steps = [p for p in folder.glob("step_*") if p.name[5:].isdigit() and is_checkpoint(p)]
+        if steps:
+            return max(steps, key=lambda p: int(p.name[5:]))
+    return None
+
+
 def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
     """DCP checkpoint -> safetensors HF folder (model weights, config and tokenizer)."""
     import torch
@@ -41,6 +59,24 @@ def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
     exported = export_hf(model, load_tokenizer(recipe.model), out_dir)
     assert exported is not None
     return exported
+
+
+def cached_export(checkpoint: Path, *, announce: Callable[[str], Any] = print) -> Path:
+    """A HF folder of `checkpoint` in the user's cache (`XDG_CACHE_HOME`, else ~/.cache), not beside
+    the checkpoint (a 7B model is 15 GB in a run directory nobody asked to grow): exported once,
+    reused while the checkpoint is unchanged."""
+    import hashlib
+    import os
+
+    checkpoint = checkpoint.resolve()
+    stamp = f"{checkpoint}:{(checkpoint / 'meta.json').stat().st_mtime_ns}"
+    digest = hashlib.sha1(stamp.encode()).hexdigest()[:10]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlvr" / "exports"
+    folder = cache / f"{checkpoint.parent.parent.name}-{checkpoint.name}-{digest}"
+    if (folder / "config.json").exists():
+        return folder
+    announce(f"exporting {checkpoint} to {folder} (reused by later evals; delete it freely)")
+    return export_checkpoint(checkpoint, folder)
 
 
 @dataclass

@@ -68,7 +68,20 @@ def _read_hf_dataset(path: Path) -> Iterator[tuple[int, Any]]:
     yield from enumerate(loaded, start=1)
 
 
-def row_to_sample(row: Any, *, where: str, default_tag: str | None, reward: str) -> Sample:
+def needs_ground_truth(reward: str, reward_args: dict[str, Any] | None = None) -> bool:
+    """Rewards that score 0 on every row without a reference: math_rule, qa_match, and llm_judge
+    with the `reference` template (or a custom one that shows the judge {reference})."""
+    if reward in ("math_rule", "qa_match"):
+        return True
+    template = (reward_args or {}).get("template")
+    return (
+        reward == "llm_judge" and isinstance(template, str) and (template == "reference" or "{reference}" in template)
+    )
+
+
+def row_to_sample(
+    row: Any, *, where: str, default_tag: str | None, reward: str, reward_args: dict[str, Any] | None = None
+) -> Sample:
     """Validate one row; raises ValueError with the reason (the caller adds file:line)."""
     if isinstance(row, DataError):
         raise row
@@ -80,8 +93,9 @@ def row_to_sample(row: Any, *, where: str, default_tag: str | None, reward: str)
     messages = _messages(row)
     case_type = row.get("case_type")
     test_cases = _maybe_json(row.get("test_cases"))
-    if reward in ("math_rule", "qa_match") and row.get("ground_truth") in (None, "", []):
-        raise ValueError(f"{reward} rows need 'ground_truth'")
+    if needs_ground_truth(reward, reward_args) and row.get("ground_truth") in (None, "", []):
+        extra = " (template 'reference')" if reward == "llm_judge" else ""
+        raise ValueError(f"{reward} rows need 'ground_truth'{extra}")
     if reward == "code_sandbox":
         if case_type not in CASE_TYPES:
             raise ValueError(f"'case_type' must be one of {', '.join(CASE_TYPES)}, got {case_type!r}")
@@ -145,6 +159,7 @@ def load_domain_samples(
     domain: str,
     tags: list[str],
     reward: str,
+    reward_args: dict[str, Any] | None = None,
     on_bad_row: str = "error",
     min_difficulty: float | None = None,
     max_difficulty: float | None = None,
@@ -164,7 +179,9 @@ def load_domain_samples(
         for number, row in read_rows(file):
             where = f"{file}:{number}"
             try:
-                sample = row_to_sample(row, where=where, default_tag=default_tag, reward=reward)
+                sample = row_to_sample(
+                    row, where=where, default_tag=default_tag, reward=reward, reward_args=reward_args
+                )
                 if sample.tag not in tags and not any_tag:
                     raise ValueError(f"tag {sample.tag!r} is not owned by domain {domain!r} (tags: {tags})")
             except (ValueError, DataError) as exc:
@@ -203,6 +220,7 @@ def load_recipe_domains(
             domain=name,
             tags=domain.tags,
             reward=domain.reward,
+            reward_args=domain.reward_args,
             on_bad_row=recipe.data.on_bad_row,
             min_difficulty=domain.filter.min_difficulty,
             max_difficulty=domain.filter.max_difficulty,

@@ -37,12 +37,49 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *
         raise RecipeError(f"{path}: invalid TOML: {exc}") from None
     for item in overrides:
         apply_override(raw, item)
+    where = Locator(path, text, overrides)
     try:
         recipe = Recipe.model_validate(raw)
     except ValidationError as exc:
-        raise RecipeError(format_validation_error(exc, path, text)) from None
-    _resolve_paths(recipe, path.parent, check_files=check_files, recipe_path=path, text=text)
+        raise RecipeError(format_validation_error(exc, where)) from None
+    _resolve_paths(recipe, path.parent, check_files=check_files, where=where)
     return recipe
+
+
+class Locator:
+    """Where a key path was set: `--set KEY` when an override set it (or a key under it),
+    else the recipe's `file:line` (the TOML line of the key or its table).
+
+    Why both: an error that points at a TOML line the user's `--set` replaced sends them to
+    the wrong place."""
+
+    def __init__(self, path: Path, text: str, overrides: list[str] | tuple[str, ...] = ()):
+        self.path = path
+        self.text = text
+        self.overridden = [tuple(item.partition("=")[0].strip().split(".")) for item in overrides]
+
+    def override(self, loc: tuple[str, ...]) -> str | None:
+        """The `--set` key that set `loc`, a table above it, or a key inside it (the last one wins)."""
+        for key in reversed(self.overridden):
+            if loc and (loc[: len(key)] == key or key[: len(loc)] == loc):
+                return ".".join(key)
+        return None
+
+    def __call__(self, loc: tuple[str, ...]) -> str:
+        """`--set KEY` or `file:line` (or just `file`) for an error about `loc`."""
+        key = self.override(loc)
+        if key is not None:
+            return f"--set {key}"
+        line = find_line(self.text, loc)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+    def error(self, loc: tuple[str, ...], message: str) -> str:
+        """The one line a user sees: `file:line: key.path: message` or `--set KEY: message`."""
+        key = _dotted(loc)
+        where = self(loc)
+        if where == f"--set {key}":
+            return f"{where}: {message}"
+        return f"{where}: {key}: {message}"
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
@@ -65,7 +102,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     node[parts[-1]] = value
 
 
-def format_validation_error(exc: ValidationError, path: Path, text: str) -> str:
+def format_validation_error(exc: ValidationError, where: Locator) -> str:
     """The first error as `file:line: key.path: message` (plus a count of the others)."""
     errors = exc.errors()
     first = errors[0]
@@ -82,9 +119,16 @@ def format_validation_error(exc: ValidationError, path: Path, text: str) -> str:
         message = "required key is missing"
     elif "input" in first and first["type"] not in ("model_type",):
         message = f"{message} (got {first['input']!r})"
-    key = ".".join(part if part.isprintable() and part.strip() == part else repr(part) for part in loc) or "(top level)"
+        if isinstance(first["input"], str) and first["type"] in ("float_type", "int_type", "bool_type"):
+            message += "; write it without quotes"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{_where(path, text, loc)}: {key}: {message}{more}"
+    return where.error(loc, message + more)
+
+
+def _dotted(loc: tuple[str, ...]) -> str:
+    return (
+        ".".join(part if part.isprintable() and part.strip() == part else repr(part) for part in loc) or "(top level)"
+    )
 
 
 def _suggest(loc: tuple[str, ...]) -> str:
@@ -106,11 +150,6 @@ def _suggest(loc: tuple[str, ...]) -> str:
     known = list(getattr(model, "model_fields", {}))
     close = difflib.get_close_matches(loc[-1], known, n=1)
     return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
-
-
-def _where(path: Path, text: str, loc: tuple[str, ...]) -> str:
-    line = find_line(text, loc)
-    return f"{path}:{line}" if line else str(path)
 
 
 def find_line(text: str, loc: tuple[str, ...]) -> int | None:
@@ -141,7 +180,7 @@ def _split_key(key: str) -> list[str]:
     return [part.strip().strip("\"'") for part in key.split(".")]
 
 
-def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, recipe_path: Path, text: str) -> None:
+def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, where: Locator) -> None:
     for name, domain in recipe.domains.items():
         for attr in ("files", "eval_files"):
             resolved = []
@@ -149,7 +188,7 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, recipe_path
                 full = (base / file).resolve() if not Path(file).is_absolute() else Path(file)
                 if check_files and not full.exists():
                     loc = ("domains", name, attr)
-                    raise RecipeError(f"{_where(recipe_path, text, loc)}: {'.'.join(loc)}: no such data file {file!r}")
+                    raise RecipeError(where.error(loc, f"no such data file {file!r}"))
                 resolved.append(str(full))
             setattr(domain, attr, resolved)
         if domain.search_corpus:
@@ -157,9 +196,7 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, recipe_path
             corpus = corpus if corpus.is_absolute() else (base / corpus).resolve()
             if check_files and not corpus.exists():
                 loc = ("domains", name, "search_corpus")
-                raise RecipeError(
-                    f"{_where(recipe_path, text, loc)}: {'.'.join(loc)}: no such corpus file {str(corpus)!r}"
-                )
+                raise RecipeError(where.error(loc, f"no such corpus file {str(corpus)!r}"))
             domain.search_corpus = str(corpus)
     if recipe.model.path and not Path(recipe.model.path).is_absolute():
         candidate = (base / recipe.model.path).resolve()
@@ -170,14 +207,12 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, recipe_path
         try:
             recipe.check_model_split(json.loads(config_json.read_text()))
         except KeyedError as exc:
-            raise RecipeError(f"{_where(recipe_path, text, exc.path)}: {'.'.join(exc.path)}: {exc.message}") from None
+            raise RecipeError(where.error(exc.path, exc.message)) from None
     if recipe.judge is not None:
         judge = Path(recipe.judge.model)
         judge = judge if judge.is_absolute() else (base / judge).resolve()
         if check_files and not (judge / "config.json").exists():
-            raise RecipeError(
-                f"{_where(recipe_path, text, ('judge', 'model'))}: judge.model: no model folder at {judge}"
-            )
+            raise RecipeError(where.error(("judge", "model"), f"no model folder at {judge}"))
         recipe.judge.model = str(judge)
 
 

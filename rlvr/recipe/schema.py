@@ -17,11 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rlvr.recipe.presets import BASE, PRESETS, resolve_algorithm
 
+PROBS_TOLERANCE = 0.01
+"""How far `data.domain_interleave_probs` may sum from 1 (rounded shares such as 0.333 x 3)."""
+
 
 class Section(BaseModel):
-    """Base for every recipe table: unknown keys are errors, defaults are validated."""
+    """Base for every recipe table: unknown keys are errors, defaults are validated, and values are
+    strict (`lr = "2e-4"` is an error naming the key, not a string that happens to convert)."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True, strict=True)
 
 
 class ExperimentConfig(Section):
@@ -334,7 +338,7 @@ class TrainerConfig(Section):
     """Final lr as a share of the peak for cosine/linear decay."""
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), strict=False)  # TOML arrays are lists
     """AdamW betas."""
     grad_clip: float = Field(default=1.0, ge=0)
     """Max global grad norm (0: off)."""
@@ -489,8 +493,11 @@ class Recipe(Section):
             if not (0.0 <= p <= 1.0):
                 raise _at(("data", "domain_interleave_probs", name), f"expected a probability in [0, 1], got {p}")
         total = sum(probs.values())
-        if not math.isclose(total, 1.0, abs_tol=1e-6):
+        if not math.isclose(total, 1.0, abs_tol=PROBS_TOLERANCE):
             raise _at(("data", "domain_interleave_probs"), f"values must sum to 1, got {total:g}")
+        # 0.333 x 3 is what a user means by thirds: accept it, and sample exactly the stated ratios
+        if not math.isclose(total, 1.0, abs_tol=1e-9):
+            self.data.domain_interleave_probs = {name: p / total for name, p in probs.items()}
         owners: dict[str, str] = {}
         for name, domain in self.domains.items():
             for tag in domain.tags:

@@ -86,7 +86,7 @@ def check(
     """Score completions offline and print id, score and reason per row, then a summary."""
     import asyncio
 
-    from rlvr.rewards.registry import check_reward_name, get_reward
+    from rlvr.rewards.registry import check_reward_args, check_reward_name, get_reward
 
     try:
         reward_args = json.loads(args)
@@ -109,6 +109,10 @@ def check(
         raise _fail("give --reward NAME or --recipe R.toml")
     if reward is not None and (problem := check_reward_name(reward)):
         raise _fail(f"--reward: {problem}")
+    # the check `rlvr validate` runs: a misspelt argument would otherwise score every row 0
+    for name, row_args in [(reward, reward_args)] if reward is not None else by_tag.values():
+        if problem := check_reward_args(name, row_args):
+            raise _fail(f"--args: {problem}")
     if not file.exists():
         raise _fail(f"{file}: no such file")
 

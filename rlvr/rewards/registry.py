@@ -109,15 +109,16 @@ def check_reward_name(name: str) -> str | None:
 
 
 def check_reward_args(name: str, args: dict[str, Any]) -> str | None:
-    """None if a built-in accepts every key of `args`, else the error text (plug-ins take anything)."""
-    from rlvr.rewards.args import KNOWN_ARGS
+    """None if a built-in accepts every key of `args` and its value, else the error text (plug-ins
+    take anything)."""
+    from rlvr.rewards.args import KNOWN_ARGS, check_arg_values
 
     known = KNOWN_ARGS.get(name)
     if known is None:
         return None
     unknown = sorted(set(args) - known)
     if not unknown:
-        return None
+        return check_arg_values(name, args)
     import difflib
 
     hints = [

@@ -21,7 +21,12 @@ Routes: /generate, /health, /health_generate, /model_info, /server_info (and the
 /get_model_info, /get_server_info), /get_weight_version, /flush_cache,
 /init_weights_update_group, /destroy_weights_update_group, /begin_weight_update,
 /end_weight_update, /update_weights_from_distributed, /update_weights_from_disk,
-/pause_generation, /continue_generation, /v1/models, /v1/chat/completions.
+/pause_generation, /continue_generation, /v1/models, /v1/chat/completions, /v1/completions.
+
+OpenAI routes: `stream = true` answers as server-sent events (each choice whole in one chunk:
+the engine hands back finished sequences); `logprobs` gives each sampled token's logprob (no
+top-N alternatives: `top_logprobs` > 0 or completions' `logprobs` > 0 are a 400); sampling
+fields are checked as on /generate (`max_tokens = -3` is a 400 naming the field).
 
 Auth: with an API key, every route but /health* needs `Authorization: Bearer KEY`
 (SGLang exempts its health routes the same way, so probes need no secret).
@@ -81,6 +86,7 @@ def create_app(engine: Any, *, api_key: str | None = None, served_model_name: st
         ("POST", "/continue_generation", continue_generation),
         ("GET", "/v1/models", openai_models),
         ("POST", "/v1/chat/completions", openai_chat),
+        ("POST", "/v1/completions", openai_completions),
     ]
     for method, path, handler in routes:
         app.router.add_route(method, path, handler)
@@ -216,10 +222,12 @@ def _parse_generate(body: dict[str, Any], tokenizer: Any) -> tuple[list[Generate
     return requests, logprob_flags, many
 
 
-def _number(params: dict[str, Any], name: str, default: float, ok: Any, rule: str) -> float:
+def _number(
+    params: dict[str, Any], name: str, default: float, ok: Any, rule: str, *, prefix: str = "sampling_params."
+) -> float:
     value = params.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
-        raise FieldError(f"sampling_params.{name}: {rule}, got {value!r}")
+        raise FieldError(f"{prefix}{name}: {rule}, got {value!r}")
     return value
 
 
@@ -504,70 +512,221 @@ def _chat_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-async def openai_chat(request: web.Request) -> web.Response:
+def _openai_params(body: dict[str, Any], *, prompt_len: int, max_len: int, default_max: int | None) -> SamplingParams:
+    """OpenAI sampling fields, checked as /generate checks SGLang's (400 naming the field)."""
+    _number(body, "temperature", 1.0, lambda v: v >= 0, "must be >= 0", prefix="")
+    _number(body, "top_p", 1.0, lambda v: 0 < v <= 1, "must be in (0, 1]", prefix="")
+    _number(body, "top_k", -1, lambda v: isinstance(v, int) and (v == -1 or v >= 1), "must be -1 or >= 1", prefix="")
+    _number(body, "n", 1, lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1", prefix="")
+    room = max(1, max_len - prompt_len - 1)
+    wanted = body.get("max_completion_tokens", body.get("max_tokens"))
+    if wanted is not None:
+        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        _number(body, name, 1, lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1", prefix="")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise FieldError(f"seed: must be an integer, got {seed!r}")
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
+        raise FieldError("stop: must be a string or a list of strings")
+    limit = wanted if wanted is not None else default_max
+    return SamplingParams(
+        temperature=float(body.get("temperature", 1.0)),
+        top_p=float(body.get("top_p", 1.0)),
+        top_k=int(body.get("top_k", -1)),
+        max_new_tokens=min(int(limit), room) if limit else room,
+        stop=list(stop),
+        seed=seed,
+    )
+
+
+def _finish(completion: Any) -> str:
+    return "length" if completion.finish_reason == "length" else "stop"
+
+
+def _chat_logprobs(tokenizer: Any, completion: Any) -> dict[str, Any]:
+    """OpenAI chat `logprobs.content`: each sampled token with its log-probability."""
+    content = []
+    for token_id, logprob in zip(completion.token_ids, completion.logprobs, strict=True):
+        token = tokenizer.decode([token_id])
+        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []})
+    return {"content": content}
+
+
+def _completion_logprobs(tokenizer: Any, completion: Any) -> dict[str, Any]:
+    """Legacy completions `logprobs` (with `logprobs = 0`: the sampled tokens only)."""
+    tokens = [tokenizer.decode([t]) for t in completion.token_ids]
+    offsets, at = [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    return {"tokens": tokens, "token_logprobs": list(completion.logprobs), "top_logprobs": None, "text_offset": offsets}
+
+
+def _unsupported(body: dict[str, Any], route: str) -> str | None:
+    """Fields the embedded server cannot honour: refused by name rather than silently ignored."""
+    if route == "chat":
+        top = body.get("top_logprobs")
+        if top not in (None, 0):
+            return "top_logprobs: only 0 is supported (logprobs = true returns each sampled token's logprob)"
+        if body.get("tools") or body.get("response_format"):
+            return f"{'tools' if body.get('tools') else 'response_format'}: not supported by rlvr serve"
+        return None
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, 0, False):
+        return "logprobs: only 0 is supported (the sampled tokens' logprobs; no top-N alternatives)"
+    if body.get("echo"):
+        return "echo: not supported by rlvr serve"
+    if body.get("suffix"):
+        return "suffix: not supported by rlvr serve"
+    return None
+
+
+async def _openai_generate(
+    request: web.Request, prompts: list[list[int]], body: dict[str, Any], *, default_max: int | None
+) -> list[Any]:
+    """Sample `n` completions per prompt; a FieldError/ValueError is the caller's 400."""
+    engine = request.app[ENGINE_KEY]
+    requests = [
+        GenerateRequest(
+            prompt,
+            _openai_params(body, prompt_len=len(prompt), max_len=engine.max_len, default_max=default_max),
+            n=int(body.get("n", 1)),
+        )
+        for prompt in prompts
+    ]
+    await request.app[UNPAUSED_KEY].wait()
+    return [result["completion"] for result in await _run(engine, requests)]
+
+
+async def _sse(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
+    """A `stream = true` answer: the chunks as server-sent events, then `[DONE]`. Each choice
+    arrives whole in one chunk (the engine returns finished sequences), which every OpenAI
+    client reads as a stream."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for chunk in chunks:
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def openai_chat(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     body = await _body(request)
-    if body.get("stream"):
-        return _error("stream is not supported by the embedded server")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return _error("messages must be a non-empty list")
+    if problem := _unsupported(body, "chat"):
+        return _error(problem)
     try:
         prompt = _chat_prompt(engine.tokenizer, messages)
     except Exception as exc:  # noqa: BLE001 - a template error is the caller's input
         return _error(f"chat template failed: {exc}")
-    stop = body.get("stop") or []
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-    room = max(1, engine.max_len - len(prompt) - 1)
-    params = SamplingParams(
-        temperature=float(body.get("temperature", 1.0)),
-        top_p=float(body.get("top_p", 1.0)),
-        top_k=int(body.get("top_k", -1)),
-        max_new_tokens=min(int(max_tokens), room) if max_tokens else room,
-        stop=[stop] if isinstance(stop, str) else list(stop),
-        seed=body.get("seed"),
-    )
-    n = int(body.get("n", 1))
     try:
-        results = await _run(engine, [GenerateRequest(prompt, params, n=n)])
+        completions = await _openai_generate(request, [prompt], body, default_max=None)
     except ValueError as exc:
         return _error(str(exc))
+    want_logprobs = bool(body.get("logprobs"))
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time())}
+    head["model"] = body.get("model") or request.app[INFO_KEY]["served_model_name"]
     choices = []
-    completion_tokens = 0
-    for i, result in enumerate(results):
-        completion = result["completion"]
-        completion_tokens += len(completion.token_ids)
-        finish = "length" if completion.finish_reason == "length" else "stop"
-        choices.append(
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": completion.text},
-                "finish_reason": finish,
-                "logprobs": None,
-            }
-        )
-    return web.json_response(
+    for i, completion in enumerate(completions):
+        logprobs = _chat_logprobs(engine.tokenizer, completion) if want_logprobs else None
+        message = {"role": "assistant", "content": completion.text}
+        choices.append({"index": i, "message": message, "finish_reason": _finish(completion), "logprobs": logprobs})
+    usage = _usage(len(prompt), sum(len(c.token_ids) for c in completions))
+    if body.get("stream"):
+        chunks = [
+            {**head, "object": "chat.completion.chunk", "choices": [
+                {"index": c["index"], "delta": c["message"], "finish_reason": c["finish_reason"], "logprobs": c["logprobs"]}
+            ]}
+            for c in choices
+        ]  # fmt: skip
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+        return await _sse(request, chunks)
+    return web.json_response({**head, "object": "chat.completion", "choices": choices, "usage": usage})
+
+
+def _completion_prompts(tokenizer: Any, prompt: Any) -> list[list[int]]:
+    """OpenAI's `prompt`: a string, a list of strings, a list of token ids, or a list of those."""
+    if isinstance(prompt, str):
+        return [tokenizer.encode(prompt)]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return [tokenizer.encode(p) for p in prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [list(prompt)]
+    nested = isinstance(prompt, list) and prompt and all(isinstance(p, list) and p for p in prompt)
+    if nested and all(isinstance(t, int) and not isinstance(t, bool) for p in prompt for t in p):
+        return [list(p) for p in prompt]
+    raise FieldError("prompt: expected a string, a list of strings, or token ids (a list or a list of lists)")
+
+
+async def openai_completions(request: web.Request) -> web.StreamResponse:
+    """OpenAI's legacy `/v1/completions`: raw text in, text out (no chat template)."""
+    engine = request.app[ENGINE_KEY]
+    body = await _body(request)
+    if problem := _unsupported(body, "completions"):
+        return _error(problem)
+    try:
+        prompts = _completion_prompts(engine.tokenizer, body.get("prompt"))
+        completions = await _openai_generate(request, prompts, body, default_max=16)  # OpenAI's default
+    except ValueError as exc:
+        return _error(str(exc))
+    want_logprobs = body.get("logprobs") is not None and body.get("logprobs") is not False
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time())}
+    head["model"] = body.get("model") or request.app[INFO_KEY]["served_model_name"]
+    choices = [
         {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model") or request.app[INFO_KEY]["served_model_name"],
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt) + completion_tokens,
-            },
+            "index": i,
+            "text": completion.text,
+            "finish_reason": _finish(completion),
+            "logprobs": _completion_logprobs(engine.tokenizer, completion) if want_logprobs else None,
         }
-    )
+        for i, completion in enumerate(completions)
+    ]
+    usage = _usage(sum(map(len, prompts)), sum(len(c.token_ids) for c in completions))
+    if body.get("stream"):
+        return await _sse(request, [{**head, "object": "text_completion", "choices": [c]} for c in choices])
+    return web.json_response({**head, "object": "text_completion", "choices": choices, "usage": usage})
 
 
-def run_server(engine: Any, *, host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM)."""
+def bind(host: str, port: int):
+    """A listening socket on host:port (port 0: a free one), bound before the model loads so a
+    busy port fails in a second, not after the weights are read. OSError if it is taken."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def run_server(engine: Any, *, sock: Any, api_key: str | None = None) -> None:
+    """Serve on a bound socket (see `bind`) until interrupted (SIGINT/SIGTERM)."""
     app = create_app(engine, api_key=api_key)
     app.on_startup.append(_start_watchdog)
+    host, port = sock.getsockname()[:2]
     log.info("rlvr embedded server on http://%s:%d (model %s)", host, port, engine.model_path)
-    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    web.run_app(app, sock=sock, print=None, access_log=None)
 
 
 WORKER_DIED = 3

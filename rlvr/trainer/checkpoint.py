@@ -258,8 +258,19 @@ def export_hf(
             generation_config.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        _plain_file_modes(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.rename(tmp, out)
     d.barrier()
     return out if main else None
+
+
+def _plain_file_modes(folder: Path) -> None:
+    """Give every file the mode a plain `open()` gets (0644 under the usual umask): safetensors
+    writes through a private temp file (0600), so the weights alone were unreadable to others."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)

@@ -83,3 +83,68 @@ def test_eval_bad_input_is_one_line(tmp_path: Path) -> None:
         app, ["eval", str(tmp_path), "--data", str(tmp_path / "none.jsonl"), "--reward", "math_rule"]
     )
     assert result.exit_code == 2 and "no such data file" in result.stderr
+
+
+def test_export_takes_a_run_directory_or_latest_and_writes_readable_weights(tmp_path: Path) -> None:
+    run_dir, _ = make_run(tmp_path)
+    for i, given in enumerate((run_dir, run_dir / "checkpoints" / "latest")):
+        out = tmp_path / f"hf{i}"
+        result = CliRunner().invoke(app, ["export", str(given), str(out)])
+        assert result.exit_code == 0, result.output
+        assert "step_7" in result.output and "Loading weights" not in result.output
+        modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+        assert modes["model.safetensors"] == modes["config.json"], modes  # not 0600 beside 0644
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "none"), str(tmp_path / "x")])
+    assert result.exit_code == 2 and "no complete checkpoint here" in result.stderr
+
+
+def test_eval_exports_into_the_cache_not_the_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    run_dir, _ = make_run(tmp_path, lr_noise=0.0)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text((ROOT / "recipes" / "quickstart" / "data" / "math_eval.jsonl").read_text().splitlines()[0] + "\n")
+    result = CliRunner().invoke(app, ["eval", str(run_dir), "--data", str(rows), "--max-new-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert not (run_dir / "checkpoints" / "step_7" / "hf").exists()
+    assert "Loading weights" not in result.output
+    assert list((tmp_path / "cache" / "rlvr" / "exports").glob("run-step_7-*/config.json"))
+    assert f"model: {tmp_path / 'cache'}" in " ".join(result.stdout.split())
+
+
+def test_eval_of_judge_rows_without_a_judge_stops_before_scoring(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("RLVR_JUDGE_URL", raising=False)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"tag": "words", "prompt": "opposite of hot?", "ground_truth": "cold"}\n')
+    model = ROOT / "recipes" / "quickstart" / "policy"
+    result = CliRunner().invoke(app, ["eval", str(model), "--data", str(rows), "--reward", "llm_judge"])
+    assert result.exit_code == 2, result.output
+    assert "rows tagged words are scored by llm_judge but no judge is set" in " ".join(result.stderr.split())
+    result = CliRunner().invoke(
+        app, ["eval", str(model), "--data", str(rows), "--reward", "math_rule", "--args", '{"timout_s": 1}']
+    )
+    assert result.exit_code == 2 and "--args: math_rule does not take 'timout_s'" in result.stderr
+
+
+def test_eval_serves_the_recipes_judge_as_launch_does(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("RLVR_JUDGE_URL", raising=False)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text((ROOT / "recipes" / "quickstart" / "data" / "words_eval.jsonl").read_text().splitlines()[0] + "\n")
+    out = tmp_path / "scores.jsonl"
+    model, recipe = ROOT / "recipes" / "quickstart" / "policy", ROOT / "recipes" / "quickstart.toml"
+    args = [
+        "eval",
+        str(model),
+        "--data",
+        str(rows),
+        "--recipe",
+        str(recipe),
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(out),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "judge: serving" in result.stdout
+    scored = json.loads(out.read_text().splitlines()[0])
+    assert scored["reason"] in ("judge: reference", "unparsable judge answer", "empty response"), scored

@@ -7,6 +7,8 @@ tests drive it only through HTTP, as the RL loop drives SGLang servers.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -151,6 +153,105 @@ async def test_openai_chat_route(server):
     assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
     assert body["usage"]["completion_tokens"] <= 5  # type: ignore[index]
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]  # type: ignore[index]
+
+
+async def test_openai_chat_logprobs_are_the_sampled_tokens(server):
+    payload = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0, "logprobs": True}
+    status, body = await _post(server, "/v1/chat/completions", payload)
+    assert status == 200, body
+    content = body["choices"][0]["logprobs"]["content"]  # type: ignore[index]
+    assert len(content) == body["usage"]["completion_tokens"] > 0  # type: ignore[index]
+    assert all(isinstance(t["logprob"], float) and t["logprob"] <= 0 for t in content)
+    assert "".join(t["token"] for t in content) == body["choices"][0]["message"]["content"]  # type: ignore[index]
+
+
+async def test_openai_completions_route_with_logprobs(server):
+    payload = {"prompt": ["hello", "the fox"], "max_tokens": 4, "temperature": 0, "logprobs": 0, "n": 2}
+    status, body = await _post(server, "/v1/completions", payload)
+    assert status == 200, body
+    assert body["object"] == "text_completion" and len(body["choices"]) == 4  # type: ignore[index]
+    first = body["choices"][0]  # type: ignore[index]
+    assert isinstance(first["text"], str) and first["finish_reason"] in ("stop", "length")
+    assert len(first["logprobs"]["tokens"]) == len(first["logprobs"]["token_logprobs"]) <= 4
+
+
+async def test_openai_stream_sends_server_sent_events_with_the_same_text(server):
+    payload = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0}
+    _, whole = await _post(server, "/v1/chat/completions", payload)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    async with (
+        aiohttp.ClientSession(headers=headers) as session,
+        session.post(server + "/v1/chat/completions", json={**payload, "stream": True}) as resp,
+    ):
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+        events = [line.removeprefix("data: ") for line in (await resp.text()).splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == whole["choices"][0]["message"]["content"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("route", "payload", "named"),
+    [
+        ("/v1/chat/completions", {"max_tokens": -3}, "max_tokens"),
+        ("/v1/chat/completions", {"temperature": -1}, "temperature"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 3}, "top_logprobs"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": -3}, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 5}, "logprobs"),
+        ("/v1/completions", {"prompt": "hi", "echo": True}, "echo"),
+        ("/v1/completions", {"prompt": 7}, "prompt"),
+    ],
+)
+async def test_openai_routes_reject_what_they_cannot_honour(server, route, payload, named):
+    messages = {"messages": [{"role": "user", "content": "hi"}]} if route.endswith("chat/completions") else {}
+    status, body = await _post(server, route, {**messages, **payload})
+    assert status == 400
+    assert body["error"]["message"].startswith(named), body  # type: ignore[index]
+
+
+def test_serve_port_in_use_is_one_line_and_exit_2(model_dir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlvr.cli", "serve", str(model_dir), "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == proc.stderr.strip().splitlines()[0]
+    assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_serve_missing_model_folder_is_exit_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "serve", str(tmp_path / "none")], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "no model folder here" in proc.stderr
+
+
+def test_serve_port_0_prints_the_bound_port(model_dir):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlvr.cli", "serve", str(model_dir), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = []
+        while not any("ready on" in line for line in lines):
+            line = proc.stdout.readline()
+            assert line, f"server exited: {lines}"
+            lines.append(line)
+        port = int(lines[-1].split("http://127.0.0.1:")[1].split()[0])
+        assert port != 0 and f":{port}" in lines[0]  # the loading line already named it
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 async def test_pause_holds_new_requests_until_continue(client, server):

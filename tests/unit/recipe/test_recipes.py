@@ -116,11 +116,60 @@ BAD_CASES = {
         MINIMAL + '\n[cluster]\nkind = "slurm"\nnodes = 1\n',
         "cluster: trainer_nodes (1) must be less than nodes (1)",
     ),
+    # Start-up checks of the worker, run by validate (issue 18): each used to pass validate and fail in launch.
+    "quoted number": (
+        MINIMAL + '\n[trainer]\nlr = "2e-4"\n',
+        "recipe.toml:28: trainer.lr: Input should be a valid number (got '2e-4'); write it without quotes",
+    ),
+    "quoted timeout": (
+        MINIMAL.replace("n = 2", 'n = 2\ntimeout_s = "5"'),
+        "recipe.toml:25: rollout.timeout_s: Input should be a valid number (got '5')",
+    ),
+    "format weight above 1": (
+        MINIMAL.replace('reward = "math_rule"', 'reward = "math_rule"\nreward_args = {{ format_weight = 1.5 }}'),
+        "recipe.toml:17: domains.math.reward_args: format_weight: expected a number in [0, 1], got 1.5",
+    ),
+    "quoted reward timeout": (
+        MINIMAL.replace('reward = "math_rule"', 'reward = "math_rule"\nreward_args = {{ timeout_s = "5" }}'),
+        "domains.math.reward_args: timeout_s: expected a number > 0, got '5'",
+    ),
+    "judge template placeholder": (
+        MINIMAL.replace(
+            'reward = "code_sandbox"', 'reward = "llm_judge"\nreward_args = {{ template = "{{prompt}} {{answer}}" }}'
+        ),
+        "recipe.toml:22: domains.code.reward_args: template: unknown placeholder {answer}; a template may use",
+    ),
+    "judge reference without ground truth": (
+        MINIMAL.replace('reward = "code_sandbox"', 'reward = "llm_judge"\nreward_args = {{ template = "reference" }}'),
+        "code.jsonl:1: llm_judge rows need 'ground_truth' (template 'reference')",
+    ),
+    "eval rows checked like training rows": (
+        MINIMAL.replace('reward = "math_rule"', 'reward = "math_rule"\neval_files = ["{code}"]'),
+        "code.jsonl:1: math_rule rows need 'ground_truth'",
+    ),
+    "hub id as model path": (
+        MINIMAL.replace("config = {{ hidden_size = 32 }}", 'path = "Qwen/Qwen2.5-0.5B"'),
+        "recipe.toml:7: model.path: no model folder 'Qwen/Qwen2.5-0.5B' (a relative path starts at the recipe's "
+        "folder); hub ids are not downloaded",
+    ),
+    "missing model folder": (
+        MINIMAL.replace("config = {{ hidden_size = 32 }}", 'path = "./models/policy"'),
+        "recipe.toml:7: model.path: no model folder './models/policy' (a relative path starts at the recipe's folder)",
+    ),
+    "missing tokenizer folder": (
+        MINIMAL.replace("config = {{ hidden_size = 32 }}", 'config = {{ hidden_size = 32 }}\ntokenizer = "tok"'),
+        "recipe.toml:8: model.tokenizer: no tokenizer folder at tok",
+    ),
+    "more ranks than the machine": (
+        MINIMAL + '\n[trainer]\nranks = 4096\nstrategy = "fsdp2"\n',
+        "recipe.toml:28: trainer.ranks: 4096 trainer ranks but this machine has",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", BAD_CASES, ids=list(BAD_CASES))
-def test_bad_recipe_gives_one_clear_line_and_exit_2(tmp_path: Path, case: str) -> None:
+def test_bad_recipe_gives_one_clear_line_and_exit_2(tmp_path: Path, case: str, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the machine checks see a CPU-only machine, GPU box or not
     body, expected = BAD_CASES[case]
     path = write_recipe(tmp_path, body)
     result = runner.invoke(app, ["validate", str(path)])
@@ -129,6 +178,40 @@ def test_bad_recipe_gives_one_clear_line_and_exit_2(tmp_path: Path, case: str) -
     assert expected in message, message
     assert "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+OVERRIDE_CASES = {
+    "wrong type": (["rollout.n=many"], "--set rollout.n: Input should be a valid integer (got 'many')"),
+    "unknown key": (["rollout.temprature=0.5"], "--set rollout.temprature: unknown key; did you mean 'temperature'?"),
+    "probs sum": (
+        ["data.domain_interleave_probs.code=0.5"],
+        "--set data.domain_interleave_probs.code: data.domain_interleave_probs: values must sum to 1, got 1.25",
+    ),
+    "reward arg": (["domains.math.reward_args.format_weight=2"], "--set domains.math.reward_args.format_weight:"),
+    "more ranks": (["trainer.ranks=4096"], "--set trainer.ranks: 4096 trainer ranks but this machine has"),
+}
+
+
+@pytest.mark.parametrize("case", OVERRIDE_CASES, ids=list(OVERRIDE_CASES))
+def test_bad_override_names_set_key_not_a_toml_line(tmp_path: Path, case: str) -> None:
+    overrides, expected = OVERRIDE_CASES[case]
+    args = ["validate", str(write_recipe(tmp_path))] + [arg for item in overrides for arg in ("--set", item)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.stderr.split())
+    assert expected in message and "recipe.toml:" not in message, message
+
+
+def test_probabilities_rounded_to_thirds_are_accepted_and_normalised(tmp_path: Path) -> None:
+    body = MINIMAL.replace("math = 0.75, code = 0.25", "math = 0.333, code = 0.333, more = 0.333").replace(
+        "[rollout]", '[domains.more]\ntags = ["more"]\nfiles = ["more.jsonl"]\nreward = "math_rule"\n\n[rollout]'
+    )
+    path = write_recipe(tmp_path, body)
+    (tmp_path / "more.jsonl").write_text(MATH_ROWS[0].replace('"math"', '"more"') + "\n")
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    probs = load_recipe(path).data.domain_interleave_probs
+    assert probs["math"] == pytest.approx(1 / 3) and sum(probs.values()) == pytest.approx(1.0)
 
 
 def test_bad_json_row_names_file_and_line(tmp_path: Path) -> None:
@@ -179,11 +262,13 @@ def test_plan_writes_resolved_json_with_every_knob(tmp_path: Path) -> None:
     assert recipe_from_json(out.read_text()).model_dump(mode="json") == resolved
 
 
-def test_cli_is_fast_and_torch_free() -> None:
-    """`rlvr validate` and `--help` must not import torch (they run on login nodes)."""
+@pytest.mark.parametrize("recipe", ["math_code_judge.toml", "quickstart.toml"])
+def test_cli_is_fast_and_torch_free(recipe: str) -> None:
+    """`rlvr validate` and `--help` must not import torch (they run on login nodes), with the
+    machine checks of a local recipe (model folder, ranks) as well as a SLURM one."""
     code = (
         "import sys; from rlvr.cli import app; "
-        "sys.argv=['rlvr', 'validate', 'recipes/math_code_judge.toml'];\n"
+        f"sys.argv=['rlvr', 'validate', 'recipes/{recipe}'];\n"
         "try:\n    app()\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "assert 'transformers' not in sys.modules\n"
@@ -203,3 +288,39 @@ def test_real_process_exit_code_and_no_traceback(tmp_path: Path) -> None:
 def test_load_recipe_raises_recipe_error_not_validation_error(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="rollout.top_p"):
         load_recipe(write_recipe(tmp_path, MINIMAL.replace("n = 2", "top_p = 2.0")))
+
+
+def test_launch_refuses_a_missing_resume_path_before_starting_anything(tmp_path: Path) -> None:
+    recipe = ROOT / "recipes" / "quickstart.toml"
+    args = ["launch", str(recipe), "--set", f"experiment.output_dir={json.dumps(str(tmp_path))}"]
+    result = runner.invoke(app, [*args, "--resume", str(tmp_path / "nope"), "--no-dashboard"])
+    assert result.exit_code == 2, result.output
+    assert f"--resume {tmp_path / 'nope'}: no such path" in " ".join(result.stderr.split())
+    assert not (tmp_path / "quickstart").exists()  # no run directory, no process
+
+
+def test_launch_runs_the_validate_checks_first(tmp_path: Path) -> None:
+    recipe = ROOT / "recipes" / "quickstart.toml"
+    args = ["launch", str(recipe), "--set", f"experiment.output_dir={json.dumps(str(tmp_path))}"]
+    result = runner.invoke(app, [*args, "--set", "trainer.ranks=4096", "--no-dashboard"])
+    assert result.exit_code == 2, result.output
+    assert "--set trainer.ranks: 4096 trainer ranks" in " ".join(result.stderr.split())
+    assert not (tmp_path / "quickstart").exists()
+
+
+def test_help_names_values_plainly_and_shows_examples_and_version() -> None:
+    """What `rlvr` (the installed entry point, `rlvr.cli:main`) prints, not typer's test runner."""
+
+    def rlvr(*args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlvr.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    for command in ("validate", "plan", "launch", "sbatch", "eval", "export", "monitor", "serve"):
+        text = rlvr(command, "--help")
+        assert not any(mark in text for mark in ("<bool>", "<int>", "<path>", "<list[", "{RECIPE}", "{recipe}")), text
+        assert "Example:" in text, command
+    assert "KEY=VALUE" in rlvr("launch", "--help")
+    assert rlvr("--version").startswith("rlvr ")

@@ -57,3 +57,12 @@ def test_check_unknown_reward_and_bad_args(tmp_path):
     assert result.exit_code == 2 and "known rewards" in result.output
     result = runner.invoke(app, ["check", str(rows), "--reward", "math_rule", "--args", "[1]"])
     assert result.exit_code == 2 and "JSON object" in result.output
+
+
+def test_check_rejects_a_misspelt_argument_as_validate_does(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "1?", "ground_truth": "1", "completion": "1"}])
+    result = runner.invoke(app, ["check", str(rows), "--reward", "math_rule", "--args", '{"timout_s": 20}'])
+    assert result.exit_code == 2
+    assert "--args: math_rule does not take 'timout_s' (did you mean 'timeout_s'?)" in result.output
+    result = runner.invoke(app, ["check", str(rows), "--reward", "math_rule", "--args", '{"format_weight": 1.5}'])
+    assert result.exit_code == 2 and "format_weight: expected a number in [0, 1], got 1.5" in result.output

@@ -1,0 +1,102 @@
+"""Start-up checks against this machine, run by `rlvr validate` and by `launch` before any process.
+
+The schema checks what a recipe says; these check that the machine can do it: the model
+folder is there (a hub id is never downloaded), its tokenizer is there, and a local run does
+not ask for more trainer ranks than the machine has. Each failure is `(key path, message)`, so
+the CLI prints the usual `file:line: key: message` (or `--set KEY`) line and exits 2 instead
+of a worker dying 10 s into `launch`. Standard library only: `validate` stays instant.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from rlvr.recipe.schema import Recipe
+
+Problem = tuple[tuple[str, ...], str]
+
+
+def machine_problems(recipe: Recipe) -> Problem | None:
+    """The first thing this machine cannot run, or None."""
+    return model_problem(recipe) or tokenizer_problem(recipe) or ranks_problem(recipe) or sglang_problem(recipe)
+
+
+def model_problem(recipe: Recipe) -> Problem | None:
+    """`model.path` must be a folder with config.json; on SLURM an absolute path this machine
+    does not see may live on the compute nodes' disk, so only that case is let through."""
+    path = recipe.model.path
+    if path is None:
+        return None
+    folder = Path(path)
+    if (folder / "config.json").exists():
+        return None
+    if folder.is_dir():
+        return ("model", "path"), f"{path} has no config.json (expected a HF model folder)"
+    if recipe.cluster.kind == "slurm" and folder.is_absolute():
+        return None
+    message = f"no model folder {path!r} (a relative path starts at the recipe's folder)"
+    if looks_like_hub_id(path):
+        message += f"; hub ids are not downloaded: huggingface-cli download {path} --local-dir DIR, then path = DIR"
+    return ("model", "path"), message
+
+
+def tokenizer_problem(recipe: Recipe) -> Problem | None:
+    """A separate tokenizer folder must exist too (the worker loads it first thing)."""
+    tokenizer = recipe.model.tokenizer
+    if tokenizer is None or Path(tokenizer).is_dir():
+        return None
+    if recipe.cluster.kind == "slurm" and Path(tokenizer).is_absolute():
+        return None
+    return ("model", "tokenizer"), f"no tokenizer folder at {tokenizer}"
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """`Qwen/Qwen2.5-0.5B`: one slash, no leading dot or slash (what a user copies from the hub)."""
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path) is not None
+
+
+def ranks_problem(recipe: Recipe) -> Problem | None:
+    """A local run places one trainer rank per GPU (cuda:LOCAL_RANK), or per CPU core without GPUs."""
+    if recipe.cluster.kind != "local":
+        return None
+    ranks = recipe.trainer.ranks
+    gpus = visible_gpus()
+    if gpus:
+        if ranks > gpus:
+            return ("trainer", "ranks"), f"{ranks} trainer ranks but this machine has {gpus} visible GPU(s)"
+        return None
+    cores = cpu_cores()
+    if ranks > cores:
+        return ("trainer", "ranks"), f"{ranks} trainer ranks but this machine has {cores} CPU core(s) and no GPU"
+    return None
+
+
+def sglang_problem(recipe: Recipe) -> Problem | None:
+    """A local SGLang server needs a GPU and the Python that has SGLang (`rollout.sglang.python`)."""
+    if recipe.cluster.kind != "local" or recipe.rollout.engine != "sglang":
+        return None
+    if not visible_gpus():
+        return ("rollout", "engine"), 'sglang needs a CUDA GPU and this machine has none; use "embedded"'
+    python = recipe.rollout.sglang.python
+    if shutil.which(python) is None:
+        return ("rollout", "sglang", "python"), f"{python!r} is not an executable on PATH (the env that has SGLang)"
+    return None
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process may use, without importing torch (CUDA_VISIBLE_DEVICES, else /dev)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [part for part in visible.split(",") if part.strip()]
+        return 0 if not ids or ids[0].strip() == "-1" else len(ids)
+    return sum(1 for dev in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", dev.name))
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
