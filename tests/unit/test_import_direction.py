@@ -18,8 +18,8 @@ RLVR = Path(__file__).resolve().parents[2] / "rlvr"
 LAYERS: list[tuple[str, ...]] = [
     ("rlvr", "rlvr.types", "rlvr.rundir", "rlvr.process", "rlvr.rendezvous"),
     ("rlvr.recipe",),
-    ("rlvr.data", "rlvr.rewards", "rlvr.algorithms", "rlvr.weight_arena", "rlvr.tiny", "rlvr.quickstart"),
-    ("rlvr.rollout", "rlvr.trainer", "rlvr.tools"),
+    ("rlvr.data", "rlvr.rewards", "rlvr.algorithms", "rlvr.weight_arena", "rlvr.tiny"),
+    ("rlvr.rollout", "rlvr.trainer", "rlvr.tools", "rlvr.quickstart"),
     ("rlvr.sync", "rlvr.monitor", "rlvr.evaluation"),
     ("rlvr.controller",),
     ("rlvr.loop",),
