@@ -20,8 +20,9 @@ from pathlib import Path
 
 from rlvr.launch.commands import judge_command, server_command, trainer_command
 from rlvr.launch.failure import root_cause
+from rlvr.monitor.metrics import mark_stopped
 from rlvr.monitor.progress import PlainProgress
-from rlvr.process import Child, Children, free_port, is_healthy, send_group
+from rlvr.process import Child, Children, children_of, free_port, is_healthy, send
 from rlvr.recipe.plan import LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import ServerAddress, clear_servers, register_judge, register_server
@@ -90,10 +91,6 @@ class LocalLauncher:
             time.sleep(0.3)
         raise failure(child, f"was not healthy at {url} after {timeout_s:.0f}s")
 
-    @property
-    def trainer(self) -> Child:
-        return next(c for c in self.children.started if c.name == "trainer")
-
     def check(self) -> int | None:
         """None while running; the trainer's exit code when done; raises if a server died."""
         for child in self.children.started:
@@ -115,10 +112,24 @@ class LocalLauncher:
             time.sleep(poll_s)
 
     def request_stop(self) -> None:
-        """Ask the trainer to checkpoint and stop at the end of its step (SIGTERM to torchrun)."""
+        """Ask the trainer's ranks to checkpoint and stop at the end of their step.
+
+        SIGUSR1 goes to torchrun's workers, not to torchrun: torchrun answers SIGTERM by killing
+        its workers 30 s later, which would cut a long step (or its checkpoint) short.
+        """
         for child in self.children.alive():
             if child.name == "trainer":
-                send_group(child.pid, signal.SIGTERM)
+                for pid in children_of(child.pid) or [child.pid]:
+                    send(pid, signal.SIGUSR1)
+
+    def stop_trainer(self, *, timeout_s: float) -> None:
+        """Wait for the stopping trainer; a second Ctrl-C (or SIGTERM) gives up on it."""
+        trainer = next((c for c in self.children.started if c.name == "trainer"), None)
+        if trainer is None:
+            return
+        self.request_stop()
+        with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):
+            trainer.proc.wait(timeout=timeout_s)
 
     def shutdown(self, *, grace_s: float = 30.0) -> None:
         """Trainer first (it may be saving), then the servers; SIGKILL whatever outlives grace."""
@@ -126,8 +137,14 @@ class LocalLauncher:
             self.children.stop(child, grace_s=grace_s if child.name == "trainer" else 5)
 
 
-def run_local(recipe: Recipe, *, run_dir: Path, resume: str = "auto", dashboard: bool = True) -> int:
-    """Start, watch, and always tear down; returns the trainer's exit code."""
+def run_local(
+    recipe: Recipe, *, run_dir: Path, resume: str = "auto", dashboard: bool = True, stop_timeout_s: float = 900.0
+) -> int:
+    """Start, watch, and always tear down; returns the trainer's exit code (130 after Ctrl-C).
+
+    `stop_timeout_s` bounds the wait for a stopping trainer: a step plus its checkpoint, never
+    a hung rank forever.
+    """
     launcher = LocalLauncher(recipe, run_dir=run_dir, resume=resume)
     live = dashboard and sys.stdout.isatty()  # else (a log file, a pipe, --no-dashboard): a plain line per step
     plain = None if live else PlainProgress(run_dir, emit=lambda line: print(line, flush=True))
@@ -145,9 +162,10 @@ def run_local(recipe: Recipe, *, run_dir: Path, resume: str = "auto", dashboard:
             plain.follow(stop=lambda: launcher.check() is not None)
         return launcher.wait()
     except KeyboardInterrupt:
-        launcher.request_stop()
-        with contextlib.suppress(subprocess.TimeoutExpired, StopIteration):
-            launcher.trainer.proc.wait(timeout=60)
+        print("stopping: the trainer finishes its step and saves a checkpoint (Ctrl-C again to stop now)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        launcher.stop_trainer(timeout_s=stop_timeout_s)
+        mark_stopped(run_dir)  # the trainer's own word if it got to write one
         if plain is not None:
             plain.poll()  # the steps finished while stopping
         return 130

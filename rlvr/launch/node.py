@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.monitor.metrics import mark_stopped
 from rlvr.process import Children, is_healthy
 from rlvr.recipe.plan import LaunchPlan, ServerSpec
 from rlvr.rundir import DONE_STATES, RunDir, read_json, read_status, write_json_atomic
@@ -256,17 +257,11 @@ class Node:
             time.sleep(0.1)
         self.children.kill_all(grace_s=0.5)  # SLURM's SIGKILL follows SIGTERM after KillWait
         if self.role.is_first_trainer:
-            self._mark_stopped()
+            mark_stopped(self.run_dir)
             self._write_trainer_exit(EXIT_SIGNALLED)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_SIGNALLED)
-
-    def _mark_stopped(self) -> None:
-        status = read_status(self.run_dir)
-        if status is not None and status.get("state") not in DONE_STATES:
-            status.update(state="stopped", ended_at=time.time())
-            write_json_atomic(self.paths.status, status)
 
     def _pending(self) -> list[int]:
         out, self.signals = self.signals, []

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlvr.rundir import RunDir, read_status, write_json_atomic
+from rlvr.rundir import DONE_STATES, RunDir, read_status, write_json_atomic
 
 
 class RunRecorder:
@@ -101,6 +101,17 @@ def mark_failed(run_dir: str | Path, message: str, **fields: Any) -> None:
     write_json_atomic(paths.status, status)
     with paths.events.open("a", encoding="utf-8") as events:
         events.write(json.dumps({"time": time.time(), "level": "error", "message": message}) + "\n")
+
+
+def mark_stopped(run_dir: str | Path) -> None:
+    """The launcher's word after a stop it asked for: `stopped`, unless the trainer already
+    recorded how it ended. A trainer killed mid-save (or by torchrun's shutdown clock) never
+    reaches `close("stopped")`; without this its last word, `running`, would stand."""
+    paths = RunDir(run_dir)
+    status = read_status(run_dir)
+    if status is not None and status.get("state") not in DONE_STATES:
+        status.update(state="stopped", ended_at=time.time())
+        write_json_atomic(paths.status, status)
 
 
 class JsonlTail:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlvr.monitor.metrics import RunRecorder, mark_failed
+from rlvr.monitor.metrics import RunRecorder, mark_failed, mark_stopped
 from rlvr.monitor.progress import final_line, follow, step_line
 from rlvr.rundir import read_status
 
@@ -55,3 +55,18 @@ def test_mark_failed_ends_a_start_that_never_ran(tmp_path: Path) -> None:
     fresh = read_status(tmp_path / "fresh")
     assert fresh is not None and fresh["state"] == "failed" and fresh["max_steps"] == 7
     assert "failed at step 0/7" in final_line(tmp_path / "fresh", code=1)
+
+
+def test_mark_stopped_keeps_the_trainers_own_ending(tmp_path: Path) -> None:
+    killed = RunRecorder(tmp_path / "killed", max_steps=5)
+    killed.log(2, {})  # "running" at step 2, then killed mid-save: it never wrote its ending
+    mark_stopped(tmp_path / "killed")
+    status = read_status(tmp_path / "killed")
+    assert status is not None and status["state"] == "stopped" and status["step"] == 2 and "ended_at" in status
+    finished = RunRecorder(tmp_path / "finished", max_steps=5)
+    finished.log(5, {})
+    finished.close("finished")  # it finished while the stop was on its way
+    mark_stopped(tmp_path / "finished")
+    assert (read_status(tmp_path / "finished") or {})["state"] == "finished"
+    mark_stopped(tmp_path / "never")  # nothing started: nothing to write
+    assert not (tmp_path / "never").exists()
