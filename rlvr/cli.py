@@ -215,7 +215,7 @@ def resume_or_exit(resume: str) -> str:
     """`auto`, `none`, or the checkpoint a path names (a run directory or `checkpoints/latest` too)."""
     if resume in ("auto", "none"):
         return resume
-    from rlvr.evaluation import find_checkpoint
+    from rlvr.rundir import find_checkpoint
 
     found = find_checkpoint(Path(resume))
     if found is None:
@@ -328,10 +328,11 @@ def eval_(
     except json.JSONDecodeError as exc:
         raise fail(f"--args: not JSON: {exc.msg}") from None
     from rlvr.data.sources import DataError
-    from rlvr.evaluation import find_checkpoint, load_rows
+    from rlvr.evaluation import load_rows
+    from rlvr.rundir import find_checkpoint, run_of_checkpoint
 
     checkpoint = None if (model / "config.json").exists() else find_checkpoint(model)
-    source = recipe or (checkpoint.resolve().parent.parent / "resolved_recipe.json" if checkpoint else None)
+    source = recipe or (run_of_checkpoint(checkpoint).recipe if checkpoint else None)
     parsed = eval_recipe(source) if source is not None and source.exists() else None
     template = parsed.model.chat_template if parsed else "auto"
     tag_rewards = {tag: (d.reward, d.reward_args) for d in parsed.domains.values() for tag in d.tags} if parsed else {}
@@ -407,42 +408,24 @@ def run_eval(model: Path, samples, rewards, *, template: str, n: int, temperatur
 
 @contextlib.contextmanager
 def judge_for_eval(recipe):
-    """Serve the recipe's [judge] for this eval as `launch` does (`rlvr serve` on a free port,
-    its URL in RLVR_JUDGE_URL), and stop it afterwards; one error line if it does not come up."""
+    """Serve the recipe's [judge] for this eval as `launch` does, its URL in RLVR_JUDGE_URL; one
+    error line (exit 2) if it does not come up."""
     import os
-    import socket
-    import subprocess
     import tempfile
-    import time
 
-    from rlvr.launch.commands import judge_command
-    from rlvr.process import is_healthy
+    from rlvr.launch.local import LaunchError, served_judge
 
-    with socket.socket() as sock:  # a free port, as the launcher picks one
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    log = tempfile.NamedTemporaryFile(prefix="rlvr-eval-judge-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(
-        judge_command(recipe, host="127.0.0.1", port=port), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    typer.echo(f"judge: serving {recipe.judge.model} on {url} (log {log.name})")
+    log = Path(tempfile.mkstemp(prefix="rlvr-eval-judge-", suffix=".log")[1])
+    typer.echo(f"judge: serving {recipe.judge.model} (log {log})")
     try:
-        deadline = time.monotonic() + 300
-        while not is_healthy(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise fail(f"judge: {recipe.judge.model} did not start; see {log.name}")
-            time.sleep(0.3)
-        os.environ["RLVR_JUDGE_URL"] = url
-        yield url
-    finally:
-        os.environ.pop("RLVR_JUDGE_URL", None)
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
+        with served_judge(recipe, log=log) as url:
+            os.environ["RLVR_JUDGE_URL"] = url
+            try:
+                yield url
+            finally:
+                os.environ.pop("RLVR_JUDGE_URL", None)
+    except LaunchError as exc:
+        raise fail(f"{recipe.judge.model}: {exc}") from None
 
 
 @app.command()
@@ -456,7 +439,8 @@ def export(
 
     Example: rlvr export runs/quickstart runs/quickstart/hf   (the run's latest checkpoint)
     """
-    from rlvr.evaluation import export_checkpoint, find_checkpoint
+    from rlvr.evaluation import export_checkpoint
+    from rlvr.rundir import find_checkpoint
 
     found = find_checkpoint(checkpoint)
     if found is None:

@@ -17,29 +17,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from rlvr.rundir import run_of_checkpoint
 from rlvr.types import Group, Sample
-
-
-def is_checkpoint(path: Path) -> bool:
-    return (path / "meta.json").exists()
-
-
-def find_checkpoint(path: Path) -> Path | None:
-    """The checkpoint a user means: `RUN/checkpoints/step_N` itself, the `RUN/checkpoints/latest`
-    pointer file, `RUN/checkpoints`, or `RUN` (the latest complete one); None if there is none.
-    Torch-free, so `launch --resume` can check it before starting anything."""
-    if path.is_file() and path.name == "latest":
-        path = path.parent
-    for folder in (path, path / "checkpoints"):
-        if is_checkpoint(folder):
-            return folder
-        pointer = folder / "latest"
-        if pointer.is_file() and is_checkpoint(folder / pointer.read_text().strip()):
-            return folder / pointer.read_text().strip()
-        steps = [p for p in folder.glob("step_*") if p.name[5:].isdigit() and is_checkpoint(p)]
-        if steps:
-            return max(steps, key=lambda p: int(p.name[5:]))
-    return None
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
@@ -50,8 +29,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
     from rlvr.trainer.checkpoint import export_hf, load_checkpoint
     from rlvr.trainer.model import build_model, load_tokenizer
 
-    run_dir = checkpoint.resolve().parent.parent
-    recipe = recipe_from_json((run_dir / "resolved_recipe.json").read_text())
+    recipe = recipe_from_json(run_of_checkpoint(checkpoint).recipe.read_text())
     trainer = recipe.trainer.model_copy(update={"strategy": "none"})
     model = build_model(recipe.model, trainer, device=torch.device("cpu"), seed=recipe.experiment.seed, trainable=False)
     actor: Any = SimpleNamespace(model=model, optimizer=None, scheduler=None)  # weights only: no optimizer state

@@ -31,11 +31,11 @@ from rlvr.algorithms.kl import make_kl_controller
 from rlvr.controller import RolloutManager
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.schema import Recipe
-from rlvr.rundir import RunDir
+from rlvr.rundir import RunDir, latest_checkpoint
 from rlvr.sync.base import WeightSync
 from rlvr.trainer import dist as d
 from rlvr.trainer.actor import Actor
-from rlvr.trainer.checkpoint import find_latest, load_checkpoint, save_checkpoint
+from rlvr.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlvr.trainer.critic import Critic
 from rlvr.trainer.prepare import prepare_batch
 from rlvr.types import RolloutBatch
@@ -185,7 +185,7 @@ class RLLoop:
         """`auto`: the latest complete checkpoint if any; `none`: start fresh; else a checkpoint path."""
         if spec == "none":
             return False
-        path = find_latest(self.checkpoint_root) if spec == "auto" else Path(spec)
+        path = latest_checkpoint(self.checkpoint_root) if spec == "auto" else Path(spec)
         if path is None:
             return False
         extra = load_checkpoint(path, self.parts())

@@ -12,7 +12,8 @@ the target, then `os.replace`), so a reader or a crash never sees half a file:
     metrics.jsonl          one JSON object per step
     events.jsonl           warnings and errors worth showing
     samples.jsonl          a few whole episodes per domain and step (monitor.log_samples)
-    checkpoints/           step_N/ and `latest` (rlvr/trainer/checkpoint.py)
+    checkpoints/           step_N/ (complete when meta.json is in it) and `latest` (below;
+                           what is inside a step_N/: rlvr/trainer/checkpoint.py)
     servers/               <index>.json per rollout server, judge.url
     logs/                  one log per child process of the local launcher or a node
     slurm/                 submitit/sbatch job logs, attempt.json, trainer_exit.json
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -49,6 +51,9 @@ TRAINER_EXIT_FILE = "trainer_exit.json"
 TENSORBOARD_DIR = "tensorboard"
 SBATCH_FILE = "job.sbatch"
 LOCK_FILE = ".lock"
+LATEST_FILE = "latest"  # in checkpoints/: the name of the newest complete step_N
+CHECKPOINT_META = "meta.json"  # written last into a step_N/: its presence means complete
+_STEP = re.compile(r"^step_(\d+)$")
 
 DONE_STATES = ("finished", "failed", "stopped")
 """status.json states after which the run's trainer is gone."""
@@ -207,3 +212,64 @@ def read_json(path: str | Path) -> Any:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+# -- checkpoint folders (torch-free: the CLI resolves `--resume`, `eval` and `export` paths with them)
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"step_{step}"
+
+
+def step_of(path: Path) -> int | None:
+    """N of a `step_N` folder name; None for any other name (`step_N.tmp` included)."""
+    m = _STEP.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def is_checkpoint(path: Path) -> bool:
+    return (path / CHECKPOINT_META).exists()
+
+
+def complete_checkpoints(root: str | Path) -> list[Path]:
+    """The complete `step_N` folders under `root`, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and step_of(p) is not None and is_checkpoint(p)]
+    return sorted(found, key=lambda p: step_of(p) or 0)
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under `root`, or None.
+
+    Trusts the `latest` pointer when it names a complete folder, else scans `step_N/` folders
+    that have meta.json (a pointer lost with a disk or edited by hand still resumes).
+    """
+    root = Path(root)
+    pointer = root / LATEST_FILE
+    if pointer.is_file():
+        candidate = root / pointer.read_text().strip()
+        if is_checkpoint(candidate):
+            return candidate
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def find_checkpoint(path: Path) -> Path | None:
+    """The checkpoint a user means: `RUN/checkpoints/step_N` itself, the `RUN/checkpoints/latest`
+    pointer file, `RUN/checkpoints`, or `RUN` (its latest complete one); None if there is none."""
+    if path.is_file() and path.name == LATEST_FILE:
+        path = path.parent
+    for folder in (path, path / CHECKPOINTS_DIR):
+        if is_checkpoint(folder):
+            return folder
+        found = latest_checkpoint(folder)
+        if found is not None:
+            return found
+    return None
+
+
+def run_of_checkpoint(checkpoint: Path) -> RunDir:
+    """The run directory a `RUN/checkpoints/step_N` belongs to (its resolved recipe is there)."""
+    return RunDir(checkpoint.resolve().parent.parent)

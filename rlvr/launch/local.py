@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlvr.launch.commands import judge_command, server_command, trainer_command
@@ -42,6 +43,38 @@ def failure(child: Child, what: str) -> LaunchError:
     return LaunchError(f"{child.name} {what}: {root_cause(text)} (log: {child.log_path})")
 
 
+def wait_healthy(child: Child, url: str, *, timeout_s: float) -> None:
+    """Poll `url`/health; raises the child's root cause if it exits first or never answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child.proc.poll() is not None:
+            raise failure(child, f"exited with code {child.proc.returncode} before it was healthy")
+        if is_healthy(url):
+            return
+        time.sleep(0.3)
+    raise failure(child, f"was not healthy at {url} after {timeout_s:.0f}s")
+
+
+def start_judge(recipe: Recipe, children: Children, *, log: Path) -> tuple[Child, str]:
+    """The recipe's [judge] model behind `rlvr serve` on a free local port (two runs must not collide)."""
+    port = free_port()
+    child = children.start("judge", judge_command(recipe, host="127.0.0.1", port=port), log=log)
+    return child, f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def served_judge(recipe: Recipe, *, log: Path, timeout_s: float = 300.0) -> Iterator[str]:
+    """The judge as `rlvr launch` serves it, for the length of a `with` (`rlvr eval` of a judged
+    domain); yields its URL, raises LaunchError if it does not come up, stops it on every exit."""
+    children = Children(death_signal=signal.SIGTERM)
+    try:
+        child, url = start_judge(recipe, children, log=log)
+        wait_healthy(child, url, timeout_s=timeout_s)
+        yield url
+    finally:
+        children.kill_all(grace_s=10)
+
+
 class LocalLauncher:
     def __init__(self, recipe: Recipe, *, run_dir: Path, resume: str = "auto", env: dict[str, str] | None = None):
         self.recipe = recipe
@@ -58,11 +91,11 @@ class LocalLauncher:
         clear_servers(self.run_dir)
         if self.recipe.judge is not None:
             judge, url = self._start_judge()
-            self._wait_healthy(judge, url, timeout_s=server_timeout_s)
+            wait_healthy(judge, url, timeout_s=server_timeout_s)
             register_judge(self.run_dir, url)  # the worker exports it as RLVR_JUDGE_URL
         servers = [self._start_server(spec) for spec in self.plan.servers]
         for spec, (child, url) in zip(self.plan.servers, servers, strict=True):
-            self._wait_healthy(child, url, timeout_s=server_timeout_s)
+            wait_healthy(child, url, timeout_s=server_timeout_s)
             register_server(self.run_dir, ServerAddress(index=spec.index, url=url, engine=spec.engine, gpus=spec.gpus))
         self._spawn("trainer", trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume))
 
@@ -75,21 +108,10 @@ class LocalLauncher:
         return child, f"http://127.0.0.1:{port}"
 
     def _start_judge(self) -> tuple[Child, str]:
-        port = free_port()
-        return self._spawn("judge", judge_command(self.recipe, host="127.0.0.1", port=port)), f"http://127.0.0.1:{port}"
+        return start_judge(self.recipe, self.children, log=self.paths.log("judge"))
 
     def _spawn(self, name: str, command: list[str], *, env: dict[str, str] | None = None) -> Child:
         return self.children.start(name, command, env=env, log=self.paths.log(name))
-
-    def _wait_healthy(self, child: Child, url: str, *, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if child.proc.poll() is not None:
-                raise failure(child, f"exited with code {child.proc.returncode} before it was healthy")
-            if is_healthy(url):
-                return
-            time.sleep(0.3)
-        raise failure(child, f"was not healthy at {url} after {timeout_s:.0f}s")
 
     def check(self) -> int | None:
         """None while running; the trainer's exit code when done; raises if a server died."""

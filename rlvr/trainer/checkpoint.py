@@ -18,7 +18,6 @@ Resume is exact: model, AdamW moments and step counts, lr schedule position, and
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 import warnings
@@ -30,13 +29,19 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from rlvr.rundir import write_atomic, write_json_atomic
+from rlvr.rundir import (
+    CHECKPOINT_META,
+    LATEST_FILE,
+    complete_checkpoints,
+    is_checkpoint,
+    step_dir,
+    step_of,
+    write_atomic,
+    write_json_atomic,
+)
 from rlvr.trainer import dist as d
 from rlvr.trainer.optim import load_scheduler_state
 from rlvr.trainer.weights import iter_full_weights
-
-STEP_RE = re.compile(r"^step_(\d+)$")
-LATEST = "latest"
 
 
 class Trainable(Protocol):
@@ -48,10 +53,6 @@ class Trainable(Protocol):
     def optimizer(self) -> torch.optim.Optimizer | None: ...
     @property
     def scheduler(self) -> Any: ...
-
-
-def step_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f"step_{step}"
 
 
 def _dcp_state(parts: Mapping[str, Trainable]) -> dict[str, Any]:
@@ -107,12 +108,12 @@ def save_checkpoint(
     d.barrier()
     if d.rank() == 0:
         meta = {"step": step, "world_size": d.world_size(), "parts": sorted(parts), "time": time.time()}
-        write_json_atomic(tmp / "meta.json", meta, indent=2, durable=True)
+        write_json_atomic(tmp / CHECKPOINT_META, meta, indent=2, durable=True)
         if final.exists():  # re-saving a step (e.g. after resuming from it): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(root)
-        write_atomic(root / LATEST, final.name, durable=True)
+        write_atomic(root / LATEST_FILE, final.name, durable=True)
         if keep_last is not None:
             prune(root, keep_last=keep_last)
     d.barrier()
@@ -129,7 +130,7 @@ def load_checkpoint(path: str | Path, parts: Mapping[str, Trainable]) -> dict[st
     from torch.distributed.checkpoint.state_dict_loader import load
 
     path = Path(path)
-    if not (path / "meta.json").exists():
+    if not is_checkpoint(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no meta.json)")
     state = _dcp_state(parts)
     with _quiet_single_process():
@@ -149,49 +150,20 @@ def load_checkpoint(path: str | Path, parts: Mapping[str, Trainable]) -> dict[st
     return local["extra"]
 
 
-def find_latest(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under `root`, or None.
-
-    Trusts the `latest` pointer when it names a complete folder, else scans `step_N/`
-    folders that have meta.json (a pointer lost with a disk or edited by hand still resumes).
-    """
-    root = Path(root)
-    pointer = root / LATEST
-    if pointer.exists():
-        candidate = root / pointer.read_text().strip()
-        if (candidate / "meta.json").exists():
-            return candidate
-    done = [p for p in _complete(root)]
-    return done[-1] if done else None
-
-
 def prune(root: str | Path, *, keep_last: int) -> list[Path]:
     """Delete all but the newest `keep_last` complete checkpoints, and abandoned `.tmp` saves
     of older steps; returns what was removed."""
     root = Path(root)
-    done = _complete(root)
+    done = complete_checkpoints(root)
     removed = done[: max(0, len(done) - keep_last)]
-    newest = _step_of(done[-1]) if done else -1
+    newest = step_of(done[-1]) if done else None
     for p in root.glob("step_*.tmp"):
-        m = STEP_RE.match(p.name[: -len(".tmp")])
-        if m and int(m.group(1)) <= newest:
+        step = step_of(p.with_suffix(""))
+        if step is not None and newest is not None and step <= newest:
             removed.append(p)
     for p in removed:
         shutil.rmtree(p, ignore_errors=True)
     return removed
-
-
-def _complete(root: Path) -> list[Path]:
-    if not root.exists():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and STEP_RE.match(p.name) and (p / "meta.json").exists()]
-    return sorted(found, key=_step_of)
-
-
-def _step_of(path: Path) -> int:
-    m = STEP_RE.match(path.name)
-    assert m is not None
-    return int(m.group(1))
 
 
 @contextmanager

@@ -55,9 +55,10 @@ def run(
 ) -> None:  # fmt: skip
     """Train STEPS steps (or resume at SAVE_AT and finish); write losses and final weights to `out`."""
     from rlvr.recipe.schema import ModelConfig
+    from rlvr.rundir import latest_checkpoint
     from rlvr.trainer import dist as d
     from rlvr.trainer.actor import Actor
-    from rlvr.trainer.checkpoint import export_hf, find_latest, load_checkpoint, save_checkpoint
+    from rlvr.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
     from rlvr.trainer.weights import iter_full_weights
 
     trainer, algorithm = configs(strategy, tp_size=tp_size, activation_checkpointing=activation_checkpointing)
@@ -68,7 +69,7 @@ def run(
     start, losses = 0, []
     if resume:
         assert save_dir is not None
-        latest = find_latest(save_dir)
+        latest = latest_checkpoint(save_dir)
         assert latest is not None
         extra = load_checkpoint(latest, {"actor": actor})
         start, losses = extra["step"], extra["losses"]

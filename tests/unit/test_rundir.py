@@ -101,3 +101,27 @@ def test_finished_at_only_for_a_finished_run_that_reached_max_steps(tmp_path: Pa
     assert paths.finished_at(5) is None  # max_steps raised: the run goes on
     write_json_atomic(paths.status, {"state": "stopped", "step": 3, "max_steps": 3})
     assert paths.finished_at(3) is None
+
+
+def _complete(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text("{}")
+    return folder
+
+
+def test_find_checkpoint_resolves_what_a_user_names(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
+    assert rundir.find_checkpoint(run) is None  # nothing saved yet
+    s9, s10 = _complete(ckpts / "step_9"), _complete(ckpts / "step_10")
+    (ckpts / "step_11.tmp").mkdir()  # a save killed mid-way is never a checkpoint
+    (ckpts / "step_12").mkdir()  # no meta.json: incomplete
+    assert rundir.find_checkpoint(run) == s10  # by number, not by name: step_10 > step_9
+    assert rundir.find_checkpoint(ckpts) == s10
+    assert rundir.find_checkpoint(s9) == s9
+    (ckpts / "latest").write_text("step_9")  # the pointer wins while it names a complete folder
+    assert rundir.find_checkpoint(ckpts / "latest") == s9 and rundir.find_checkpoint(run) == s9
+    (ckpts / "latest").write_text("step_12")
+    assert rundir.find_checkpoint(run) == s10
+    assert rundir.run_of_checkpoint(s9).recipe == (run / "resolved_recipe.json").resolve()
+    assert rundir.step_of(ckpts / "step_11.tmp") is None and rundir.step_of(s10) == 10

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlvr.rundir import latest_checkpoint
 from rlvr.trainer import checkpoint as ckpt
-from rlvr.trainer.checkpoint import export_hf, find_latest, load_checkpoint, prune, save_checkpoint
+from rlvr.trainer.checkpoint import export_hf, load_checkpoint, prune, save_checkpoint
 
 from .conftest import build_actor, make_batch
 
@@ -28,7 +29,7 @@ def test_resume_continues_bit_identically(tiny_model_dir, tmp_path):
     later = [a.train_step(batch)["loss"] for _ in range(2)]
 
     b = build_actor(tiny_model_dir, lr_schedule="cosine", warmup_steps=2)
-    extra = load_checkpoint(find_latest(tmp_path) or "", {"actor": b})
+    extra = load_checkpoint(latest_checkpoint(tmp_path) or "", {"actor": b})
     assert extra == {"step": 1, "mixture": {"cursor": 7}}
     assert [b.train_step(batch)["loss"] for _ in range(2)] == later
     assert b.optimizer.param_groups[0]["lr"] == a.optimizer.param_groups[0]["lr"]
@@ -42,10 +43,10 @@ def test_keep_last_and_latest_pointer(tiny_model_dir, tmp_path):
         save_checkpoint(tmp_path, step, {"actor": a}, keep_last=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_3", "step_4"]
     assert (tmp_path / "latest").read_text() == "step_4"
-    assert find_latest(tmp_path) == tmp_path / "step_4"
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_4"
     (tmp_path / "latest").unlink()  # a lost pointer still resumes from the newest complete folder
-    assert find_latest(tmp_path) == tmp_path / "step_4"
-    assert find_latest(tmp_path / "nothing-here") is None
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_4"
+    assert latest_checkpoint(tmp_path / "nothing-here") is None
     assert prune(tmp_path, keep_last=1) == [tmp_path / "step_3"]
 
 
@@ -63,7 +64,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_usable(tiny_model_dir, tmp
     with pytest.raises(RuntimeError, match="killed"):
         save_checkpoint(tmp_path, 2, {"actor": a}, keep_last=1)
     assert (tmp_path / "step_2.tmp").exists() and not (tmp_path / "step_2").exists()
-    assert find_latest(tmp_path) == tmp_path / "step_1"
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_1"
     b = build_actor(tiny_model_dir)
     load_checkpoint(tmp_path / "step_1", {"actor": b})
     monkeypatch.setattr(ckpt, "_write_dcp", real)
@@ -104,7 +105,7 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(tiny_model_dir
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert find_latest(out) == out / "step_1"
+    assert latest_checkpoint(out) == out / "step_1"
     load_checkpoint(out / "step_1", {"actor": build_actor(tiny_model_dir)})
 
 
