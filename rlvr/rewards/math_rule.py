@@ -85,18 +85,6 @@ def _as_list(ground_truth: Any) -> list:
     return list(ground_truth) if isinstance(ground_truth, list | tuple) else [ground_truth]
 
 
-def gold_answers(ground_truth: Any) -> list[str]:
-    """Accept a string, a number, or a list of acceptable answers; a boxed gold is unboxed."""
-    out = []
-    for item in _as_list(ground_truth):
-        if item is None:
-            continue
-        text = str(item).strip()
-        boxed = last_boxed(text)
-        out.append(_clean(boxed if boxed is not None else text))
-    return [g for g in out if g]
-
-
 def _normalised(s: str) -> str:
     return re.sub(r"\s+", "", s).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
 
@@ -160,12 +148,6 @@ def judge_text(
     if not gold_parsed:
         return False, extracted
     return bool(verify(gold_parsed, answer, timeout_seconds=seconds)), extracted
-
-
-def verify_answer(gold: str, answer: str, *, timeout_s: float = 5) -> bool:
-    """True if math-verify finds the bare answer `answer` equivalent to `gold` (for callers outside score)."""
-    wrapped = answer if "$" in answer or "\\(" in answer else f"${answer}$"
-    return judge_text(gold, wrapped, timeout_s=timeout_s)[0]
 
 
 def format_ok(text: str, *, require_think: bool) -> bool:
