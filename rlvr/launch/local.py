@@ -88,16 +88,22 @@ class LocalLauncher:
         self.paths.logs.mkdir(parents=True, exist_ok=True)
 
     def start(self, *, server_timeout_s: float = 300.0) -> None:
+        """Start every child at once, then register each server as it turns healthy.
+
+        The trainer does not wait for the servers to start: it imports torch and builds its model
+        while they load theirs, then waits for their registration files (`rlvr.rendezvous`).
+        Started one after another, the three start-ups were most of a short run's wall clock.
+        """
         clear_servers(self.run_dir)
-        if self.recipe.judge is not None:
-            judge, url = self._start_judge()
-            wait_healthy(judge, url, timeout_s=server_timeout_s)
-            register_judge(self.run_dir, url)  # the worker exports it as RLVR_JUDGE_URL
+        judge = self._start_judge() if self.recipe.judge is not None else None
         servers = [self._start_server(spec) for spec in self.plan.servers]
+        self._spawn("trainer", trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume))
+        if judge is not None:
+            wait_healthy(*judge, timeout_s=server_timeout_s)
+            register_judge(self.run_dir, judge[1])  # the worker exports it as RLVR_JUDGE_URL
         for spec, (child, url) in zip(self.plan.servers, servers, strict=True):
             wait_healthy(child, url, timeout_s=server_timeout_s)
             register_server(self.run_dir, ServerAddress(index=spec.index, url=url, engine=spec.engine, gpus=spec.gpus))
-        self._spawn("trainer", trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume))
 
     def _start_server(self, spec: ServerSpec) -> tuple[Child, str]:
         """Local servers take free ports: two runs on one machine must not collide."""
@@ -154,9 +160,12 @@ class LocalLauncher:
             trainer.proc.wait(timeout=timeout_s)
 
     def shutdown(self, *, grace_s: float = 30.0) -> None:
-        """Trainer first (it may be saving), then the servers; SIGKILL whatever outlives grace."""
-        for child in sorted(self.children.started, key=lambda c: c.name != "trainer"):
-            self.children.stop(child, grace_s=grace_s if child.name == "trainer" else 5)
+        """Trainer first (it may be saving), then every server at once (each takes a second or
+        two to drain); SIGKILL whatever outlives its grace."""
+        for child in self.children.started:
+            if child.name == "trainer":
+                self.children.stop(child, grace_s=grace_s)
+        self.children.kill_all(grace_s=5)
 
 
 def run_local(
