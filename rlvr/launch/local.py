@@ -1,11 +1,11 @@
 """`rlvr launch` on this machine: rollout servers and torchrun trainer ranks as child processes.
 
-The launcher starts each rollout server (`rlvr serve`, or SGLang on a local GPU box),
-waits for its /health, registers it in the run directory, starts the trainer with
-torchrun, shows the dashboard, and supervises: a child that dies stops the whole run
-with the root cause from its log; Ctrl-C (or SIGTERM) asks the trainer to checkpoint and stop,
-then tears every child down. Each child runs in its own process group so nothing is
-left behind.
+The launcher starts each rollout server (`rlvr serve`, or SGLang on a local GPU box), the
+judge and the trainer (torchrun) at once, registers each server in the run directory once
+its /health answers (the trainer waits for that), shows the dashboard, and supervises: a
+child that dies stops the whole run with the root cause from its log; Ctrl-C (or SIGTERM)
+asks the trainer's ranks to finish their step and checkpoint, then tears every child down.
+Each child runs in its own process group so nothing is left behind.
 """
 
 from __future__ import annotations
