@@ -191,9 +191,9 @@ def _launch_local(resolved, *, run_dir: Path, resume: str, dashboard: bool) -> i
         code = run_local(resolved, run_dir=run_dir, resume=resume, dashboard=dashboard)
     except LaunchError as exc:
         mark_failed(run_dir, str(exc), name=resolved.experiment.name, max_steps=resolved.experiment.max_steps)
-        typer.echo(final_line(run_dir, code=1))
+        typer.echo(final_line(run_dir, code=1, max_steps=resolved.experiment.max_steps))
         raise fail(str(exc)) from None
-    typer.echo(final_line(run_dir, code=code))
+    typer.echo(final_line(run_dir, code=code, max_steps=resolved.experiment.max_steps))
     return code
 
 

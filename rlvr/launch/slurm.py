@@ -267,5 +267,10 @@ def launch(recipe: Recipe, *, run_dir: str | Path, recipe_json: str | None = Non
 
         if code and (read_status(run_dir) or {}).get("state") not in ("failed", "stopped"):
             mark_failed(run_dir, f"job {job.job_id} ended {state}; logs in {RunDir(run_dir).slurm}")
-        console.print(final_line(run_dir, code=code), soft_wrap=True, highlight=False, markup=False)
+        console.print(
+            final_line(run_dir, code=code, max_steps=recipe.experiment.max_steps),
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
     return code

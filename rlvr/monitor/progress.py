@@ -68,10 +68,11 @@ def follow(run_dir: str | Path, *, stop: Callable[[], bool], emit: Callable[[str
     PlainProgress(run_dir, emit=emit).follow(stop=stop, poll_s=poll_s)
 
 
-def final_line(run_dir: str | Path, *, code: int) -> str:
-    """How the run ended and what to do next, from status.json and the launcher's exit code."""
+def final_line(run_dir: str | Path, *, code: int, max_steps: int = 0) -> str:
+    """How the run ended and what to do next, from status.json and the launcher's exit code
+    (`max_steps`: the recipe's, for a run stopped before its trainer wrote a status)."""
     status = read_status(run_dir) or {}
-    step, total = int(status.get("step") or 0), int(status.get("max_steps") or 0)
+    step, total = int(status.get("step") or 0), int(status.get("max_steps") or max_steps)
     state = status.get("state")
     if code == 0 and state == "finished":
         return f"finished at {step}/{total}; results in {run_dir}"

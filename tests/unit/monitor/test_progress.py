@@ -70,3 +70,7 @@ def test_mark_stopped_keeps_the_trainers_own_ending(tmp_path: Path) -> None:
     assert (read_status(tmp_path / "finished") or {})["state"] == "finished"
     mark_stopped(tmp_path / "never")  # nothing started: nothing to write
     assert not (tmp_path / "never").exists()
+
+
+def test_final_line_of_a_run_stopped_before_its_trainer_wrote_anything(tmp_path: Path) -> None:
+    assert final_line(tmp_path, code=130, max_steps=100) == "stopped at step 0/100: rerun the same command to resume"
