@@ -50,6 +50,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
 
+from rlvr.process import free_port
 from rlvr.sync.base import EngineFailure, SyncError, TensorSpec, agree, plan_buckets, weight_specs
 from rlvr.sync.engines import Engines
 from rlvr.weight_arena import back_to_back_bytes
@@ -72,12 +73,6 @@ def reachable_address(urls: list[str]) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.connect((parsed.hostname, parsed.port or 80))
         return sock.getsockname()[0]
-
-
-def free_port(address: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
 
 
 def _abort(group: Any) -> None:

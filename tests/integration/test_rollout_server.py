@@ -20,18 +20,13 @@ import aiohttp
 import pytest
 import torch
 
+from rlvr.process import free_port
 from rlvr.recipe.schema import RolloutConfig
 from rlvr.rollout.engine import GenerateRequest, RolloutEngine, RolloutError, SamplingParams
 from rlvr.rollout.sglang import SGLangClient
 from tests.conftest import build_embedded_server_command, build_sharp_model_dir, embedded_server
 
 API_KEY = "test-key"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -320,7 +315,7 @@ async def test_update_weights_from_distributed_with_an_in_test_sender(client, mo
         torch.manual_seed(4)
         for weight in model.parameters():
             weight.add_(torch.randn_like(weight) * 0.5)
-    port = _free_port()
+    port = free_port()
     holder: dict[str, object] = {}
 
     def host():
@@ -370,7 +365,7 @@ async def test_update_weights_from_distributed_with_an_in_test_sender(client, mo
 
 
 async def test_dead_server_is_skipped_and_requests_rerouted(server):
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     async with SGLangClient([dead, server], api_key=API_KEY, timeout_s=30, backoff_s=0.01) as c:
         out = await c.generate([GenerateRequest([5, 6, 7], SamplingParams(max_new_tokens=2), n=1) for _ in range(6)])
         assert len(out) == 6

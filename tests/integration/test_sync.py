@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,16 +20,11 @@ from typing import Any
 import pytest
 import torch
 
+from rlvr.process import free_port
 from rlvr.trainer.dist import exit_process
 
 PROMPTS = ["hello world", "2+2=", "abc"]
 NEW_TOKENS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the torchrun worker ---------------------------------------------------------------------
@@ -127,7 +121,7 @@ def run_two_rank_worker(script: str, tmp_path: Path, model_dir: Path, server: st
     """`script --worker` on 2 torchrun ranks against `server`; what it saved (test_titan_sync shares it)."""
     out = tmp_path / "out.pt"
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
         script, "--worker", "--model-dir", str(model_dir), "--url", server, "--out", str(out),
         "--run-dir", str(tmp_path / "run"),
     ]  # fmt: skip

@@ -16,7 +16,6 @@ import torch
 from tests.integration.test_sync import (  # noqa: F401
     PROMPTS,
     _ask,
-    _free_port,
     _local_answers,
     run_two_rank_worker,
     server,

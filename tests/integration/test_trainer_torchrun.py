@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlvr.process import free_port
 from rlvr.trainer.dist import exit_process
 
 STEPS = 4
@@ -87,15 +87,9 @@ def run(
         torch.save({"losses": losses, "weights": weights, "world": d.world_size()}, out)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(tmp_path: Path, model_dir: Path, out: Path, *extra: str) -> None:
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
         __file__, "--worker", "--model-dir", str(model_dir), "--out", str(out), *extra,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}

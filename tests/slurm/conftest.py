@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from rlvr.process import free_port
 from tests.conftest import ROOT
 
 RECIPE = """
@@ -85,12 +85,6 @@ def slurm_cluster() -> None:
     nodes = sum(int(n) for n in probe.stdout.split() if n.isdigit())
     if nodes < 2:
         pytest.skip(f"the SLURM cluster has {nodes} usable node(s); these tests need 2")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

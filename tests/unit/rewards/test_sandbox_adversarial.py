@@ -154,7 +154,9 @@ async def test_huge_output_is_bounded():
     # machine can take seconds to start a sandbox, and then the reason would read "timeout").
     result = await run("while True:\n    print('x' * 10000)", max_output_bytes=100_000, timeout_s=60)
     assert result.info["reason"] == "output limit exceeded: stdout (max_output_bytes = 100000)"
-    noisy = await run("import sys\nwhile True:\n    sys.stderr.write('x' * 10000)", max_output_bytes=100_000, timeout_s=60)
+    noisy = await run(
+        "import sys\nwhile True:\n    sys.stderr.write('x' * 10000)", max_output_bytes=100_000, timeout_s=60
+    )
     assert noisy.info["reason"] == "output limit exceeded: stderr (max_output_bytes = 100000)"
     judged = make_sample(case_type="assert", test_cases=["assert f(1) == 1"])  # the judged kinds say so too
     flood = "import sys\nsys.stderr.write('x' * 300_000)\ndef f(x):\n    return x"
