@@ -128,6 +128,16 @@ class Child:
         """The last lines of its log ("" without one): what a user needs to see why it died."""
         return log_tail(self.log_path, lines) if self.log_path is not None else ""
 
+    def signal_workers(self, sig: int) -> None:
+        """`sig` to this child's own children (torchrun's workers), or to the child without any.
+
+        torchrun dies on SIGUSR1 without passing it on, and answers SIGTERM by killing its
+        workers 30 s later; a stop request must reach the worker processes directly: they
+        checkpoint and exit, and torchrun follows.
+        """
+        for pid in children_of(self.pid) or [self.pid]:
+            send(pid, sig)
+
     def wait_healthy(self, url: str, *, timeout_s: float, poll_s: float = 0.3) -> str | None:
         """Poll {url}/health until it answers; None then, else why not (exited, or timed out)."""
         deadline = time.monotonic() + timeout_s
@@ -203,14 +213,9 @@ class Children:
         return self.known
 
     def signal_workers(self, sig: int) -> None:
-        """`sig` to each child's own children (torchrun's workers), or to the child without any.
-
-        torchrun dies on SIGUSR1 without passing it on, so a time-limit warning must reach the
-        worker processes directly; they checkpoint and exit, and torchrun follows.
-        """
+        """`Child.signal_workers` for every live child (SLURM's time-limit warning)."""
         for child in self.alive():
-            for pid in children_of(child.pid) or [child.pid]:
-                send(pid, sig)
+            child.signal_workers(sig)
 
     def signal_all(self, sig: int) -> None:
         self.snapshot()

@@ -23,7 +23,7 @@ from rlvr.launch.commands import judge_command, server_command, trainer_command
 from rlvr.launch.failure import root_cause
 from rlvr.monitor.metrics import mark_stopped
 from rlvr.monitor.progress import PlainProgress
-from rlvr.process import Child, Children, children_of, free_port, is_healthy, send
+from rlvr.process import Child, Children, free_port
 from rlvr.recipe.plan import LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import ServerAddress, clear_servers, register_judge, register_server
@@ -44,15 +44,12 @@ def failure(child: Child, what: str) -> LaunchError:
 
 
 def wait_healthy(child: Child, url: str, *, timeout_s: float) -> None:
-    """Poll `url`/health; raises the child's root cause if it exits first or never answers."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if child.proc.poll() is not None:
-            raise failure(child, f"exited with code {child.proc.returncode} before it was healthy")
-        if is_healthy(url):
-            return
-        time.sleep(0.3)
-    raise failure(child, f"was not healthy at {url} after {timeout_s:.0f}s")
+    """`Child.wait_healthy`, reported the launcher's way: one line with the root cause."""
+    if child.wait_healthy(url, timeout_s=timeout_s) is None:
+        return
+    if child.running():
+        raise failure(child, f"was not healthy at {url} after {timeout_s:.0f}s")
+    raise failure(child, f"exited with code {child.proc.returncode} before it was healthy")
 
 
 def start_judge(recipe: Recipe, children: Children, *, log: Path) -> tuple[Child, str]:
@@ -86,6 +83,7 @@ class LocalLauncher:
         self.children = Children(env={**os.environ, **env}, death_signal=signal.SIGTERM)
         self.paths = RunDir(run_dir)
         self.paths.logs.mkdir(parents=True, exist_ok=True)
+        self.trainer: Child | None = None
 
     def start(self, *, server_timeout_s: float = 300.0) -> None:
         """Start every child at once, then register each server as it turns healthy.
@@ -97,7 +95,7 @@ class LocalLauncher:
         clear_servers(self.run_dir)
         judge = self._start_judge() if self.recipe.judge is not None else None
         servers = [self._start_server(spec) for spec in self.plan.servers]
-        self._spawn("trainer", trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume))
+        self.trainer = self._spawn("trainer", trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume))
         if judge is not None:
             wait_healthy(*judge, timeout_s=server_timeout_s)
             register_judge(self.run_dir, judge[1])  # the worker exports it as RLVR_JUDGE_URL
@@ -125,7 +123,7 @@ class LocalLauncher:
             code = child.proc.poll()
             if code is None:
                 continue
-            if child.name == "trainer":
+            if child is self.trainer:
                 if code != 0:
                     raise failure(child, f"exited with code {code}")
                 return 0
@@ -139,32 +137,21 @@ class LocalLauncher:
                 return code
             time.sleep(poll_s)
 
-    def request_stop(self) -> None:
-        """Ask the trainer's ranks to checkpoint and stop at the end of their step.
-
-        SIGUSR1 goes to torchrun's workers, not to torchrun: torchrun answers SIGTERM by killing
-        its workers 30 s later, which would cut a long step (or its checkpoint) short.
-        """
-        for child in self.children.alive():
-            if child.name == "trainer":
-                for pid in children_of(child.pid) or [child.pid]:
-                    send(pid, signal.SIGUSR1)
-
     def stop_trainer(self, *, timeout_s: float) -> None:
-        """Wait for the stopping trainer; a second Ctrl-C (or SIGTERM) gives up on it."""
-        trainer = next((c for c in self.children.started if c.name == "trainer"), None)
-        if trainer is None:
+        """Ask the trainer's ranks to finish their step and checkpoint (SIGUSR1 to torchrun's
+        workers, not SIGTERM to torchrun: its 30 s kill clock would cut a long step or save
+        short), and wait; a second Ctrl-C (or SIGTERM) gives up on it."""
+        if self.trainer is None or not self.trainer.running():
             return
-        self.request_stop()
+        self.trainer.signal_workers(signal.SIGUSR1)
         with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):
-            trainer.proc.wait(timeout=timeout_s)
+            self.trainer.proc.wait(timeout=timeout_s)
 
     def shutdown(self, *, grace_s: float = 30.0) -> None:
         """Trainer first (it may be saving), then every server at once (each takes a second or
         two to drain); SIGKILL whatever outlives its grace."""
-        for child in self.children.started:
-            if child.name == "trainer":
-                self.children.stop(child, grace_s=grace_s)
+        if self.trainer is not None:
+            self.children.stop(self.trainer, grace_s=grace_s)
         self.children.kill_all(grace_s=5)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from rlvr.launch import local
 from rlvr.launch.local import LaunchError, served_judge
+from rlvr.process import is_healthy
 
 HEALTHY = textwrap.dedent(
     """
@@ -35,11 +36,11 @@ def fake_judge(monkeypatch: pytest.MonkeyPatch, script: str) -> None:
 def test_a_healthy_judge_is_served_then_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_judge(monkeypatch, HEALTHY)
     with served_judge(SimpleNamespace(), log=tmp_path / "judge.log", timeout_s=60) as url:
-        assert local.is_healthy(url)
+        assert is_healthy(url)
         pids = [p.pid for p in psutil.process_iter(["cmdline"]) if HEALTHY in (p.info["cmdline"] or [])]
         assert len(pids) == 1
     assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
-    assert not local.is_healthy(url)
+    assert not is_healthy(url)
 
 
 def test_a_judge_that_dies_raises_its_root_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
