@@ -2,33 +2,11 @@
 
 Kept apart from the reward modules (which pull in math-verify, aiohttp or the sandbox) so
 that `rlvr validate` can reject a misspelt argument — `timout_s` — before a run starts,
-without importing any of them. The reward modules read their sets from here, so there is
-one list to keep current.
+without importing any of them. The reward modules read their sets from here, and the sets are
+the keys of `VALUE_RULES`, so there is one table to keep current.
 """
 
 from __future__ import annotations
-
-KNOWN_ARGS: dict[str, frozenset[str]] = {
-    "math_rule": frozenset({"fallback", "format_weight", "require_think", "timeout_s", "max_answer_chars", "max_workers"}),
-    "code_sandbox": frozenset({
-        "partial_credit", "timeout_s", "memory_mb", "max_procs", "max_output_bytes", "max_scratch_mb",
-        "sandbox", "sandbox_mode", "e2b_template", "python",
-    }),
-    "llm_judge": frozenset({
-        "judge_url", "model", "api_key_env", "template", "timeout_s", "max_retries", "backoff_s",
-        "max_concurrency", "temperature", "max_tokens",
-    }),
-    "qa_match": frozenset({"metric", "format_weight"}),
-}  # fmt: skip
-
-
-def reject_unknown_args(name: str, reward_args: dict) -> None:
-    """Raise the run-time error for keys a built-in does not take (validate reports them earlier)."""
-    known = KNOWN_ARGS[name]
-    unknown = set(reward_args) - known
-    if unknown:
-        raise ValueError(f"{name}: unknown reward_args {sorted(unknown)}; known: {sorted(known)}")
-
 
 # -- values ----------------------------------------------------------------------------------
 # What each argument must hold. `rlvr validate` and `rlvr rewards check` run these, so a value
@@ -108,6 +86,18 @@ VALUE_RULES: dict[str, dict[str, object]] = {
     },
     "qa_match": {"metric": _choice("em", "f1"), "format_weight": _FRACTION},
 }  # fmt: skip
+
+
+KNOWN_ARGS: dict[str, frozenset[str]] = {name: frozenset(rules) for name, rules in VALUE_RULES.items()}
+"""The keys each built-in takes: those with a value rule, so a new argument is added in one place."""
+
+
+def reject_unknown_args(name: str, reward_args: dict) -> None:
+    """Raise the run-time error for keys a built-in does not take (validate reports them earlier)."""
+    known = KNOWN_ARGS[name]
+    unknown = set(reward_args) - known
+    if unknown:
+        raise ValueError(f"{name}: unknown reward_args {sorted(unknown)}; known: {sorted(known)}")
 
 
 def check_arg_values(name: str, reward_args: dict) -> str | None:
