@@ -173,11 +173,12 @@ def launch(
             raise typer.Exit(0)
         from rlvr.recipe.load import resolved_json
 
-        paths.write_recipe(resolved_json(resolved))
+        recipe_json = resolved_json(resolved)
+        paths.write_recipe(recipe_json)
         if resolved.cluster.kind == "local":
             code = _launch_local(resolved, run_dir=paths.root, resume=resume, dashboard=dashboard)
         else:
-            code = _launch_slurm(resolved, run_dir=paths.root, dashboard=dashboard)
+            code = _launch_slurm(resolved, run_dir=paths.root, recipe_json=recipe_json, dashboard=dashboard)
     raise typer.Exit(code)
 
 
@@ -197,18 +198,23 @@ def _launch_local(resolved, *, run_dir: Path, resume: str, dashboard: bool) -> i
     return code
 
 
-def _launch_slurm(resolved, *, run_dir: Path, dashboard: bool) -> int:
-    from rlvr.launch.sbatch import node_local_paths
+def _launch_slurm(resolved, *, run_dir: Path, recipe_json: str, dashboard: bool) -> int:
     from rlvr.launch.slurm import SlurmError
     from rlvr.launch.slurm import launch as launch_slurm
-    from rlvr.recipe.load import resolved_json
 
-    for warning in node_local_paths(resolved, run_dir=run_dir, python=sys.executable):
-        typer.echo(f"warning: {warning}", err=True)
+    warn_node_local(resolved, run_dir=run_dir, python=sys.executable)
     try:
-        return launch_slurm(resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), dashboard=dashboard)
+        return launch_slurm(resolved, run_dir=run_dir, recipe_json=recipe_json, dashboard=dashboard)
     except SlurmError as exc:
         raise fail(str(exc)) from None
+
+
+def warn_node_local(resolved, *, run_dir: Path, python: str) -> None:
+    """A warning per path that other nodes may not see (a job fails there, not here)."""
+    from rlvr.launch.sbatch import node_local_paths
+
+    for warning in node_local_paths(resolved, run_dir=run_dir, python=python):
+        typer.echo(f"warning: {warning}", err=True)
 
 
 def resume_or_exit(resume: str) -> str:
@@ -243,7 +249,7 @@ def sbatch(
     """
     import subprocess
 
-    from rlvr.launch.sbatch import node_local_paths, write_sbatch
+    from rlvr.launch.sbatch import write_sbatch
     from rlvr.recipe.load import changed_keys, resolved_json
     from rlvr.recipe.plan import PlanError, make_plan
     from rlvr.rundir import RunDir
@@ -259,17 +265,17 @@ def sbatch(
         raise fail(f"{recipe}: cluster: {exc}") from None
     paths = RunDir.of(resolved)
     run_dir = paths.root
+    recipe_json = resolved_json(resolved)
     if paths.is_run() and paths.recipe.exists():  # the script would resume that run with this recipe
-        changes = changed_keys(paths.recipe.read_text(), resolved_json(resolved))
+        changes = changed_keys(paths.recipe.read_text(), recipe_json)
         if changes:
             raise fail(
                 f"{run_dir} holds a run made from a different recipe ({'; '.join(changes[:3])}): "
                 "set another experiment.name, or remove that run directory"
             )
     python = python or sys.executable
-    for warning in node_local_paths(resolved, run_dir=run_dir, python=python):
-        typer.echo(f"warning: {warning}", err=True)
-    script = write_sbatch(resolved, run_dir=run_dir, recipe_json=resolved_json(resolved), out=out, python=python)
+    warn_node_local(resolved, run_dir=run_dir, python=python)
+    script = write_sbatch(resolved, run_dir=run_dir, recipe_json=recipe_json, out=out, python=python)
     typer.echo(f"wrote {script} and {paths.recipe} (the run dir must be on a filesystem every node sees)")
     if not submit:
         typer.echo(f"submit with: sbatch {script}")
@@ -331,14 +337,15 @@ def eval_(
     from rlvr.evaluation import load_rows
     from rlvr.rundir import find_checkpoint, run_of_checkpoint
 
-    checkpoint = None if (model / "config.json").exists() else find_checkpoint(model)
+    is_hf_folder = (model / "config.json").exists()
+    checkpoint = None if is_hf_folder else find_checkpoint(model)
     source = recipe or (run_of_checkpoint(checkpoint).recipe if checkpoint else None)
     parsed = eval_recipe(source) if source is not None and source.exists() else None
     template = parsed.model.chat_template if parsed else "auto"
     tag_rewards = {tag: (d.reward, d.reward_args) for d in parsed.domains.values() for tag in d.tags} if parsed else {}
     if reward is None and not tag_rewards:
         raise fail("pass --reward NAME or --recipe R.toml (to map row tags to rewards)")
-    if checkpoint is None and not (model / "config.json").exists():
+    if checkpoint is None and not is_hf_folder:
         raise fail(f"{model}: neither a HF model folder (config.json) nor a checkpoint (meta.json)")
     if reward is not None:
         from rlvr.rewards.registry import check_reward_args, check_reward_name
@@ -359,15 +366,16 @@ def eval_(
             f"rows tagged {', '.join(unjudged)} are scored by llm_judge but no judge is set: pass --args "
             '\'{"judge_url": "http://HOST:PORT"}\', export RLVR_JUDGE_URL, or use a recipe with a [judge] table'
         )
-    if checkpoint is not None:
-        from rlvr.evaluation import cached_export
+    from rlvr.evaluation import cached_export, evaluate
 
-        quiet_loading_bars()
+    quiet_loading_bars()
+    if checkpoint is not None:
         model = cached_export(checkpoint, announce=typer.echo)
     with judge_for_eval(parsed) if serve_judge else contextlib.nullcontext():
-        rows = run_eval(
-            model, samples, rewards, template=template, n=n, temperature=temperature, max_new=max_new_tokens
-        )
+        rows = evaluate(
+            model, samples, rewards=rewards, chat_template=template, n=n, temperature=temperature,
+            max_new_tokens=max_new_tokens,
+        )  # fmt: skip
     from rich.console import Console
     from rich.table import Table
 
@@ -395,15 +403,6 @@ def eval_recipe(source: Path):
         )
     except RecipeError as exc:
         raise fail(str(exc)) from None
-
-
-def run_eval(model: Path, samples, rewards, *, template: str, n: int, temperature: float, max_new: int):
-    from rlvr.evaluation import evaluate
-
-    quiet_loading_bars()
-    return evaluate(
-        model, samples, rewards=rewards, chat_template=template, n=n, temperature=temperature, max_new_tokens=max_new
-    )
 
 
 @contextlib.contextmanager
