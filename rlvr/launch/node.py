@@ -326,6 +326,7 @@ class Node:
     # -- rollout nodes
 
     def run_rollout(self) -> int:
+        from rlvr.launch.commands import server_command
         from rlvr.rendezvous import ServerAddress, register_judge, register_server
 
         role = self.role
@@ -335,7 +336,7 @@ class Node:
         bind = os.environ.get(SERVER_BIND_ENV, address)
         urls = {}
         for spec in role.servers:
-            argv = self._server_argv(spec, bind)
+            argv = server_command(self.recipe, spec, host=bind)  # SGLang's runs `rollout.sglang.python`
             env = dict(os.environ, RLVR_NODE_ROLE=ROLLOUT)
             if spec.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(spec.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -396,13 +397,6 @@ class Node:
             time.sleep(0.5)
         _log(role, "trainer done: stopping servers")
         return 0
-
-    def _server_argv(self, spec: ServerSpec, host: str) -> list[str]:
-        from rlvr.launch.commands import server_command
-
-        if self.recipe.rollout.engine == "sglang":
-            return server_command(self.recipe, spec, host=host, python=self.recipe.rollout.sglang.python)
-        return server_command(self.recipe, spec, host=host)
 
     def _rollout_signals(self) -> None:
         for sig in self._pending():
