@@ -48,8 +48,10 @@ def serve(
     """
     if not (model_path / "config.json").exists():
         _fail(f"{model_path}: no model folder here (expected a HF folder with config.json)")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        _fail(f"--dtype {dtype}: expected float32, bfloat16 or float16")
+    from rlvr.rollout.embedded import DTYPES  # torch-free: the check stays instant
+
+    if dtype not in DTYPES:
+        _fail(f"--dtype {dtype}: expected {', '.join(DTYPES[:-1])} or {DTYPES[-1]}")
     for name, value in (("--max-batch", max_batch), ("--max-seq-len", max_seq_len)):
         if value < 1:
             _fail(f"{name} {value}: must be at least 1")
