@@ -30,10 +30,10 @@ import torch
 from torch import Tensor
 
 GRPO_EPS = 1e-6
-_Values = TypeVar("_Values", Tensor, float)
 """Added to the std in GRPO-style normalisation (verl's default)."""
 WHITEN_EPS = 1e-8
 """Added to the std in masked whitening."""
+_Values = TypeVar("_Values", Tensor, float)
 
 
 # --------------------------------------------------------------------------- group statistics

@@ -155,11 +155,13 @@ def prune(root: str | Path, *, keep_last: int) -> list[Path]:
     of older steps; returns what was removed."""
     root = Path(root)
     done = complete_checkpoints(root)
+    if not done:
+        return []  # nothing committed yet: a `.tmp` may be the save in progress
     removed = done[: max(0, len(done) - keep_last)]
-    newest = step_of(done[-1]) if done else None
+    newest = step_of(done[-1]) or 0
     for p in root.glob("step_*.tmp"):
         step = step_of(p.with_suffix(""))
-        if step is not None and newest is not None and step <= newest:
+        if step is not None and step <= newest:
             removed.append(p)
     for p in removed:
         shutil.rmtree(p, ignore_errors=True)
