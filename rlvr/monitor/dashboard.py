@@ -21,7 +21,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from rlvr.monitor.metrics import JsonlTail
+from rlvr.monitor.metrics import JsonlTail, reward_domains
 from rlvr.rundir import DONE_STATES, RunDir, read_status
 
 # The step's critical path: waiting for the rollout wave, training, pushing weights (their shares add
@@ -58,10 +58,7 @@ class RunView:
         return self.status.get("state") in DONE_STATES
 
     def domains(self) -> list[str]:
-        """Domains as named by the reward pool's `reward/<domain>/mean` scalars."""
-        return sorted(
-            k.split("/")[1] for k in self.last if k.startswith("reward/") and k.count("/") == 2 and k.endswith("/mean")
-        )
+        return reward_domains(self.last)
 
     def tool_domains(self) -> list[str]:
         """Domains whose episodes run tools, as named by `tools/<domain>/calls_per_episode`."""

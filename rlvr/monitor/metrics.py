@@ -31,6 +31,16 @@ from typing import Any
 from rlvr.rundir import DONE_STATES, RunDir, read_status, write_json_atomic
 
 
+def reward_domains(row: dict[str, Any]) -> list[str]:
+    """The domains a metrics row scores, as named by the reward pool's `reward/<domain>/mean`."""
+    return sorted(k.split("/")[1] for k in row if k.startswith("reward/") and k.count("/") == 2 and k.endswith("/mean"))
+
+
+def event_line(message: str, *, level: str) -> str:
+    """One `events.jsonl` row (the trainer's recorder and the launcher write the same shape)."""
+    return json.dumps({"time": time.time(), "level": level, "message": message}) + "\n"
+
+
 class RunRecorder:
     """Appends metrics and events and keeps status.json current; one per run, on rank 0."""
 
@@ -71,7 +81,7 @@ class RunRecorder:
         self._samples.flush()
 
     def event(self, message: str, *, level: str = "warning") -> None:
-        self._events.write(json.dumps({"time": time.time(), "level": level, "message": message}) + "\n")
+        self._events.write(event_line(message, level=level))
         self._events.flush()
 
     def set_state(self, state: str, **fields: Any) -> None:
@@ -100,7 +110,7 @@ def mark_failed(run_dir: str | Path, message: str, **fields: Any) -> None:
     status.update(state="failed", ended_at=time.time(), error=message)
     write_json_atomic(paths.status, status)
     with paths.events.open("a", encoding="utf-8") as events:
-        events.write(json.dumps({"time": time.time(), "level": "error", "message": message}) + "\n")
+        events.write(event_line(message, level="error"))
 
 
 def mark_stopped(run_dir: str | Path) -> None:

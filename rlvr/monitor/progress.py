@@ -12,18 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlvr.monitor.metrics import JsonlTail
+from rlvr.monitor.metrics import JsonlTail, reward_domains
 from rlvr.rundir import RunDir, read_status
 
 
 def step_line(row: dict[str, Any], *, max_steps: int) -> str:
     """`step 3/100  reward math 0.41 code 0.25  kl 0.0012  4.1 s/step` — what a log reader scans for."""
     parts = [f"step {int(row.get('step', 0))}/{max_steps}"]
-    rewards = sorted(
-        (key.split("/")[1], value)
-        for key, value in row.items()
-        if key.startswith("reward/") and key.count("/") == 2 and key.endswith("/mean")
-    )
+    rewards = [(name, row[f"reward/{name}/mean"]) for name in reward_domains(row)]
     if rewards:
         parts.append("reward " + " ".join(f"{name} {value:.3f}" for name, value in rewards))
     evals = sorted(
