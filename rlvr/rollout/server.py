@@ -40,6 +40,7 @@ import logging
 import os
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -512,13 +513,14 @@ def _chat_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _openai_params(body: dict[str, Any], *, prompt_len: int, max_len: int, default_max: int | None) -> SamplingParams:
-    """OpenAI sampling fields, checked as /generate checks SGLang's (400 naming the field)."""
-    _number(body, "temperature", 1.0, lambda v: v >= 0, "must be >= 0", prefix="")
-    _number(body, "top_p", 1.0, lambda v: 0 < v <= 1, "must be in (0, 1]", prefix="")
-    _number(body, "top_k", -1, lambda v: isinstance(v, int) and (v == -1 or v >= 1), "must be -1 or >= 1", prefix="")
-    _number(body, "n", 1, lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1", prefix="")
-    room = max(1, max_len - prompt_len - 1)
+def _openai_params(body: dict[str, Any], *, default_max: int | None) -> tuple[SamplingParams, int]:
+    """OpenAI sampling fields, checked once per request as /generate checks SGLang's (400 naming
+    the field), and `n`. `max_new_tokens` holds the asked limit (0: none); `_fit` makes it
+    each prompt's."""
+    temperature = _number(body, "temperature", 1.0, lambda v: v >= 0, "must be >= 0", prefix="")
+    top_p = _number(body, "top_p", 1.0, lambda v: 0 < v <= 1, "must be in (0, 1]", prefix="")
+    top_k = _number(body, "top_k", -1, lambda v: isinstance(v, int) and (v == -1 or v >= 1), "must be -1 or >= 1", prefix="")  # fmt: skip
+    n = _number(body, "n", 1, lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1", prefix="")
     wanted = body.get("max_completion_tokens", body.get("max_tokens"))
     if wanted is not None:
         name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
@@ -531,14 +533,18 @@ def _openai_params(body: dict[str, Any], *, prompt_len: int, max_len: int, defau
     if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
         raise FieldError("stop: must be a string or a list of strings")
     limit = wanted if wanted is not None else default_max
-    return SamplingParams(
-        temperature=float(body.get("temperature", 1.0)),
-        top_p=float(body.get("top_p", 1.0)),
-        top_k=int(body.get("top_k", -1)),
-        max_new_tokens=min(int(limit), room) if limit else room,
-        stop=list(stop),
-        seed=seed,
-    )
+    params = SamplingParams(
+        temperature=float(temperature), top_p=float(top_p), top_k=int(top_k), max_new_tokens=int(limit or 0),
+        stop=list(stop), seed=seed,
+    )  # fmt: skip
+    return params, int(n)
+
+
+def _fit(params: SamplingParams, *, prompt_len: int, max_len: int) -> SamplingParams:
+    """`params` for one prompt: the asked limit, or all the room the context has left."""
+    room = max(1, max_len - prompt_len - 1)
+    limit = min(params.max_new_tokens, room) if params.max_new_tokens else room
+    return replace(params, max_new_tokens=limit, stop=list(params.stop))
 
 
 def _finish(completion: Any) -> str:
@@ -588,13 +594,9 @@ async def _openai_generate(
 ) -> list[Any]:
     """Sample `n` completions per prompt; a FieldError/ValueError is the caller's 400."""
     engine = request.app[ENGINE_KEY]
+    params, n = _openai_params(body, default_max=default_max)
     requests = [
-        GenerateRequest(
-            prompt,
-            _openai_params(body, prompt_len=len(prompt), max_len=engine.max_len, default_max=default_max),
-            n=int(body.get("n", 1)),
-        )
-        for prompt in prompts
+        GenerateRequest(prompt, _fit(params, prompt_len=len(prompt), max_len=engine.max_len), n=n) for prompt in prompts
     ]
     await request.app[UNPAUSED_KEY].wait()
     return [result["completion"] for result in await _run(engine, requests)]
