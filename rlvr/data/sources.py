@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.rewards.args import judge_mode
 from rlvr.types import CASE_TYPES, Sample
 
 KNOWN_FIELDS = {"id", "tag", "messages", "prompt", "ground_truth", "test_cases", "case_type", "difficulty"}
@@ -74,9 +75,7 @@ def needs_ground_truth(reward: str, reward_args: dict[str, Any] | None = None) -
     if reward in ("math_rule", "qa_match"):
         return True
     template = (reward_args or {}).get("template")
-    return (
-        reward == "llm_judge" and isinstance(template, str) and (template == "reference" or "{reference}" in template)
-    )
+    return reward == "llm_judge" and isinstance(template, str) and judge_mode(template) == "reference"
 
 
 def row_to_sample(

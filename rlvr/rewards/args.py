@@ -16,6 +16,14 @@ from __future__ import annotations
 JUDGE_FIELDS = frozenset({"prompt", "response", "reference"})
 
 
+def judge_mode(template: str) -> str:
+    """`reference` (YES/NO against the row's ground_truth) or `rubric` (a 0-10 score): the named
+    templates say so, a custom one is `reference` when it shows the judge {reference}."""
+    if template in ("reference", "rubric"):
+        return template
+    return "reference" if "{reference}" in template else "rubric"
+
+
 def _number(*, low: float | None = None, high: float | None = None, positive: bool = False, integer: bool = False):
     kind = "an integer" if integer else "a number"
     bounds = " > 0" if positive else (f" in [{low:g}, {high:g}]" if high is not None else f" >= {low:g}")

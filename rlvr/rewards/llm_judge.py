@@ -22,7 +22,7 @@ import weakref
 from collections import Counter
 from typing import Any
 
-from rlvr.rewards.args import reject_unknown_args
+from rlvr.rewards.args import judge_mode, reject_unknown_args
 from rlvr.rewards.base import zero
 from rlvr.rewards.registry import register
 from rlvr.rewards.text import split_think
@@ -152,7 +152,7 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     response = split_think(text)[0].strip()
     if not response:
         return zero("empty response")
-    mode = template if template in ("reference", "rubric") else ("reference" if "{reference}" in template else "rubric")
+    mode = judge_mode(template)
     if mode == "reference" and sample.ground_truth is None:
         return zero("reference template but the sample has no ground_truth", error=True)
     body = {"reference": REFERENCE_TEMPLATE, "rubric": RUBRIC_TEMPLATE}.get(template, template)
