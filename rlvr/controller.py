@@ -177,18 +177,21 @@ class RolloutManager:
         # Keyed by the messages too: a train row and an eval row may share an id.
         key = (sample.domain, sample.id, tuple((m["role"], m["content"]) for m in sample.messages))
         if key not in self._prompt_ids:
-            box = self.toolboxes.get(sample.domain)
-            messages = box.prompt_messages(sample.messages) if box is not None else sample.messages
             self._prompt_ids[key] = encode_prompt(
-                messages, tokenizer=self.tokenizer, template=self.recipe.model.chat_template
+                self._model_messages(sample), tokenizer=self.tokenizer, template=self.recipe.model.chat_template
             )
         return self._prompt_ids[key]
 
     def prompt_text(self, sample: Sample) -> str:
         """The prompt as the model sees it (tool instructions included), as text."""
+        return render_prompt(
+            self._model_messages(sample), tokenizer=self.tokenizer, template=self.recipe.model.chat_template
+        )
+
+    def _model_messages(self, sample: Sample) -> list[dict[str, str]]:
+        """The row's messages with its domain's tool instructions, if it has tools."""
         box = self.toolboxes.get(sample.domain)
-        messages = box.prompt_messages(sample.messages) if box is not None else sample.messages
-        return render_prompt(messages, tokenizer=self.tokenizer, template=self.recipe.model.chat_template)
+        return box.prompt_messages(sample.messages) if box is not None else sample.messages
 
     def sampling(self, *, seed: int | None) -> SamplingParams:
         r = self.recipe.rollout
