@@ -43,7 +43,10 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, *, estimator: str) -> Ten
         return 0.5 * log_ratio.square()
     if estimator == "k3":
         neg = (-log_ratio).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-        return (torch.exp(neg) - neg - 1.0).clamp(max=_K3_MAX)
+        # expm1, not exp() - 1: near the reference policy (|log r| ~ 1e-6, the usual case) exp() - 1
+        # cancels to rounding noise and came out negative (-6e-8 at log r = -1e-6). k3 >= 0 exactly,
+        # so the floor only removes the last ulp of rounding.
+        return (torch.expm1(neg) - neg).clamp(0.0, _K3_MAX)
     if estimator == "abs":
         return log_ratio.abs()
     raise ValueError(f"unknown KL estimator {estimator!r}; expected k1, k2, k3 or abs")
