@@ -270,7 +270,7 @@ def compute_policy_loss(
         # Clamped log-ratio: finite weights at any gap, exactly 1 (log 0) on masked tokens.
         gap = token_log_ratio(old_logprobs.detach(), rollout_logprobs.detach(), mask)
         # k3 estimate of KL(pi_rollout || pi_old): how far the sampler (numerics, stale weights) is off.
-        metrics["mismatch_kl"] = _mean(torch.exp(-gap) + gap - 1.0, valid)
+        metrics["mismatch_kl"] = _mean(torch.expm1(-gap) + gap, valid)  # k3; expm1: no cancellation near 0
         if tis_cap > 0:
             raw = torch.exp(gap)
             weight = raw.clamp(max=tis_cap)
