@@ -6,6 +6,7 @@ of process, so the commands are built here once and golden-tested.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -59,6 +60,21 @@ def server_command(
     if stub:
         return [sys.executable, "-m", stub, "--host", host, "--port", str(spec.port)]
     model_path = recipe.model.path
+    if recipe.rollout.engine == "vllm":
+        from rlvr.rollout.vllm import build_vllm_command
+        from rlvr.rollout.vllm_env import plugin_dir
+
+        if model_path is None:
+            raise ValueError("a vLLM rollout server needs model.path (a model folder), not model.config")
+        return build_vllm_command(
+            recipe,
+            model_path=str(model_path),
+            host=host,
+            port=spec.port,
+            gpu_ids=spec.gpus or None,
+            plugin_path=str(plugin_dir()),
+            max_model_len=vllm_max_model_len(recipe),
+        )
     if recipe.rollout.engine == "sglang":
         from rlvr.rollout.sglang import build_sglang_command
 
@@ -77,9 +93,25 @@ def server_command(
     command = [python, "-m", "rlvr.cli", "serve", str(model_path), "--host", host, "--port", str(spec.port)]
     command += ["--max-batch", str(recipe.rollout.max_batch)]
     command += ["--dtype", "float32" if not spec.gpus else recipe.model.dtype]
-    if recipe.rollout.sglang.api_key:
-        command += ["--api-key", recipe.rollout.sglang.api_key]
+    if recipe.rollout.api_key:
+        command += ["--api-key", recipe.rollout.api_key]
     return command
+
+
+def vllm_max_model_len(recipe: Recipe) -> int:
+    """`rollout.vllm.max_model_len`, else the longest sequence a step can make (prompt limit plus
+    the longest response or tool episode), capped at the model's `max_position_embeddings`
+    (vLLM refuses a longer context; each sequence's KV cache is sized by it)."""
+    if recipe.rollout.vllm.max_model_len:
+        return recipe.rollout.vllm.max_model_len
+    episodes = [d.max_episode_tokens or 0 for d in recipe.domains.values()]
+    longest = recipe.data.max_prompt_tokens + max([recipe.rollout.max_new_tokens, *episodes])
+    config = Path(str(recipe.model.path or "")) / "config.json"
+    try:
+        limit = int(json.loads(config.read_text()).get("max_position_embeddings") or 0)
+    except (OSError, ValueError):
+        limit = 0
+    return min(longest, limit) if limit else longest
 
 
 def judge_command(recipe: Recipe, *, host: str, port: int, python: str = sys.executable) -> list[str]:

@@ -44,7 +44,7 @@ from rlvr.process import Children, is_healthy
 from rlvr.recipe.plan import LaunchPlan, ServerSpec
 from rlvr.rundir import DONE_STATES, RunDir, read_json, read_status, write_json_atomic
 
-JUDGE_PORT_OFFSET = 100  # the judge listens at rollout.sglang.port + this on the first rollout node
+JUDGE_PORT_OFFSET = 100  # the judge listens at the rollout base port + this on the first rollout node
 
 MASTER_PORT_ENV = "RLVR_MASTER_PORT"  # force torchrun's rendezvous port
 SERVER_BIND_ENV = "RLVR_SERVER_BIND"  # bind servers here (default: this node's address)
@@ -348,7 +348,7 @@ class Node:
             # The recipe's judge model is served beside the first rollout server (CPU-sized judges).
             from rlvr.launch.commands import judge_command
 
-            port = self.recipe.rollout.sglang.port + JUDGE_PORT_OFFSET
+            port = self.recipe.rollout.base_port + JUDGE_PORT_OFFSET
             argv = judge_command(self.recipe, host=bind, port=port)
             _log(role, f"judge: {' '.join(argv)}")
             self.children.start(

@@ -59,7 +59,7 @@ def make_plan(recipe: Recipe, *, master_port: int = 29500) -> LaunchPlan:
     cluster, rollout = recipe.cluster, recipe.rollout
     if cluster.kind == "local":
         servers = [
-            ServerSpec(index=i, node=0, port=rollout.sglang.port + i, engine=rollout.engine)
+            ServerSpec(index=i, node=0, port=rollout.base_port + i, engine=rollout.engine)
             for i in range(rollout.servers)
         ]
         return LaunchPlan(
@@ -73,22 +73,21 @@ def make_plan(recipe: Recipe, *, master_port: int = 29500) -> LaunchPlan:
             tp_size=recipe.trainer.tp_size,
         )
     gpus = cluster.gpus_per_node
-    per_server = rollout.sglang.tp_size * rollout.sglang.dp_size if rollout.engine == "sglang" else 1
+    per_server = rollout.gpus_per_server
     if gpus and per_server > gpus:
-        raise PlanError(
-            f"rollout.sglang.tp_size * dp_size = {per_server} GPUs per server, but cluster.gpus_per_node = {gpus}"
-        )
+        what = "rollout.sglang.tp_size * dp_size" if rollout.engine == "sglang" else f"rollout.{rollout.engine}.tp_size"
+        raise PlanError(f"{what} = {per_server} GPUs per server, but cluster.gpus_per_node = {gpus}")
     servers: list[ServerSpec] = []
     for node in range(cluster.trainer_nodes, cluster.nodes):
         if gpus == 0:
-            servers.append(ServerSpec(index=len(servers), node=node, port=rollout.sglang.port, engine=rollout.engine))
+            servers.append(ServerSpec(index=len(servers), node=node, port=rollout.base_port, engine=rollout.engine))
             continue
         for slot in range(gpus // per_server):
             servers.append(
                 ServerSpec(
                     index=len(servers),
                     node=node,
-                    port=rollout.sglang.port + slot,
+                    port=rollout.base_port + slot,
                     gpus=list(range(slot * per_server, (slot + 1) * per_server)),
                     engine=rollout.engine,
                 )

@@ -152,7 +152,7 @@ class DataConfig(Section):
     """Prompts longer than this many tokens are dropped at rollout time."""
 
 
-Sampling = Literal["embedded", "sglang"]
+Sampling = Literal["embedded", "sglang", "vllm"]
 
 
 class SGLangConfig(Section):
@@ -172,9 +172,34 @@ class SGLangConfig(Section):
     """More `sglang.launch_server` flags, passed as given."""
 
 
+class VLLMConfig(Section):
+    python: str = "python"
+    """Python executable of the environment that has vLLM (it pins its own torch and transformers;
+    `bash scripts/install-vllm.sh DIR` builds one, then `python = "DIR/bin/python"`)."""
+    tp_size: int = Field(default=1, ge=1)
+    """Tensor parallel size of each server (`--tensor-parallel-size`); divides the model's heads."""
+    gpu_memory_utilization: float = Field(default=0.8, gt=0, lt=1)
+    """`--gpu-memory-utilization`: GPU memory share for weights + KV cache (GPU only)."""
+    max_model_len: int | None = Field(default=None, ge=1)
+    """`--max-model-len` (default: the longest prompt plus `max_new_tokens`, rounded up)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
+    """`--dtype` (default: float32 on CPU, model.dtype on GPU)."""
+    enforce_eager: bool = True
+    """`--enforce-eager`: no CUDA graphs or torch.compile (fast start; false for peak GPU speed)."""
+    kv_cache_gb: float = Field(default=1.0, gt=0)
+    """CPU only: KV cache size in GiB (`VLLM_CPU_KVCACHE_SPACE`)."""
+    port: int = Field(default=30000, ge=1024, le=65535)
+    """First server port on SLURM; server i on a node listens on port + i (local runs take free ports)."""
+    api_key: str | None = None
+    """`--api-key` for the servers; the client sends it as a bearer token."""
+    extra_args: list[str] = []
+    """More `vllm.entrypoints.openai.api_server` flags, passed as given."""
+
+
 class RolloutConfig(Section):
     engine: Sampling = "embedded"
-    """`embedded` (torch engine in rlvr's own server; any machine) or `sglang` (CUDA GPUs)."""
+    """`embedded` (torch engine in rlvr's own server; any machine), `sglang` (CUDA GPUs) or `vllm`
+    (CUDA GPUs, or its CPU build)."""
     n: int = Field(default=8, ge=1)
     """Group size: completions sampled per prompt."""
     temperature: float = Field(default=1.0, ge=0)
@@ -204,6 +229,24 @@ class RolloutConfig(Section):
     weights (partial rollout); false restarts it from the prompt."""
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
     """SGLang server settings (used when engine = "sglang")."""
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    """vLLM server settings (used when engine = "vllm")."""
+
+    @property
+    def base_port(self) -> int:
+        """The engine's first server port (the embedded engine uses `sglang.port`)."""
+        return self.vllm.port if self.engine == "vllm" else self.sglang.port
+
+    @property
+    def api_key(self) -> str | None:
+        return self.vllm.api_key if self.engine == "vllm" else self.sglang.api_key
+
+    @property
+    def gpus_per_server(self) -> int:
+        """GPUs one server takes on a GPU node (its tp x dp)."""
+        if self.engine == "sglang":
+            return self.sglang.tp_size * self.sglang.dp_size
+        return self.vllm.tp_size if self.engine == "vllm" else 1
 
 
 class AlgorithmConfig(Section):

@@ -1,13 +1,8 @@
 """SGLang as a `RolloutEngine`: an async HTTP client over one or many servers, and their command lines.
 
 The client speaks SGLang's native routes, so it drives real SGLang servers (GPU) and
-`rlvr serve` (the embedded engine, any machine) alike. Requests go to the live server
-with the fewest outstanding requests; a connection error, timeout or 5xx retries with
-exponential backoff on another server. A server that fails a request is probed at
-/health: if that fails too, it is marked dead and skipped (re-probed every
-`revive_after_s`), so one crashed server slows a step instead of killing the run.
-
-Control calls (pause, resume, weight updates) go to every live server concurrently.
+`rlvr serve` (the embedded engine, any machine) alike. Balancing, retries and dead servers
+are `rlvr.rollout.http.ServerPool`'s.
 
 Conformance: the routes, request bodies and semantics follow SGLang `SGLANG_VERSION`
 (tested against that wheel's own request types, group construction and bucket code in
@@ -28,37 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
-
-import aiohttp
 
 from rlvr.recipe.schema import RolloutConfig
 from rlvr.rollout.engine import GenerateRequest, PauseMode, RolloutError, parse_version
+from rlvr.rollout.http import ServerPool
 from rlvr.types import Completion
 
 log = logging.getLogger(__name__)
 
 SGLANG_VERSION = "0.5.23"
 """The SGLang release rlvr's client, sync and launch command are conformance-tested against."""
-
-
-class _RetryableError(Exception):
-    """A failure that another server (or a later try) may not have."""
-
-
-@dataclass(slots=True)
-class _Server:
-    url: str
-    outstanding: int = 0
-    alive: bool = True
-    dead_since: float = 0.0
-    failures: int = 0
-    held: bool = False  # dropped by the weight sync: stale weights, never revived by /health
 
 
 def completions_from_sglang(outputs: dict[str, Any] | list[dict[str, Any]], prompt: list[int]) -> list[Completion]:
@@ -113,146 +89,8 @@ def generate_payload(request: GenerateRequest) -> dict[str, Any]:
     return payload
 
 
-class SGLangClient:
+class SGLangClient(ServerPool):
     """A `RolloutEngine` over SGLang-protocol servers (real SGLang or `rlvr serve`)."""
-
-    def __init__(
-        self,
-        urls: Sequence[str],
-        *,
-        api_key: str | None = None,
-        timeout_s: float = 600.0,
-        connect_timeout_s: float = 10.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
-        revive_after_s: float = 30.0,
-        ranks_per_server: int = 1,
-    ):
-        if not urls:
-            raise ValueError("at least one server URL is needed")
-        self.servers = [_Server(url.rstrip("/")) for url in urls]
-        self.api_key = api_key
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.revive_after_s = revive_after_s
-        self.ranks_per_server = ranks_per_server
-        self._session: aiohttp.ClientSession | None = None
-        self._lock = threading.Lock()  # the weight sync holds/admits servers from its own thread
-
-    # -- plumbing ---------------------------------------------------------------------------
-
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers(), connector=aiohttp.TCPConnector(limit=0, force_close=False)
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def __aenter__(self) -> SGLangClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def _request(
-        self, server: _Server, method: str, path: str, *, json: Any = None, timeout_s: float | None = None
-    ) -> Any:
-        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s, sock_connect=self.connect_timeout_s)
-        try:
-            async with self._get_session().request(method, server.url + path, json=json, timeout=timeout) as resp:
-                text = await resp.text()
-                if resp.status >= 500:
-                    raise _RetryableError(f"{server.url}{path}: HTTP {resp.status}: {text[:300]}")
-                if resp.status >= 400:
-                    raise RolloutError(f"{server.url}{path}: HTTP {resp.status}: {text[:500]}")
-                if not text:
-                    return None
-                try:
-                    return await resp.json(content_type=None)
-                except ValueError:
-                    return text
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-            raise _RetryableError(f"{server.url}{path}: {type(exc).__name__}: {exc}") from exc
-
-    async def _probe(self, server: _Server) -> bool:
-        try:
-            await self._request(server, "GET", "/health", timeout_s=min(10.0, self.timeout_s))
-            return True
-        except (_RetryableError, RolloutError):
-            return False
-
-    def _pick(self, exclude: set[str]) -> _Server | None:
-        now = time.monotonic()
-        with self._lock:
-            candidates = [
-                s
-                for s in self.servers
-                if s.url not in exclude and not s.held and (s.alive or now - s.dead_since > self.revive_after_s)
-            ]
-        if not candidates:
-            return None
-        least = min(s.outstanding for s in candidates)
-        return random.choice([s for s in candidates if s.outstanding == least])
-
-    async def _mark_failed(self, server: _Server, error: Exception) -> None:
-        server.failures += 1
-        if not await self._probe(server):
-            with self._lock:
-                if server.alive:
-                    log.warning("rollout server %s is dead: %s", server.url, error)
-                server.alive = False
-                server.dead_since = time.monotonic()
-
-    async def _call_balanced(self, path: str, payload: dict[str, Any]) -> Any:
-        """POST to the least-loaded live server, retrying elsewhere with backoff."""
-        tried: set[str] = set()
-        last_error: Exception | None = None
-        for attempt in range(self.max_retries + 1):
-            server = self._pick(tried) or self._pick(set())
-            if server is None:
-                break
-            server.outstanding += 1
-            try:
-                result = await self._request(server, "POST", path, json=payload)
-                with self._lock:
-                    if not server.alive and not server.held:
-                        log.info("rollout server %s is back", server.url)
-                        server.alive = True
-                return result
-            except _RetryableError as exc:
-                last_error = exc
-                tried.add(server.url)
-                await self._mark_failed(server, exc)
-            finally:
-                server.outstanding -= 1
-            await asyncio.sleep(self.backoff_s * (2**attempt))
-        raise RolloutError(f"{path} failed on every server after {self.max_retries + 1} tries: {last_error}")
-
-    async def _broadcast(self, path: str, payload: dict[str, Any] | None = None, *, method: str = "POST") -> list[Any]:
-        """Call every live server concurrently; any failure raises."""
-        live = [s for s in self.servers if s.alive and not s.held]
-        if not live:
-            raise RolloutError("no live rollout servers")
-        results = await asyncio.gather(
-            *(self._request(s, method, path, json=payload) for s in live), return_exceptions=True
-        )
-        errors = [f"{s.url}: {r}" for s, r in zip(live, results, strict=True) if isinstance(r, BaseException)]
-        if errors:
-            raise RolloutError(f"{path} failed: {'; '.join(errors)}")
-        for result in results:
-            if isinstance(result, dict) and result.get("success") is False:
-                raise RolloutError(f"{path} failed: {result.get('message')}")
-        return list(results)
 
     # -- the Protocol -----------------------------------------------------------------------
 
@@ -360,62 +198,6 @@ class SGLangClient:
     async def model_info(self) -> dict[str, Any]:
         results = await self._broadcast("/model_info", method="GET")
         return results[0] if results and isinstance(results[0], dict) else {}
-
-    def hold(self, url: str) -> None:
-        """Keep `url` out of rotation (its weights are stale) until `admit(url)`; thread-safe."""
-        with self._lock:
-            for server in self.servers:
-                if server.url == url.rstrip("/"):
-                    server.held = True
-                    server.alive = False
-                    server.dead_since = time.monotonic()
-
-    def admit(self, url: str) -> None:
-        """Put a held server back in rotation (it has the current weights); thread-safe."""
-        with self._lock:
-            for server in self.servers:
-                if server.url == url.rstrip("/"):
-                    server.held = False
-                    server.alive = True
-
-    @property
-    def held_servers(self) -> list[str]:
-        return [s.url for s in self.servers if s.held]
-
-    async def health(self) -> bool:
-        """True when at least one server answers /health (and refreshes every server's state)."""
-        results = await asyncio.gather(*(self._probe(s) for s in self.servers))
-        now = time.monotonic()
-        with self._lock:
-            for server, ok in zip(self.servers, results, strict=True):
-                if not ok and server.alive:
-                    server.dead_since = now
-                server.alive = ok and not server.held
-        return any(results)
-
-    async def wait_ready(self, *, timeout_s: float = 300.0, interval_s: float = 0.5) -> None:
-        """Wait until every server answers /health (a server still loading its model refuses connections)."""
-        deadline = time.monotonic() + timeout_s
-        pending = list(self.servers)
-        while pending:
-            results = await asyncio.gather(*(self._probe(s) for s in pending))
-            pending = [s for s, ok in zip(pending, results, strict=True) if not ok]
-            if pending and time.monotonic() > deadline:
-                raise RolloutError(f"servers not ready after {timeout_s:.0f}s: {[s.url for s in pending]}")
-            if pending:
-                await asyncio.sleep(interval_s)
-        with self._lock:
-            for server in self.servers:
-                server.alive = not server.held
-
-    @property
-    def live_servers(self) -> list[str]:
-        """Servers in rotation: answering, and not held by the weight sync."""
-        return [s.url for s in self.servers if s.alive and not s.held]
-
-    @property
-    def urls(self) -> list[str]:
-        return [s.url for s in self.servers]
 
 
 # -- command lines ---------------------------------------------------------------------------

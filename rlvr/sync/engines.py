@@ -48,16 +48,15 @@ class _LoopThread:
 
 
 def _default_factory(parent: Any, timeout_s: float) -> Callable[[str], Any]:
+    """One-URL clients of the parent's own kind (SGLang's or vLLM's routes), without retries."""
+
     def make(url: str) -> Any:
+        single = getattr(parent, "single", None)
+        if callable(single):
+            return single(url, timeout_s=timeout_s)
         from rlvr.rollout.sglang import SGLangClient
 
-        return SGLangClient(
-            [url],
-            api_key=getattr(parent, "api_key", None),
-            timeout_s=timeout_s,
-            max_retries=0,
-            ranks_per_server=getattr(parent, "ranks_per_server", 1),
-        )
+        return SGLangClient([url], timeout_s=timeout_s, max_retries=0)
 
     return make
 

