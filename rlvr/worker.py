@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr.recipe.load import recipe_from_json
     from rlvr.recipe.plan import make_plan
     from rlvr.rendezvous import wait_for_judge, wait_for_servers
+    from rlvr.rollout.clients import sync_pause_mode
     from rlvr.sync import make_weight_sync
     from rlvr.trainer import dist as d
     from rlvr.trainer.actor import Actor
@@ -56,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         manager = build_manager(recipe, tokenizer=tokenizer, urls=[s.url for s in servers])
         recorder = build_recorder(recipe, run_dir=args.run_dir)
     client = manager.engine if manager is not None else None
-    sync = make_weight_sync(recipe.sync, model=actor.model, client=client, run_dir=args.run_dir, tokenizer=tokenizer)
+    sync = make_weight_sync(
+        recipe.sync, model=actor.model, client=client, run_dir=args.run_dir, tokenizer=tokenizer,
+        pause_mode=sync_pause_mode(recipe.rollout),
+    )  # fmt: skip
 
     loop = RLLoop(
         recipe, run_dir=args.run_dir, actor=actor, critic=critic, manager=manager, sync=sync,
@@ -88,11 +92,11 @@ def build_manager(recipe, *, tokenizer, urls):
     from rlvr.controller import RolloutManager
     from rlvr.data.sources import load_recipe_domains
     from rlvr.rewards.pool import RewardPool
-    from rlvr.rollout.sglang import SGLangClient
+    from rlvr.rollout.clients import make_client
 
     train, _ = load_recipe_domains(recipe)
     evals, _ = load_recipe_domains(recipe, eval_files=True)
-    client = SGLangClient(urls, api_key=recipe.rollout.sglang.api_key, timeout_s=recipe.rollout.timeout_s)
+    client = make_client(recipe.rollout, urls)
     rewards = RewardPool.from_domains(
         {name: (d.reward, d.reward_args) for name, d in recipe.domains.items()},
         max_workers=max(1, (os.cpu_count() or 2) // 2),

@@ -71,7 +71,7 @@ def server_command(
             model_path=str(model_path),
             host=host,
             port=spec.port,
-            gpu_ids=spec.gpus or None,
+            on_gpu=bool(spec.gpus),
             plugin_path=str(plugin_dir()),
             max_model_len=vllm_max_model_len(recipe),
         )
@@ -96,6 +96,15 @@ def server_command(
     if recipe.rollout.api_key:
         command += ["--api-key", recipe.rollout.api_key]
     return command
+
+
+def prepare_servers(recipe: Recipe) -> None:
+    """What a server command needs on the machine that runs it, beyond the argv: vLLM's servers
+    load rlvr's weight-transfer backend from the plug-in folder (`rlvr.rollout.vllm_env`)."""
+    if recipe.rollout.engine == "vllm" and not os.environ.get(SERVER_MODULE_ENV):
+        from rlvr.rollout.vllm_env import ensure_plugin_dir
+
+        ensure_plugin_dir()
 
 
 def vllm_max_model_len(recipe: Recipe) -> int:

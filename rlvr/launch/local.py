@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlvr.launch.commands import judge_command, server_command, trainer_command
+from rlvr.launch.commands import judge_command, prepare_servers, server_command, trainer_command
 from rlvr.launch.failure import root_cause
 from rlvr.monitor.metrics import mark_stopped
 from rlvr.monitor.progress import PlainProgress
@@ -93,6 +93,7 @@ class LocalLauncher:
         Started one after another, the three start-ups were most of a short run's wall clock.
         """
         clear_servers(self.run_dir)
+        prepare_servers(self.recipe)
         judge = self._start_judge() if self.recipe.judge is not None else None
         servers = [self._start_server(spec) for spec in self.plan.servers]
         self.trainer = self._spawn("trainer", trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume))

@@ -326,17 +326,18 @@ class Node:
     # -- rollout nodes
 
     def run_rollout(self) -> int:
-        from rlvr.launch.commands import server_command
+        from rlvr.launch.commands import prepare_servers, server_command
         from rlvr.rendezvous import ServerAddress, register_judge, register_server
 
         role = self.role
+        prepare_servers(self.recipe)
         for spec in role.servers:  # forget this node's registrations from an earlier attempt
             self.paths.server(spec.index).unlink(missing_ok=True)
         address = resolve_address(role.name)
         bind = os.environ.get(SERVER_BIND_ENV, address)
         urls = {}
         for spec in role.servers:
-            argv = server_command(self.recipe, spec, host=bind)  # SGLang's runs `rollout.sglang.python`
+            argv = server_command(self.recipe, spec, host=bind)  # SGLang's and vLLM's run their own python
             env = dict(os.environ, RLVR_NODE_ROLE=ROLLOUT)
             if spec.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(spec.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))

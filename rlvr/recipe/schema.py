@@ -565,6 +565,7 @@ class Recipe(Section):
                 "its own engine)",
             )
         self._sglang_sync_checks()
+        self._vllm_checks()
         self._check_model_impl()
         if self.model.config is not None:
             self.check_model_split(self.model.config)
@@ -581,6 +582,13 @@ class Recipe(Section):
                 f"{self.sync.method!r} with rollout.sglang.dp_size = {dp}: SGLang updates weights over a group "
                 'only with dp_size = 1; set sync.method = "disk" (or dp_size = 1 and more servers)',
             )
+
+    def _vllm_checks(self) -> None:
+        if self.rollout.engine != "vllm":
+            return
+        tp, gpus = self.rollout.vllm.tp_size, self.cluster.gpus_per_node
+        if gpus and gpus % tp:
+            raise _at(("rollout", "vllm", "tp_size"), f"{tp} does not divide cluster.gpus_per_node = {gpus}")
 
     def trainer_world_size(self) -> int:
         """Trainer ranks: `trainer.ranks` locally, every GPU of the trainer nodes on SLURM."""
@@ -615,16 +623,22 @@ class Recipe(Section):
             raise _at(("trainer", "tp_size"), f"{tp} does not divide the {world} trainer ranks")
 
     def check_model_split(self, hf_config: dict[str, Any]) -> None:
-        """The model's architecture and heads against model.impl and trainer.tp_size (called with
-        `model.config`, and by the loader with the model folder's config.json)."""
+        """The model's architecture and heads against model.impl, trainer.tp_size and the vLLM
+        servers' tp_size (called with `model.config`, and by the loader with the model folder's
+        config.json)."""
+        heads = int(hf_config.get("num_attention_heads") or 0)
+        kv_heads = int(hf_config.get("num_key_value_heads") or heads)
+        if self.rollout.engine == "vllm" and self.rollout.vllm.tp_size > 1:
+            tp = self.rollout.vllm.tp_size
+            for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+                if count and count % tp and not (name == "num_key_value_heads" and tp % count == 0):
+                    raise _at(("rollout", "vllm", "tp_size"), f"{tp} does not divide the model's {name} = {count}")
         if self.model.impl != "torchtitan":
             return
         model_type = hf_config.get("model_type")
         if model_type not in ("qwen3", "llama"):
             raise _at(("model", "impl"), f"torchtitan runs qwen3 and llama models, not {model_type!r}; use 'hf'")
         tp = self.trainer.tp_size
-        heads = int(hf_config.get("num_attention_heads") or 0)
-        kv_heads = int(hf_config.get("num_key_value_heads") or heads)
         for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
             if count and count % tp:
                 raise _at(("trainer", "tp_size"), f"{tp} does not divide the model's {name} = {count}")

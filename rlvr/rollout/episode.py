@@ -84,7 +84,8 @@ class EpisodeState:
     def extend(self, part: Completion) -> None:
         self.token_ids += part.token_ids
         self.logprobs += part.logprobs
-        self.versions += [part.policy_version] * len(part.token_ids)
+        # an engine that tags tokens itself (vLLM, across an in-place pause) says which version made each
+        self.versions += part.token_versions or [part.policy_version] * len(part.token_ids)
         self.mask += [1] * len(part.token_ids)
         self.text += part.text
 

@@ -280,19 +280,17 @@ def build_vllm_command(
     model_path: str,
     port: int,
     host: str = "0.0.0.0",
-    gpu_ids: Sequence[int] | None = None,
+    on_gpu: bool,
     plugin_path: str,
     max_model_len: int,
 ) -> list[str]:
     """argv for one vLLM server, its environment included (`env K=V ... python -m ...`), so the
     same argv works for a subprocess and for srun. `plugin_path` puts rlvr's weight-transfer
-    backend on the server's path (`rlvr.rollout.vllm_env.plugin_dir`)."""
+    backend on the server's path (`rlvr.rollout.vllm_env.plugin_dir`). The launcher sets
+    CUDA_VISIBLE_DEVICES for the server's GPUs (`on_gpu`), as for every server."""
     cfg = recipe.rollout.vllm
-    on_gpu = bool(gpu_ids)
     env = ["VLLM_SERVER_DEV_MODE=1", "HF_HUB_OFFLINE=1", f"PYTHONPATH={plugin_path}", "TOKENIZERS_PARALLELISM=false"]
-    if on_gpu:
-        env.append(f"CUDA_VISIBLE_DEVICES={','.join(str(g) for g in gpu_ids or [])}")
-    else:
+    if not on_gpu:
         env.append(f"VLLM_CPU_KVCACHE_SPACE={cfg.kv_cache_gb:g}")
     dtype = cfg.dtype or (recipe.model.dtype if on_gpu else "float32")
     argv = ["env", *env, cfg.python, "-m", "vllm.entrypoints.openai.api_server"]
