@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -149,6 +150,7 @@ class BroadcastSync:
         self._members: list[str] = []
         self._stale: tuple[list[str], str] = ([], "")  # the last group's engines and name, to destroy
         self._generation = 0
+        self._instance = secrets.token_hex(4)
         self._staging: dict[Any, Any] = {}
         self._fatal: str | None = None
 
@@ -316,7 +318,10 @@ class BroadcastSync:
         if self.forced_dtype is None and dtype is not None and dtype != self.wire_dtype:
             self._set_wire_dtype(dtype)
         self._generation += 1
-        label = self.group_name if self._generation == 1 else f"{self.group_name}-{self._generation}"
+        # Unique per sync, not only per rebuild: an engine keeps every group name it ever joined
+        # (torch's registry, in SGLang and vLLM alike) and refuses one again, so a trainer that
+        # restarts against engines that stayed up (a resume, another run) must not reuse a name.
+        label = f"{self.group_name}-{self._instance}-{self._generation}"
         address = self.master_address or reachable_address(members)
         port = free_port(address)
         world = 1 + sum(ranks.values())

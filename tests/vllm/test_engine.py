@@ -1,0 +1,188 @@
+"""The real vLLM (CPU build) as a rollout engine: generation, logprobs, weight sync, prefix cache, partial rollout."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from rlvr.rollout.engine import GenerateRequest, SamplingParams
+from rlvr.rollout.episode import run_episode
+from rlvr.rollout.vllm import VLLMClient
+
+from .helpers import (
+    LOGPROB_TOL,
+    POLICY,
+    PROMPTS,
+    forward_logprobs,
+    generate,
+    greedy,
+    greedy_continuation,
+    push,
+    reference_model,
+)
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture
+def base(vllm_server):
+    """The server on the base weights (other tests push their own), as version 0."""
+    model = reference_model()
+    push(vllm_server.url, model, version=0)
+    return model
+
+
+def test_greedy_ids_equal_the_embedded_engine(vllm_server, base) -> None:
+    from rlvr.rollout.embedded import EmbeddedEngine
+
+    engine = EmbeddedEngine(str(POLICY), max_batch=8, device="cpu")
+    requests = [greedy(p, 48) for p in PROMPTS]
+    ours = asyncio.run(engine.generate(requests))
+    theirs = generate(vllm_server.url, requests)
+    assert [c.token_ids for c in theirs] == [c.token_ids for c in ours]
+    assert all(len(c.token_ids) == 48 and c.finish_reason == "length" for c in theirs)
+
+
+def test_seeded_samples_differ_and_repeat(vllm_server, base) -> None:
+    request = GenerateRequest(PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=16, seed=7), n=4)
+    first = [c.token_ids for c in generate(vllm_server.url, [request])]
+    again = [c.token_ids for c in generate(vllm_server.url, [request])]
+    assert len(first) == 4 and len({tuple(ids) for ids in first}) == 4
+    assert again == first
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_are_the_trainers_pi_rollout(vllm_server, base, temperature: float) -> None:
+    """processed_logprobs: log-softmax(logits / T), the trainer forward's meaning of pi_rollout."""
+    request = GenerateRequest(PROMPTS[1], SamplingParams(temperature=temperature, max_new_tokens=24, seed=1), n=3)
+    for completion in generate(vllm_server.url, [request]):
+        ref = forward_logprobs(base, PROMPTS[1], completion.token_ids, temperature=temperature)
+        assert max(abs(a - b) for a, b in zip(ref, completion.logprobs, strict=True)) < LOGPROB_TOL
+
+
+def _assert_serves(url: str, model, *, version: int) -> None:
+    """Greedy ids *and* their logprobs equal a transformers forward of `model` (ids alone can match by luck)."""
+    for completion in generate(url, [greedy(p) for p in PROMPTS]):
+        prompt = completion.prompt_token_ids
+        assert completion.token_ids == greedy_continuation(model, prompt, len(completion.token_ids))
+        ref = forward_logprobs(model, prompt, completion.token_ids)
+        assert max(abs(a - b) for a, b in zip(ref, completion.logprobs, strict=True)) < LOGPROB_TOL
+        assert completion.policy_version == version and set(completion.token_versions) == {version}
+
+
+@pytest.mark.parametrize("method", ["broadcast", "disk"])
+def test_a_push_serves_the_pushed_weights_and_version(vllm_server, base, method: str, tmp_path) -> None:
+    perturbed = reference_model(perturb_seed=11)
+    before = generate(vllm_server.url, [greedy(p) for p in PROMPTS])
+    metrics = push(vllm_server.url, perturbed, version=3, method=method, shared=tmp_path)
+    assert metrics["sync/engines"] == 1.0
+    _assert_serves(vllm_server.url, perturbed, version=3)
+    assert [c.token_ids for c in generate(vllm_server.url, [greedy(p) for p in PROMPTS])] != [
+        c.token_ids for c in before
+    ]  # the perturbation is large enough to change greedy output: the check above had something to see
+
+
+def test_pushing_identical_weights_changes_nothing(vllm_server, base) -> None:
+    before = generate(vllm_server.url, [greedy(p) for p in PROMPTS])
+    push(vllm_server.url, base, version=1)
+    after = generate(vllm_server.url, [greedy(p) for p in PROMPTS])
+    assert [c.token_ids for c in after] == [c.token_ids for c in before]
+    assert [c.logprobs for c in after] == [c.logprobs for c in before]
+    assert {c.policy_version for c in after} == {1}
+
+
+def test_no_stale_prefix_cache_after_a_push(vllm_server, base) -> None:
+    """A prompt longer than a KV block (128 tokens on CPU) is cached before the push; after it, the
+    same prompt's logprobs are the new weights' (the cached KV was computed by the old ones)."""
+    long_prompt = [2] + [10 + (i * 7) % 80 for i in range(300)]
+    request = GenerateRequest(long_prompt, SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True))
+    for _ in range(2):
+        generate(vllm_server.url, [request])  # cached now
+    perturbed = reference_model(perturb_seed=5)
+    push(vllm_server.url, perturbed, version=2)
+    (completion,) = generate(vllm_server.url, [request])
+    ref = forward_logprobs(perturbed, long_prompt, completion.token_ids)
+    assert max(abs(a - b) for a, b in zip(ref, completion.logprobs, strict=True)) < LOGPROB_TOL
+
+
+def _push_during(url: str, model, *, version: int, work, delay_s: float):
+    """Run `work()` (generation) and push `model` after `delay_s`, while it runs; returns work's result."""
+    pushed: dict = {}
+
+    def later() -> None:
+        time.sleep(delay_s)
+        pushed["metrics"] = push(url, model, version=version)
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    result = work()
+    thread.join()
+    assert "metrics" in pushed
+    return result
+
+
+def test_keep_mode_push_switches_versions_once_and_continues_on_the_new_weights(vllm_server, base) -> None:
+    """In-place pause (vLLM keep) + reset: in-flight samples go on under the new weights. Each one's
+    versions switch from 0 to 1 at most once, and the tokens after the switch are exactly the new
+    weights' greedy continuation of the prompt plus the tokens before it."""
+    perturbed = reference_model(perturb_seed=21)
+    prompts = [[2, 10 + i, 20 + i] for i in range(24)]
+    requests = [greedy(p, 400) for p in prompts]
+    completions = _push_during(vllm_server.url, perturbed, version=1, delay_s=1.0,
+                               work=lambda: generate(vllm_server.url, requests))  # fmt: skip
+    switched = 0
+    for completion in completions:
+        versions = completion.token_versions
+        assert len(versions) == 400 and versions == sorted(versions) and set(versions) <= {0, 1}
+        if 0 in versions and 1 in versions:
+            switched += 1
+            cut = versions.index(1)
+            prefix = completion.prompt_token_ids + completion.token_ids[:cut]
+            tail = completion.token_ids[cut : cut + 24]
+            assert tail == greedy_continuation(perturbed, prefix, len(tail))
+            ref = forward_logprobs(perturbed, prefix, tail)
+            assert max(abs(a - b) for a, b in zip(ref, completion.logprobs[cut : cut + 24], strict=True)) < LOGPROB_TOL
+    assert switched, "the push landed before or after every generation: nothing was interrupted"
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_abort_mode_episode_continues_or_restarts(vllm_server, base, partial: bool) -> None:
+    """`rollout.partial = false` pauses with abort: the episode restarts from the prompt on the new
+    weights; with partial it continues from its tokens (versions 0 then 1)."""
+    perturbed = reference_model(perturb_seed=31)
+    prompts = [[2, 30 + i, 9] for i in range(16)]
+    params = SamplingParams(temperature=0, max_new_tokens=400, ignore_eos=True)
+
+    async def episodes():
+        async with VLLMClient([vllm_server.url]) as client:
+            return await asyncio.gather(
+                *(run_episode(client, prompt_ids=p, params=params, partial=partial) for p in prompts)
+            )
+
+    def abort_push() -> dict:
+        from rlvr.sync.broadcast import BroadcastSync
+
+        sync = BroadcastSync(perturbed, client=VLLMClient([vllm_server.url]), timeout_s=120, pause_mode="abort")
+        try:
+            return sync.push(version=1)
+        finally:
+            sync.close()
+
+    result: dict = {}
+    thread = threading.Thread(target=lambda: (time.sleep(1.0), result.setdefault("m", abort_push())))
+    thread.start()
+    completions = asyncio.run(episodes())
+    thread.join()
+    interrupted = [c for c in completions if len(set(c.token_versions)) > 1]
+    for completion in completions:
+        assert len(completion.token_ids) == 400
+        if not partial and 1 in completion.token_versions:
+            assert set(completion.token_versions) == {1}
+            assert completion.token_ids[:24] == greedy_continuation(perturbed, completion.prompt_token_ids, 24)
+    if partial:
+        assert interrupted, "no episode spanned the push"
+    else:
+        assert not interrupted and any(set(c.token_versions) == {1} for c in completions)
