@@ -14,5 +14,6 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device
       ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) or "none")
 PY
 start=$(date +%s)
+# tests/gpu/test_vllm_gpu.py runs vLLM with the NCCL group when RLVR_VLLM_PYTHON names a vLLM env with CUDA.
 timeout 470 python -m pytest -m gpu tests/gpu -q -s -rA --durations=0 -p no:cacheprovider --timeout=400
 echo "gpu-check: $(( $(date +%s) - start )) s"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlvr.launch.commands import judge_command, prepare_servers, server_command, trainer_command
 from rlvr.launch.failure import root_cause
-from rlvr.monitor.metrics import mark_stopped
+from rlvr.monitor.metrics import event_line, mark_stopped
 from rlvr.monitor.progress import PlainProgress
 from rlvr.process import Child, Children, free_port
 from rlvr.recipe.plan import LaunchPlan, ServerSpec, make_plan
@@ -84,6 +84,8 @@ class LocalLauncher:
         self.paths = RunDir(run_dir)
         self.paths.logs.mkdir(parents=True, exist_ok=True)
         self.trainer: Child | None = None
+        self.servers: list[Child] = []
+        self.lost: set[str] = set()  # names of servers that died in a run that goes on without them
 
     def start(self, *, server_timeout_s: float = 300.0) -> None:
         """Start every child at once, then register each server as it turns healthy.
@@ -96,6 +98,7 @@ class LocalLauncher:
         prepare_servers(self.recipe)
         judge = self._start_judge() if self.recipe.judge is not None else None
         servers = [self._start_server(spec) for spec in self.plan.servers]
+        self.servers = [child for child, _ in servers]
         self.trainer = self._spawn("trainer", trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume))
         if judge is not None:
             wait_healthy(*judge, timeout_s=server_timeout_s)
@@ -119,17 +122,37 @@ class LocalLauncher:
         return self.children.start(name, command, env=env, log=self.paths.log(name))
 
     def check(self) -> int | None:
-        """None while running; the trainer's exit code when done; raises if a server died."""
+        """None while running; the trainer's exit code when done; raises if a server died, unless
+        `sync.on_engine_failure = "continue"` and another rollout server is still up (the client
+        and the sync drop the dead one; the launcher says so once, on stderr and in events.jsonl)."""
         for child in self.children.started:
             code = child.proc.poll()
-            if code is None:
+            if code is None or child.name in self.lost:
                 continue
             if child is self.trainer:
                 if code != 0:
                     raise failure(child, f"exited with code {code}")
                 return 0
+            if (
+                self.recipe.sync.on_engine_failure == "continue"
+                and any(child is s for s in self.servers)
+                and self._servers_up()
+            ):
+                self._lose(child, code)
+                continue
             raise failure(child, f"died with code {code}")
         return None
+
+    def _servers_up(self) -> int:
+        return sum(1 for s in self.servers if s.running())
+
+    def _lose(self, child: Child, code: int) -> None:
+        self.lost.add(child.name)
+        up = self._servers_up()
+        message = f"{failure(child, f'died with code {code}')}; the run goes on with {up} rollout server(s)"
+        print(message, file=sys.stderr, flush=True)
+        with open(self.paths.events, "a") as events:
+            events.write(event_line(message, level="error"))
 
     def wait(self, *, poll_s: float = 0.5) -> int:
         while True:

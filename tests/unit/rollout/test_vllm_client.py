@@ -1,0 +1,96 @@
+"""vLLM's wire format as rlvr reads and writes it (the real server is exercised in tests/vllm)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlvr.cli import app
+from rlvr.launch.commands import server_command, vllm_max_model_len
+from rlvr.recipe.load import load_recipe
+from rlvr.recipe.plan import make_plan
+from rlvr.rollout.engine import SamplingParams
+from rlvr.rollout.vllm import completions_from_vllm, sampling_payload, token_versions
+
+ROOT = Path(__file__).resolve().parents[3]
+QUICKSTART = ROOT / "recipes" / "quickstart.toml"
+runner = CliRunner()
+
+
+def test_per_token_versions_come_from_vllms_spans() -> None:
+    spans = [{"version": "default", "start": 0, "end": 2}, {"version": "3", "start": 2, "end": 5}]
+    assert token_versions(spans, 5) == [0, 0, 3, 3, 3]
+    output = {
+        "choices": [
+            {"index": 1, "token_ids": [9], "finish_reason": "length", "text": "b",
+             "logprobs": {"content": [{"token_id": 9, "logprob": -0.5}]}, "weight_versions": [spans[1] | {"end": 1, "start": 0}]},
+            {"index": 0, "token_ids": [4, 5, 6, 7, 8], "finish_reason": "stop", "text": "a",
+             "logprobs": {"content": [{"token_id": t, "logprob": -1.0} for t in range(5)]}, "weight_versions": spans},
+        ]
+    }  # fmt: skip
+    first, second = completions_from_vllm(output, [1, 2])
+    assert first.token_ids == [4, 5, 6, 7, 8] and first.token_versions == [0, 0, 3, 3, 3]
+    assert first.policy_version == 3 and first.oldest_version == 0 and first.prompt_token_ids == [1, 2]
+    assert second.text == "b" and second.finish_reason == "length" and second.logprobs == [-0.5]
+
+
+def test_a_logprob_count_that_does_not_match_the_tokens_is_an_error() -> None:
+    from rlvr.rollout.engine import RolloutError
+
+    bad = {"choices": [{"index": 0, "token_ids": [1, 2], "logprobs": {"content": [{"logprob": -1.0}]}}]}
+    with pytest.raises(RolloutError, match="1 logprobs for 2 tokens"):
+        completions_from_vllm(bad, [0])
+
+
+def test_sampling_fields_in_vllms_names() -> None:
+    params = SamplingParams(temperature=0.0, max_new_tokens=7, stop=["\n"], stop_token_ids=[3], seed=5)
+    payload = sampling_payload(params, 4)
+    assert payload | {} == payload and payload["n"] == 4 and payload["max_tokens"] == 7
+    assert payload["temperature"] == 0.0 and payload["seed"] == 5 and payload["stop"] == ["\n"]
+    assert payload["stop_token_ids"] == [3] and payload["logprobs"] == 0 and payload["detokenize"] is True
+
+
+def test_vllm_server_command_for_a_cpu_run() -> None:
+    recipe = load_recipe(QUICKSTART, ["rollout.engine=vllm", "rollout.vllm.python=/envs/vllm/bin/python"])
+    argv = server_command(recipe, make_plan(recipe).servers[0])
+    assert argv[0] == "env" and "VLLM_SERVER_DEV_MODE=1" in argv and "VLLM_CPU_KVCACHE_SPACE=1" in argv
+    assert any(a.startswith("PYTHONPATH=") and "vllm-plugin" in a for a in argv)
+    start = argv.index("/envs/vllm/bin/python")
+    assert argv[start:] == [
+        "/envs/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(ROOT / "recipes" / "quickstart" / "policy"), "--host", "127.0.0.1", "--port", "30000",
+        "--dtype", "float32", "--tensor-parallel-size", "1", "--max-model-len", "128", "--seed", "0",
+        "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--weight-transfer-config",
+        '{"backend": "rlvr"}', "--no-enable-chunked-prefill", "--enforce-eager",
+    ]  # fmt: skip
+
+
+def test_max_model_len_is_the_longest_sequence_capped_by_the_model() -> None:
+    recipe = load_recipe(QUICKSTART, ["rollout.engine=vllm"])
+    assert vllm_max_model_len(recipe) == 64 + 64  # max_prompt_tokens + max_new_tokens, under 512 positions
+    long = load_recipe(QUICKSTART, ["rollout.engine=vllm", "rollout.max_new_tokens=2000"])
+    assert vllm_max_model_len(long) == 512  # the model's max_position_embeddings
+    assert vllm_max_model_len(load_recipe(QUICKSTART, ["rollout.vllm.max_model_len=300"])) == 300
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        (["rollout.vllm.python=/no/such/python"], "rollout.vllm.python: '/no/such/python' does not exist"),
+        (
+            [f"rollout.vllm.python={sys.executable}"],
+            "has no vllm (build an env with: bash scripts/install-vllm.sh DIR)",
+        ),
+        (["rollout.vllm.tp_size=3"], "rollout.vllm.tp_size: 3 does not divide the model's num_attention_heads = 4"),
+        (["rollout.vllm.gpu_memory_utilization=1.5"], "rollout.vllm.gpu_memory_utilization"),
+        (["rollout.vllm.dtype=fp8"], "rollout.vllm.dtype"),
+    ],
+)
+def test_bad_vllm_settings_are_one_line_with_exit_2(sets: list[str], needle: str) -> None:
+    args = ["validate", str(QUICKSTART), "--set", "rollout.engine=vllm"]
+    result = runner.invoke(app, args + [x for s in sets for x in ("--set", s)])
+    assert result.exit_code == 2, result.output
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
