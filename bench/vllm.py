@@ -181,6 +181,8 @@ def bench_sync(args, tmp: Path) -> None:
             f"vLLM push {min(push):.2f}-{max(push):.2f} GB/s, raw gloo broadcast {min(raw):.2f}-{max(raw):.2f} GB/s "
             f"(push / raw, best rounds = {max(push) / max(raw):.2f})"
         )
+        lines = [line for line in (tmp / "vllm-sync.log").read_text().splitlines() if "rlvr weights" in line]
+        print("inside vLLM, the last push:", *(line.split("rlvr weights: ")[-1] for line in lines[-3:]), sep="\n  ")
     finally:
         sync.close()
         group.shutdown()

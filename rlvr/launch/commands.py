@@ -6,11 +6,11 @@ of process, so the commands are built here once and golden-tested.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
+from rlvr.recipe.checks import max_positions
 from rlvr.recipe.plan import LaunchPlan, ServerSpec
 from rlvr.recipe.schema import Recipe
 
@@ -115,11 +115,7 @@ def vllm_max_model_len(recipe: Recipe) -> int:
         return recipe.rollout.vllm.max_model_len
     episodes = [d.max_episode_tokens or 0 for d in recipe.domains.values()]
     longest = recipe.data.max_prompt_tokens + max([recipe.rollout.max_new_tokens, *episodes])
-    config = Path(str(recipe.model.path or "")) / "config.json"
-    try:
-        limit = int(json.loads(config.read_text()).get("max_position_embeddings") or 0)
-    except (OSError, ValueError):
-        limit = 0
+    limit = max_positions(recipe.model.path)
     return min(longest, limit) if limit else longest
 
 

@@ -12,6 +12,7 @@ import re
 
 _TORCHRUN_FAILED = re.compile(r"^[EWI]\d{4} .*\bfailed \(exitcode")  # torchrun's "E1203 ... failed (exitcode: 1)"
 _ELASTIC = "torch.distributed.elastic"
+_PYDANTIC = re.compile(r"\d+ validation errors? for \w+$")
 
 
 def root_cause(log_text: str) -> str:
@@ -30,16 +31,21 @@ def root_cause(log_text: str) -> str:
         if in_traceback and line and not line.startswith((" ", "\t")):
             in_traceback = False
             if _ELASTIC not in line and not line.startswith("During handling"):
-                return _short(" ".join([line.strip(), *_continuation(lines[i + 1 :])]))
+                return _short(" ".join([line.strip(), *_continuation(lines[i + 1 :], _PYDANTIC.search(line))]))
     end = next((i for i, line in enumerate(lines) if _TORCHRUN_FAILED.match(line)), len(lines))
     last = [line.strip() for line in lines[:end] if line.strip() and not line.startswith("$ ")]
     return _short(last[-1]) if last else "no output"
 
 
-def _continuation(lines: list[str]) -> list[str]:
-    """A multi-line exception message goes on until a blank line or the next report."""
+def _continuation(lines: list[str], indented: object = None) -> list[str]:
+    """A multi-line exception message goes on until a blank line or the next report. A pydantic
+    error (`1 validation error for X`) says what is wrong on its indented lines: keep those, up to
+    the "For further information" link."""
     out = []
     for line in lines:
+        if indented and line.startswith("  ") and "For further information" not in line:
+            out.append(line.strip())
+            continue
         if (
             not line.strip()
             or line.startswith((" ", "\t", "Traceback", "During handling"))

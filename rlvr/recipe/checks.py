@@ -103,6 +103,10 @@ def vllm_problem(recipe: Recipe) -> Problem | None:
     _, why = vllm_probe(cfg.python)
     if why:
         return ("rollout", "vllm", "python"), why
+    positions = max_positions(recipe.model.path)
+    if cfg.max_model_len and positions and cfg.max_model_len > positions:
+        why = f"{cfg.max_model_len} is more than the model's max_position_embeddings = {positions} (vLLM refuses it)"
+        return ("rollout", "vllm", "max_model_len"), why
     gpus = visible_gpus()
     if gpus and cfg.tp_size > gpus:
         return (
@@ -152,6 +156,15 @@ def vllm_probe(python: str, *, timeout_s: float = 30.0) -> tuple[str | None, str
     if not answer.get("found"):
         return None, f"{python!r} has no vllm (build an env with: bash scripts/install-vllm.sh DIR)"
     return str(answer.get("version") or "?"), ""
+
+
+def max_positions(model_path: str | None) -> int:
+    """The model folder's `max_position_embeddings` (0 when unknown)."""
+    try:
+        config = json.loads((Path(model_path or "") / "config.json").read_text())
+        return int(config.get("max_position_embeddings") or 0)
+    except (OSError, ValueError, TypeError):
+        return 0
 
 
 def visible_gpus() -> int:

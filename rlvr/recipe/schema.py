@@ -186,8 +186,8 @@ class VLLMConfig(Section):
     """`--dtype` (default: float32 on CPU, model.dtype on GPU)."""
     enforce_eager: bool = True
     """`--enforce-eager`: no CUDA graphs or torch.compile (fast start; false for peak GPU speed)."""
-    kv_cache_gb: float = Field(default=1.0, gt=0)
-    """CPU only: KV cache size in GiB (`VLLM_CPU_KVCACHE_SPACE`)."""
+    kv_cache_gb: int = Field(default=1, ge=1)
+    """CPU only: KV cache size in whole GiB (`VLLM_CPU_KVCACHE_SPACE`, which vLLM reads as an int)."""
     port: int = Field(default=30000, ge=1024, le=65535)
     """First server port on SLURM; server i on a node listens on port + i (local runs take free ports)."""
     api_key: str | None = None

@@ -291,7 +291,7 @@ def build_vllm_command(
     cfg = recipe.rollout.vllm
     env = ["VLLM_SERVER_DEV_MODE=1", "HF_HUB_OFFLINE=1", f"PYTHONPATH={plugin_path}", "TOKENIZERS_PARALLELISM=false"]
     if not on_gpu:
-        env.append(f"VLLM_CPU_KVCACHE_SPACE={cfg.kv_cache_gb:g}")
+        env.append(f"VLLM_CPU_KVCACHE_SPACE={cfg.kv_cache_gb}")
     dtype = cfg.dtype or (recipe.model.dtype if on_gpu else "float32")
     argv = ["env", *env, cfg.python, "-m", "vllm.entrypoints.openai.api_server"]
     argv += ["--model", str(model_path), "--host", host, "--port", str(port), "--dtype", dtype]

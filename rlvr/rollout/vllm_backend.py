@@ -31,8 +31,12 @@ the old logits from its old packed copy. `finish_weight_update` re-runs the head
 # pyright: reportMissingImports=false
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger("vllm.rlvr")
 
 BACKEND = "rlvr"
 
@@ -128,6 +132,7 @@ class RlvrWeightTransfer(_engine_base()):
             return
         if self.group is None:
             raise RuntimeError("no weight-update group: call /init_weight_transfer_engine first")
+        start = time.perf_counter()
         device = self.group.device
         if update_info.load_format == "flattened_bucket":
             dtypes = [torch_dtype(d) for d in update_info.dtype_names]
@@ -145,17 +150,25 @@ class RlvrWeightTransfer(_engine_base()):
             weights = receive_broadcast(
                 self.group, update_info.names, update_info.dtype_names, update_info.shapes, device=device
             )
+        received = time.perf_counter()
         with torch.no_grad():
             self.model.load_weights(weights)
+        log.info(
+            "rlvr weights: %d tensors, %.1f MB: received in %.3f s, loaded in %.3f s", len(weights),
+            sum(w.numel() * w.element_size() for _, w in weights) / 1e6, received - start,
+            time.perf_counter() - received,
+        )  # fmt: skip
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        start = time.perf_counter()
         finalize_layerwise_reload(self.model, self.model_config)
         for module in self.model.modules():
             if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
                 module.quant_method.process_weights_after_loading(module)
+        log.info("rlvr weights: reload finished in %.3f s", time.perf_counter() - start)
 
     def shutdown(self) -> None:
         if self.group is not None:

@@ -47,3 +47,17 @@ def test_a_chained_exception_reports_the_first_one() -> None:
         "Traceback (most recent call last):\n  File 'b'\nRuntimeError: wrapped\n"
     )
     assert root_cause(log) == "KeyError: 'step'"
+
+
+def test_a_pydantic_error_keeps_what_is_wrong() -> None:
+    """vLLM's config errors are pydantic's: the reason is on the indented line after the exception."""
+    log = (
+        'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+        "  Value error, User-specified max_model_len (100000) is greater than the derived max_model_len\n"
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n"
+    )
+    assert root_cause(log) == (
+        "ValidationError: 1 validation error for ModelConfig Value error, User-specified max_model_len (100000) "
+        "is greater than the derived max_model_len"
+    )

