@@ -190,6 +190,23 @@ class ServerPool:
                 raise RolloutError(f"{path} failed: {result.get('message')}")
         return list(results)
 
+    async def _join_group(self, path: str, group: dict[str, Any], *, rank_offset: int, wrap: str | None = None) -> None:
+        """Ask every live server to join the update group: server i's first rank is
+        rank_offset + i * ranks_per_server (its tp ranks follow). `wrap` nests the fields
+        under that key (vLLM's `init_info`)."""
+        live = [s for s in self.servers if s.alive]
+        bodies = [{**group, "rank_offset": rank_offset + i * self.ranks_per_server} for i in range(len(live))]
+        results = await asyncio.gather(
+            *(
+                self._request(s, "POST", path, json={wrap: body} if wrap else body)
+                for s, body in zip(live, bodies, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        for server, result in zip(live, results, strict=True):
+            if isinstance(result, BaseException) or (isinstance(result, dict) and not result.get("success", True)):
+                raise RolloutError(f"{server.url}: {path.lstrip('/')} failed: {result}")
+
     def hold(self, url: str) -> None:
         """Keep `url` out of rotation (its weights are stale) until `admit(url)`; thread-safe."""
         with self._lock:

@@ -133,28 +133,9 @@ class SGLangClient(ServerPool):
         backend: str = "nccl",
     ) -> None:
         """Server i joins as ranks rank_offset + i * ranks_per_server (its tp ranks follow)."""
-        live = [s for s in self.servers if s.alive]
-        payloads = [
-            {
-                "master_address": master_address,
-                "master_port": master_port,
-                "rank_offset": rank_offset + i * self.ranks_per_server,
-                "world_size": world_size,
-                "group_name": group_name,
-                "backend": backend,
-            }
-            for i in range(len(live))
-        ]
-        results = await asyncio.gather(
-            *(
-                self._request(s, "POST", "/init_weights_update_group", json=p)
-                for s, p in zip(live, payloads, strict=True)
-            ),
-            return_exceptions=True,
-        )
-        for server, result in zip(live, results, strict=True):
-            if isinstance(result, BaseException) or (isinstance(result, dict) and not result.get("success", True)):
-                raise RolloutError(f"{server.url}: init_weights_update_group failed: {result}")
+        group = {"master_address": master_address, "master_port": master_port, "world_size": world_size}
+        group |= {"group_name": group_name, "backend": backend}
+        await self._join_group("/init_weights_update_group", group, rank_offset=rank_offset)
 
     async def update_weights_from_distributed(
         self,

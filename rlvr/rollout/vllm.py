@@ -186,32 +186,9 @@ class VLLMClient(ServerPool):
         backend: str = "gloo",
     ) -> None:
         """Server i joins as ranks rank_offset + i * ranks_per_server (its tp workers follow)."""
-        live = [s for s in self.servers if s.alive]
-        results = await asyncio.gather(
-            *(
-                self._request(
-                    server,
-                    "POST",
-                    "/init_weight_transfer_engine",
-                    json={
-                        "init_info": {
-                            "master_address": master_address,
-                            "master_port": master_port,
-                            "rank_offset": rank_offset + i * self.ranks_per_server,
-                            "world_size": world_size,
-                            "group_name": group_name,
-                            "backend": backend,
-                            "timeout_s": self.timeout_s,
-                        }
-                    },
-                )
-                for i, server in enumerate(live)
-            ),
-            return_exceptions=True,
-        )
-        for server, result in zip(live, results, strict=True):
-            if isinstance(result, BaseException):
-                raise RolloutError(f"{server.url}: init_weight_transfer_engine failed: {result}")
+        group = {"master_address": master_address, "master_port": master_port, "world_size": world_size}
+        group |= {"group_name": group_name, "backend": backend, "timeout_s": self.timeout_s}
+        await self._join_group("/init_weight_transfer_engine", group, rank_offset=rank_offset, wrap="init_info")
 
     async def begin_weight_update(self) -> None:
         self._pending_version = None
@@ -245,14 +222,17 @@ class VLLMClient(ServerPool):
         await self._broadcast("/shutdown_weight_transfer_engine")
 
     async def update_weights_from_disk(self, path: str, *, version: int | None = None) -> None:
-        """Load a HF safetensors folder through rlvr's backend (same reload and LM-head fix as a push)."""
+        """Load a HF safetensors folder through rlvr's backend (same reload and LM-head fix as a push).
+        A failed load still ends the session (else the next start is refused) but sets no version:
+        the engine never claims weights it did not fully load."""
         await self._broadcast("/start_weight_update")
+        update = {"names": [], "dtype_names": [], "shapes": [], "path": path}
         try:
-            await self._broadcast(
-                "/update_weights", {"update_info": {"names": [], "dtype_names": [], "shapes": [], "path": path}}
-            )
-        finally:  # a failed update must not leave the session open (the next start would be refused)
-            await self._broadcast("/finish_weight_update", {} if version is None else {"weight_version": str(version)})
+            await self._broadcast("/update_weights", {"update_info": update})
+        except BaseException:
+            await self._broadcast("/finish_weight_update", {})
+            raise
+        await self._broadcast("/finish_weight_update", {} if version is None else {"weight_version": str(version)})
 
     async def server_info(self) -> dict[str, Any]:
         """SGLang's keys, as `BroadcastSync` reads them: `tp_size` (workers in the group), `dtype`."""
@@ -263,12 +243,6 @@ class VLLMClient(ServerPool):
         found = re.search(r"\bdtype=(?:torch\.)?(\w+)", config if isinstance(config, str) else json.dumps(config))
         size = sizes[0] if sizes and isinstance(sizes[0], dict) else {}
         return {"tp_size": int(size.get("world_size") or 1), "dp_size": 1, "dtype": found.group(1) if found else ""}
-
-    async def weight_version(self) -> int:
-        """The version the first live server serves (`/server_info`-free: vLLM's `/weight_info`)."""
-        answers = await self._broadcast("/weight_info", method="GET")
-        answer = answers[0] if answers else {}
-        return parse_vllm_version(answer.get("weight_version") if isinstance(answer, dict) else None)
 
 
 # -- command line ------------------------------------------------------------------------------
