@@ -214,9 +214,11 @@ async def test_async_generate_and_pause_modes(model_dir):
         # abort: in-flight requests come back at once, marked "abort", with what they had.
         # (900 tokens, like retract above: the engine decodes 500 tiny-model tokens in ~0.2 s,
         # and a loaded CI machine let one finish before the pause landed)
+        # A direct call, as for retract: `await engine.pause` goes through a thread pool and the
+        # engine's lock, and a loaded machine once let all 900 tokens finish before it landed.
         task = asyncio.create_task(engine.generate(long_requests))
         await _until_live(engine)
-        await engine.pause("abort")
+        assert engine.pause_sync("abort") > 0
         aborted = await asyncio.wait_for(task, 10)
         assert {c.finish_reason for c in aborted} == {"abort"}
         assert all(len(c.token_ids) == len(c.logprobs) < 900 for c in aborted)

