@@ -129,7 +129,7 @@ def bench_sync(args, tmp: Path) -> None:
                                  str(args.repeats + 1)], env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     group = join_group(master_address="127.0.0.1", master_port=port, rank=0, world_size=2, group_name="raw")
     payload = torch.empty(nbytes, dtype=torch.uint8)
-    raw, push = [], []
+    raw, push, whole = [], [], []
     try:
         send_broadcast(group, [payload])  # warm-up, both paths
         sync.push(version=1)
@@ -137,12 +137,15 @@ def bench_sync(args, tmp: Path) -> None:
             start = time.perf_counter()
             send_broadcast(group, [payload])
             raw.append(nbytes / 1e9 / (time.perf_counter() - start))
-            push.append(sync.push(version=r + 2)["sync/gb_per_s"])
+            metrics = sync.push(version=r + 2)
+            push.append(metrics["sync/gb_per_s"])  # first bucket's request to the last bucket's answer
+            whole.append(metrics["sync/gb"] / metrics["sync/seconds"])  # pause to resume, loads included
         receiver.wait(timeout=60)
         print(
             f"sync, {nbytes / 1e6:.0f} MB fp32 ({args.hidden}x{args.layers}), {len(sync.buckets)} bucket(s): "
-            f"vLLM push {min(push):.2f}-{max(push):.2f} GB/s, raw gloo broadcast {min(raw):.2f}-{max(raw):.2f} GB/s "
-            f"(push / raw, best rounds = {max(push) / max(raw):.2f})"
+            f"vLLM push transfer {min(push):.2f}-{max(push):.2f} GB/s, end to end {min(whole):.2f}-{max(whole):.2f} GB/s; "
+            f"raw gloo broadcast {min(raw):.2f}-{max(raw):.2f} GB/s "
+            f"(best rounds: transfer / raw = {max(push) / max(raw):.2f}, end to end / raw = {max(whole) / max(raw):.2f})"
         )
         lines = [line for line in (tmp / "vllm-sync.log").read_text().splitlines() if "rlvr weights" in line]
         print("inside vLLM, the last push:", *(line.split("rlvr weights: ")[-1] for line in lines[-3:]), sep="\n  ")

@@ -17,8 +17,11 @@ Session (vLLM's worker calls these in order): `init_transfer_engine` (join the g
 `rank_offset + worker rank`), `start_weight_update` (vLLM's layerwise reload: parameters
 become placeholders that each layer rebuilds once all of its tensors arrived),
 `receive_weights` once per bucket (one uint8 broadcast of the bucket's bytes for
-`load_format = "flattened_bucket"`, else one broadcast per tensor; then `load_weights`),
-`finish_weight_update` (finalize the reload, then re-pack the LM head, see below).
+`load_format = "flattened_bucket"`, else one broadcast per tensor), which answers once the
+bytes are in and hands them to a loader thread (`load_weights`, in bucket order), so vLLM's
+load of bucket k overlaps the transfer of bucket k + 1; `finish_weight_update` waits for every
+load (a failed one fails the finish, so vLLM sets no version), finalizes the reload and re-packs
+the LM head (see below).
 
 The tied LM head on CPU: with `tie_word_embeddings` the trainer sends the embedding only
 (the head is the same tensor). vLLM's layerwise reload rebuilds a layer only when it got
@@ -31,6 +34,7 @@ the old logits from its old packed copy. `finish_weight_update` re-runs the head
 # pyright: reportMissingImports=false
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -99,6 +103,8 @@ class RlvrWeightTransfer(_engine_base()):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.group: Any = None
+        self._loader: Any = None  # one thread: bucket k loads while bucket k + 1 is on the wire
+        self._loads: list[Any] = []
 
     def init_transfer_engine(self, init_info: RlvrInitInfo) -> None:
         from rlvr.rollout.dist import join_group_like_sglang
@@ -117,9 +123,13 @@ class RlvrWeightTransfer(_engine_base()):
         )
 
     def start_weight_update(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        self._wait_loads()  # a session left open by a failed push
         initialize_layerwise_reload(self.model)
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-weight-load")
 
     def receive_weights(self, update_info: RlvrUpdateInfo) -> None:
         import torch
@@ -151,19 +161,39 @@ class RlvrWeightTransfer(_engine_base()):
                 self.group, update_info.names, update_info.dtype_names, update_info.shapes, device=device
             )
         received = time.perf_counter()
+        if self._loader is None:  # no session (vLLM starts one first): load here
+            self._load(weights, received - start)
+        else:  # answer now, so the trainer sends the next bucket while this one loads
+            self._loads.append(self._loader.submit(self._load, weights, received - start))
+
+    def _load(self, weights: list[tuple[str, Any]], receive_s: float) -> None:
+        import torch
+
+        start = time.perf_counter()
         with torch.no_grad():
             self.model.load_weights(weights)
         log.info(
             "rlvr weights: %d tensors, %.1f MB: received in %.3f s, loaded in %.3f s", len(weights),
-            sum(w.numel() * w.element_size() for _, w in weights) / 1e6, received - start,
-            time.perf_counter() - received,
+            sum(w.numel() * w.element_size() for _, w in weights) / 1e6, receive_s, time.perf_counter() - start,
         )  # fmt: skip
+
+    def _wait_loads(self) -> None:
+        """Every bucket's load, in order; the first failure raises (so the session sets no version)."""
+        loads, self._loads = self._loads, []
+        loader, self._loader = self._loader, None
+        try:
+            for load in loads:
+                load.result()
+        finally:
+            if loader is not None:
+                loader.shutdown(wait=True)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         start = time.perf_counter()
+        self._wait_loads()
         finalize_layerwise_reload(self.model, self.model_config)
         for module in self.model.modules():
             if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
@@ -171,6 +201,8 @@ class RlvrWeightTransfer(_engine_base()):
         log.info("rlvr weights: reload finished in %.3f s", time.perf_counter() - start)
 
     def shutdown(self) -> None:
+        with contextlib.suppress(Exception):  # loads of a session that will not finish
+            self._wait_loads()
         if self.group is not None:
             self.group.shutdown()
             self.group = None
