@@ -48,7 +48,7 @@ def test_a_logprob_count_that_does_not_match_the_tokens_is_an_error() -> None:
 def test_sampling_fields_in_vllms_names() -> None:
     params = SamplingParams(temperature=0.0, max_new_tokens=7, stop=["\n"], stop_token_ids=[3], seed=5)
     payload = sampling_payload(params, 4)
-    assert payload | {} == payload and payload["n"] == 4 and payload["max_tokens"] == 7
+    assert payload["n"] == 4 and payload["max_tokens"] == 7 and payload["top_k"] == -1
     assert payload["temperature"] == 0.0 and payload["seed"] == 5 and payload["stop"] == ["\n"]
     assert payload["stop_token_ids"] == [3] and payload["logprobs"] == 0 and payload["detokenize"] is True
 
