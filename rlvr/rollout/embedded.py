@@ -476,6 +476,11 @@ class EmbeddedEngine:
         """Pause generation; returns how many sequences were aborted or retracted."""
         if mode not in ("abort", "retract", "in_place"):
             raise ValueError(f"unknown pause mode {mode!r}")
+        # Flag first, then take the step lock: the worker re-takes that lock right after releasing
+        # it, and Python's locks are not fair, so a caller that only waited for the lock could wait
+        # until every live sequence had finished. Flagged, the worker stops at its next turn.
+        with self._wakeup:
+            self._paused = True
         with self._lock:
             self._paused = True
             affected = 0
