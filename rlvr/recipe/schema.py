@@ -181,7 +181,8 @@ class VLLMConfig(Section):
     gpu_memory_utilization: float = Field(default=0.8, gt=0, lt=1)
     """`--gpu-memory-utilization`: GPU memory share for weights + KV cache (GPU only)."""
     max_model_len: int | None = Field(default=None, ge=1)
-    """`--max-model-len` (default: the longest prompt plus `max_new_tokens`, rounded up)."""
+    """`--max-model-len` (default: `data.max_prompt_tokens` plus the longest response or tool episode,
+    capped at the model's `max_position_embeddings`)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
     """`--dtype` (default: float32 on CPU, model.dtype on GPU)."""
     enforce_eager: bool = True
@@ -628,20 +629,14 @@ class Recipe(Section):
         config.json)."""
         heads = int(hf_config.get("num_attention_heads") or 0)
         kv_heads = int(hf_config.get("num_key_value_heads") or heads)
-        if self.rollout.engine == "vllm" and self.rollout.vllm.tp_size > 1:
-            tp = self.rollout.vllm.tp_size
-            for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
-                if count and count % tp and not (name == "num_key_value_heads" and tp % count == 0):
-                    raise _at(("rollout", "vllm", "tp_size"), f"{tp} does not divide the model's {name} = {count}")
+        if self.rollout.engine == "vllm":  # vLLM replicates KV heads when tp is a multiple of their count
+            _check_heads(("rollout", "vllm", "tp_size"), self.rollout.vllm.tp_size, heads, kv_heads, replicate_kv=True)
         if self.model.impl != "torchtitan":
             return
         model_type = hf_config.get("model_type")
         if model_type not in ("qwen3", "llama"):
             raise _at(("model", "impl"), f"torchtitan runs qwen3 and llama models, not {model_type!r}; use 'hf'")
-        tp = self.trainer.tp_size
-        for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
-            if count and count % tp:
-                raise _at(("trainer", "tp_size"), f"{tp} does not divide the model's {name} = {count}")
+        _check_heads(("trainer", "tp_size"), self.trainer.tp_size, heads, kv_heads)
 
 
 class KeyedError(ValueError):
@@ -651,6 +646,16 @@ class KeyedError(ValueError):
         super().__init__(message)
         self.path = path
         self.message = message
+
+
+def _check_heads(key: tuple[str, ...], tp: int, heads: int, kv_heads: int, *, replicate_kv: bool = False) -> None:
+    """`tp` must divide the attention heads and the KV heads (or, with `replicate_kv`, be a multiple of them)."""
+    for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+        if not count or count % tp == 0:
+            continue
+        if replicate_kv and name == "num_key_value_heads" and tp % count == 0:
+            continue
+        raise _at(key, f"{tp} does not divide the model's {name} = {count}")
 
 
 def _at(path: tuple[str, ...], message: str) -> KeyedError:

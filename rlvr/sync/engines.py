@@ -56,7 +56,13 @@ def _default_factory(parent: Any, timeout_s: float) -> Callable[[str], Any]:
             return single(url, timeout_s=timeout_s)
         from rlvr.rollout.sglang import SGLangClient
 
-        return SGLangClient([url], timeout_s=timeout_s, max_retries=0)
+        return SGLangClient(
+            [url],
+            api_key=getattr(parent, "api_key", None),
+            timeout_s=timeout_s,
+            max_retries=0,
+            ranks_per_server=getattr(parent, "ranks_per_server", 1),
+        )
 
     return make
 
