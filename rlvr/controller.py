@@ -17,7 +17,15 @@ version that sampled it. `take` re-checks the bound and drops (and counts) any g
 breaks it, e.g. from an engine that came back with old weights.
 
 Every group started ends exactly once: trained, stale, filtered (including dynamic sampling's
-surplus) or cancelled (in flight or buffered when the run stops); `groups/*` metrics count them.
+surplus), failed (fewer than two of its samples could be judged) or cancelled (in flight or
+buffered when the run stops); `groups/*` metrics count them.
+
+A sample whose reward could not judge it (a *failed* verdict: `rlvr.rewards.base`) leaves its
+group before the filters and the advantages see it: the group's baseline comes from the judged
+samples only. Each step's failures are counted per domain, reported as an event with the first
+cause, and fed to the failure budget (`rewards.max_failed_frac`); past it `stop_reason` says
+why, and the loop checkpoints and stops. Rows whose prompt exceeds `data.max_prompt_tokens` are
+skipped, counted (`data/<domain>/dropped`) and reported the same way.
 """
 
 from __future__ import annotations
@@ -38,13 +46,14 @@ from rlvr.data.mixture import MixtureSampler, hash_seed
 from rlvr.evaluation import evaluate_groups
 from rlvr.monitor.samples import sample_rows
 from rlvr.recipe.schema import Recipe
+from rlvr.rewards.budget import FailureBudget, StepFailures
 from rlvr.rewards.pool import RewardPool
 from rlvr.rollout.engine import RolloutEngine, SamplingParams
 from rlvr.rollout.episode import run_episode
 from rlvr.tools.session import Toolbox
 from rlvr.types import Completion, Group, RolloutBatch, Sample
 
-GROUP_ENDS = ("trained", "stale", "filtered", "cancelled")
+GROUP_ENDS = ("trained", "stale", "filtered", "failed", "cancelled")
 
 
 def merge_reward_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -59,7 +68,7 @@ def merge_reward_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, floa
         for key, value in part.items():
             prefix = key.rsplit("/", 1)[0]
             count = float(part.get(f"{prefix}/count", 1.0))
-            if key.endswith(("/count", "/timeouts", "/errors")):
+            if key.endswith(("/count", "/failed", "/timeouts", "/errors")):
                 out[key] = out.get(key, 0.0) + value
             elif key.endswith("_p95_s"):
                 out[key] = max(out.get(key, value), value)
@@ -82,6 +91,8 @@ class Wave:
     kept: list[Group] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)  # monitor.log_samples episodes
+    failures: dict[str, StepFailures] = field(default_factory=dict)  # per domain, every round
+    dropped: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # (row id, prompt tokens)
     started_at: float = field(default_factory=time.perf_counter)
     task: asyncio.Task[None] | None = None
 
@@ -137,6 +148,9 @@ class RolloutManager:
         self._weights_ready.set()  # closed only while a weight push runs
         self._thread: threading.Thread | None = None
         self._samples: list[dict[str, Any]] = []  # the last taken wave's, for samples.jsonl
+        self._events: list[str] = []  # warnings for events.jsonl, popped by the loop with the samples
+        self.budget = FailureBudget(recipe.rewards.max_failed_frac, recipe.rewards.failure_window)
+        self.stop_reason: str | None = None  # set once a domain is past the failure budget
 
     # -- the trainer's side (any thread) -------------------------------------------------------
     def start(self, *, version: int) -> None:
@@ -154,6 +168,11 @@ class RolloutManager:
         """The episodes `monitor.log_samples` picked from the wave `take` returned last (once)."""
         rows, self._samples = self._samples, []
         return rows
+
+    def pop_events(self) -> list[str]:
+        """Warnings about the wave `take` returned last: failed verdicts, skipped rows (once)."""
+        events, self._events = self._events, []
+        return events
 
     def pause(self) -> None:
         """Before a weight push: no new groups, and aborted episodes hold until `resume`."""
@@ -205,8 +224,18 @@ class RolloutManager:
             seed=seed,
         )
 
-    def fits(self, samples: Sequence[Sample]) -> list[Sample]:
-        return [s for s in samples if len(self.prompt_ids(s)) <= self.recipe.data.max_prompt_tokens]
+    def fits(
+        self, samples: Sequence[Sample], *, dropped: dict[str, list[tuple[str, int]]] | None = None
+    ) -> list[Sample]:
+        """The samples whose prompt fits `data.max_prompt_tokens`; the others go into `dropped`."""
+        limit, out = self.recipe.data.max_prompt_tokens, []
+        for sample in samples:
+            size = len(self.prompt_ids(sample))
+            if size <= limit:
+                out.append(sample)
+            elif dropped is not None:
+                dropped.setdefault(sample.domain, []).append((sample.id, size))
+        return out
 
     async def _episodes(
         self, sample: Sample, *, n: int, seed: int | None, temperature: float | None = None
@@ -247,6 +276,18 @@ class RolloutManager:
         self.counts[kind] += count
         self._open -= count
 
+    def _judged_only(self, group: Group, tallies: dict[str, StepFailures]) -> bool:
+        """Take the samples that could not be judged out of `group` (in place), counting them;
+        whether enough are left to train on: two to compare (one when the recipe samples one)."""
+        tally = tallies.setdefault(group.sample.domain, StepFailures())
+        for result in group.rewards:
+            tally.add(failed=not result.judged, cause=result.failed)
+        keep = [i for i, r in enumerate(group.rewards) if r.judged]
+        if len(keep) < len(group.rewards):
+            group.completions = [group.completions[i] for i in keep]
+            group.rewards = [group.rewards[i] for i in keep]
+        return len(keep) >= min(2, self.recipe.rollout.n)
+
     # -- waves ----------------------------------------------------------------------------------
     async def _open_gate(self, version: int, *, first_wave: int | None = None) -> None:
         self.version = version
@@ -277,17 +318,20 @@ class RolloutManager:
             groups = await asyncio.gather(
                 *(
                     self._group(s, seed=hash_seed(base, f"{s.id}:{i}"), scores=scores)
-                    for i, s in enumerate(self.fits(pending))
+                    for i, s in enumerate(self.fits(pending, dropped=wave.dropped))
                 )
             )
-            if round_ == 0:
-                wave.metrics.update(merge_reward_metrics(scores))
-                wave.metrics.update(self._group_metrics(groups))
+            if round_ == 0:  # every episode, failed verdicts included: samples.jsonl says which
                 wave.samples = sample_rows(
                     groups, per_domain=self.recipe.monitor.log_samples, step=wave.step + 1, prompt_text=self.prompt_text
                 )
-            survivors = [g for g in groups if keep_group(self.shaped_rewards(g), cfg=algo)]
-            self._end("filtered", len(groups) - len(survivors))
+            judged = [g for g in groups if self._judged_only(g, wave.failures)]
+            self._end("failed", len(groups) - len(judged))
+            if round_ == 0:
+                wave.metrics.update(merge_reward_metrics(scores))
+                wave.metrics.update(self._group_metrics(judged))
+            survivors = [g for g in judged if keep_group(self.shaped_rewards(g), cfg=algo)]
+            self._end("filtered", len(judged) - len(survivors))
             kept += survivors
             missing = per_step - len(kept)
             if not algo.dynamic_sampling or missing <= 0:
@@ -309,15 +353,17 @@ class RolloutManager:
         assert wave.task is not None
         await wave.task
         waited = time.perf_counter() - start
-        for old in [s for s in self._marks if s <= step]:
+        for old in [s for s in self._marks if s < step]:  # step's own stays: a stop before training it resumes it
             del self._marks[old]
         fresh = [g for g in wave.kept if all(step - c.oldest_version <= self.max_staleness for c in g.completions)]
         self._end("stale", len(wave.kept) - len(fresh))
         self._end("trained", len(fresh))
         batch = self.build_batch(fresh)
         self._samples = wave.samples
+        self._report(wave)
         metrics = {
             **wave.metrics,
+            **{f"data/{domain}/dropped": float(len(rows)) for domain, rows in wave.dropped.items()},
             **self._staleness_metrics(fresh, step=step),
             **self._count_metrics(),
             "time/wait_rollout": waited,
@@ -325,6 +371,24 @@ class RolloutManager:
             "batch/sequences": float(len(batch)),
         }
         return batch, metrics
+
+    def _report(self, wave: Wave) -> None:
+        """The wave's failed verdicts and skipped rows as events; the failure budget's verdict."""
+        step = wave.step + 1
+        for domain, tally in sorted(wave.failures.items()):
+            if tally.failed:
+                self._events.append(
+                    f"reward {domain} could not judge {tally.failed} of {tally.total} samples in step {step} "
+                    f"(not trained on): {tally.cause}"
+                )
+        limit = self.recipe.data.max_prompt_tokens
+        for domain, rows in sorted(wave.dropped.items()):
+            first, size = rows[0]
+            self._events.append(
+                f"data {domain}: {len(rows)} row(s) skipped in step {step}, prompt longer than data.max_prompt_tokens"
+                f" = {limit} (first: id {first}, {size} tokens)"
+            )
+        self.stop_reason = self.stop_reason or self.budget.observe(step, wave.failures)
 
     # -- shaping ----------------------------------------------------------------------------------
     def shaped_rewards(self, group: Group) -> list[float]:

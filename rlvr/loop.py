@@ -14,6 +14,9 @@ with max_staleness = 0 it starts a step's prompts only after that step's weights
 which is the synchronous loop. A SIGTERM/SIGUSR1 (Ctrl-C in the launcher, SLURM preemption) is
 noted and acted on at the end of the current step: checkpoint, then exit with code 0 after a
 finished run or `PREEMPTED_EXIT` after a stop, so a requeued job resumes from exactly there.
+A reward past its failure budget (`rewards.max_failed_frac`) stops the run the same way before
+the step trains on what is left: checkpoint, `failure` set to the one line that says why, and
+`FAILED_EXIT`; a rerun resumes at that step.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import random
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -31,7 +34,7 @@ from rlvr.algorithms.kl import make_kl_controller
 from rlvr.controller import RolloutManager
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.schema import Recipe
-from rlvr.rundir import RunDir, latest_checkpoint
+from rlvr.rundir import RunDir, latest_checkpoint, step_dir
 from rlvr.sync.base import WeightSync
 from rlvr.trainer import dist as d
 from rlvr.trainer.actor import Actor
@@ -41,6 +44,7 @@ from rlvr.trainer.prepare import prepare_batch
 from rlvr.types import RolloutBatch
 
 PREEMPTED_EXIT = 3
+FAILED_EXIT = 4
 
 
 class StopFlag:
@@ -84,7 +88,9 @@ class RLLoop:
         self.pad_id = pad_id
         self.kl = make_kl_controller(recipe.algorithm)
         self.step = 0
+        self.saved_step: int | None = None  # the step of the checkpoint this run saved or resumed
         self.stop = StopFlag()
+        self.failure: str | None = None  # why the run stopped itself (the same line on every rank)
 
     # -- the step --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -94,6 +100,10 @@ class RLLoop:
         while self.step < exp.max_steps:
             start = time.perf_counter()
             metrics = self.train_one_step()
+            if self.failure is not None:  # the step's rollouts are not fit to train on: keep what is sound
+                self.log_events()
+                self.save()
+                return FAILED_EXIT
             self.step += 1
             metrics.update(self.push_weights())
             if exp.eval_steps and self.step % exp.eval_steps == 0:
@@ -111,9 +121,15 @@ class RLLoop:
     def train_one_step(self) -> dict[str, float]:
         metrics: dict[str, float] = {}
         rollout = None
+        failure = None
         if self.manager is not None:
             rollout, metrics = self.manager.take(self.step)
-        rollout = d.broadcast_object(rollout) if d.is_dist() else rollout
+            failure = self.manager.stop_reason
+        if d.is_dist():
+            rollout, failure = cast(tuple[RolloutBatch, str | None], d.broadcast_object((rollout, failure)))
+        if failure is not None:
+            self.failure = failure
+            return metrics
         assert isinstance(rollout, RolloutBatch)
         if len(rollout) == 0:  # every group was filtered out (or stale): nothing to learn from this step
             return {**metrics, "train/skipped": 1.0}
@@ -159,6 +175,12 @@ class RLLoop:
             self.recorder.log(self.step, metrics)
             if self.manager is not None:
                 self.recorder.samples(self.manager.pop_samples())
+        self.log_events()
+
+    def log_events(self) -> None:
+        if self.recorder is not None and self.manager is not None:
+            for message in self.manager.pop_events():
+                self.recorder.event(message, level="warning")
 
     @property
     def checkpoint_root(self) -> Path:
@@ -168,15 +190,17 @@ class RLLoop:
         return {"actor": self.actor.engine, **({"critic": self.critic.engine} if self.critic is not None else {})}
 
     def save(self) -> Path:
+        root = self.checkpoint_root
+        if self.saved_step == self.step:  # nothing trained since: keep that checkpoint (no rewrite window)
+            return step_dir(root, self.step)
         extra = {
             "step": self.step,
             "kl": self.kl.state_dict(),
             "manager": self.manager.state_dict(step=self.step) if self.manager is not None else None,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         }
-        path = save_checkpoint(
-            self.checkpoint_root, self.step, self.parts(), extra=extra, keep_last=self.recipe.experiment.keep_last
-        )
+        path = save_checkpoint(root, self.step, self.parts(), extra=extra, keep_last=self.recipe.experiment.keep_last)
+        self.saved_step = self.step
         if self.recorder is not None:
             self.recorder.event(f"checkpoint saved: {path.name}", level="info")
         return path
@@ -189,7 +213,7 @@ class RLLoop:
         if path is None:
             return False
         extra = load_checkpoint(path, self.parts())
-        self.step = int(extra["step"])
+        self.step = self.saved_step = int(extra["step"])
         self.kl.load_state_dict(extra["kl"])
         state = extra.get("manager") or extra.get("controller")  # "controller": checkpoints before async
         if self.manager is not None and state is not None:

@@ -76,10 +76,22 @@ class Completion:
 
 @dataclass(slots=True)
 class RewardResult:
-    """A score in the reward's range plus why (shown by `rlvr rewards check`)."""
+    """A verdict: a score in the reward's range plus why, or *failed*: the reward could not judge.
+
+    `failed` holds the cause ("judge unreachable: ...", "RuntimeError: ...") when something
+    outside the sample kept the reward from judging it: a service down, a sandbox that could not
+    start, the reward's own exception or deadline. A failed sample is never trained on (a 0 would
+    teach the policy that a right answer was wrong); it is counted in `reward/<domain>/failed`.
+    Whatever the model's output can bring about is a score, never a failure (README "Verdicts").
+    """
 
     score: float
     info: dict[str, Any] = field(default_factory=dict)
+    failed: str | None = None
+
+    @property
+    def judged(self) -> bool:
+        return self.failed is None
 
 
 @dataclass(slots=True)

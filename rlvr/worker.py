@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from rlvr.rundir import RunDir
@@ -68,10 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     if loop.resume(args.resume) and sync is not None:
         sync.push(version=loop.step)  # fresh servers hold the base weights: bring them up to date
-    state = "failed"
+    state, error = "failed", None
     try:
         code = loop.run()
         state = "finished" if code == 0 else "stopped"
+        if loop.failure is not None:  # rewards past their failure budget: checkpointed, the line says why
+            state, error = "failed", loop.failure
+            if recorder is not None:
+                recorder.event(loop.failure, level="error")
+            print(f"error: {loop.failure}", file=sys.stderr, flush=True)
         if torch.distributed.is_initialized():
             # Leave together: a rank that destroys its gloo group while a peer still uses it
             # makes the peer abort ("terminate called without an active exception").
@@ -83,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if manager is not None:
             manager.close()
         if recorder is not None:
-            recorder.close(state)
+            recorder.close(state, error=error)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
@@ -100,6 +106,7 @@ def build_manager(recipe, *, tokenizer, urls):
     rewards = RewardPool.from_domains(
         {name: (d.reward, d.reward_args) for name, d in recipe.domains.items()},
         max_workers=max(1, (os.cpu_count() or 2) // 2),
+        call_timeout_s=recipe.rewards.call_timeout_s,
     )
     return RolloutManager(recipe, train=train, evals=evals, tokenizer=tokenizer, engine=client, rewards=rewards)
 

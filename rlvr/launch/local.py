@@ -27,7 +27,7 @@ from rlvr.process import Child, Children, free_port
 from rlvr.recipe.plan import LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import ServerAddress, clear_servers, register_judge, register_server
-from rlvr.rundir import RunDir
+from rlvr.rundir import RunDir, latest_checkpoint, read_status
 
 
 class LaunchError(RuntimeError):
@@ -41,6 +41,17 @@ def failure(child: Child, what: str) -> LaunchError:
     except FileNotFoundError:
         text = ""
     return LaunchError(f"{child.name} {what}: {root_cause(text)} (log: {child.log_path})")
+
+
+def stated_failure(run_dir: Path) -> LaunchError | None:
+    """The trainer's own line when it stopped the run itself (status `failed` with an `error`,
+    e.g. rewards past their failure budget), with the checkpoint it saved on the way out."""
+    status = read_status(run_dir) or {}
+    if status.get("state") != "failed" or not status.get("error"):
+        return None
+    saved = latest_checkpoint(RunDir(run_dir).checkpoints)
+    where = f"checkpoint {saved.name} saved; rerun the same command to resume" if saved else "no checkpoint"
+    return LaunchError(f"{status['error']} ({where})")
 
 
 def wait_healthy(child: Child, url: str, *, timeout_s: float) -> None:
@@ -131,7 +142,7 @@ class LocalLauncher:
                 continue
             if child is self.trainer:
                 if code != 0:
-                    raise failure(child, f"exited with code {code}")
+                    raise stated_failure(self.run_dir) or failure(child, f"exited with code {code}")
                 return 0
             if (
                 self.recipe.sync.on_engine_failure == "continue"

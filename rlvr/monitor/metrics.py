@@ -5,14 +5,15 @@ The trainer (rank 0) writes three files; the dashboard in the launching terminal
 read the same files, so nobody needs a socket to the job:
 
 - `metrics.jsonl`: one JSON object per step (`step`, `time`, then flat scalar names:
-  `reward/<domain>/mean|accuracy|timeouts|...` from the reward pool, `response_len/<domain>`,
+  `reward/<domain>/mean|accuracy|count|failed|timeouts|...` from the reward pool, `response_len/<domain>`,
   `eval/reward/<domain>/mean`, `time/step|wait_rollout|train|sync` (the step's critical path),
   `time/rollout` (the step's wave, generated beside training when asynchronous), `groups/*`,
   `rollout/staleness_*`, `throughput/tokens_per_s`, and the trainer's `loss`, `kl`, `entropy`,
   `clip_frac`, `mismatch_kl`, `tis_weight_mean`, ...);
 - `events.jsonl`: warnings and errors worth showing (`time`, `level`, `message`);
 - `samples.jsonl`: `monitor.log_samples` completions per domain each step (`step`, `domain`,
-  `id`, `prompt`, `completion`, `reward`, `finish_reason`), to read what the policy writes;
+  `id`, `prompt`, `completion`, `reward`, `verdict`, `reason`, `ground_truth`, `finish_reason`), to
+  read what the policy writes and why it scored what it did;
 - `status.json`: the run's state (`running`, `finished`, `failed`, ...), step, max_steps,
   start time and pid; replaced atomically so a reader never sees half a file.
 
@@ -32,8 +33,11 @@ from rlvr.rundir import DONE_STATES, RunDir, read_status, write_json_atomic
 
 
 def reward_domains(row: dict[str, Any]) -> list[str]:
-    """The domains a metrics row scores, as named by the reward pool's `reward/<domain>/mean`."""
-    return sorted(k.split("/")[1] for k in row if k.startswith("reward/") and k.count("/") == 2 and k.endswith("/mean"))
+    """The domains a metrics row scores, as named by the reward pool's `reward/<domain>/count`
+    (a domain whose every sample failed has a count and no mean)."""
+    return sorted(
+        k.split("/")[1] for k in row if k.startswith("reward/") and k.count("/") == 2 and k.endswith("/count")
+    )
 
 
 def event_line(message: str, *, level: str) -> str:
@@ -88,8 +92,9 @@ class RunRecorder:
         self.status.update(state=state, **fields)
         write_json_atomic(self.paths.status, self.status)
 
-    def close(self, state: str = "finished") -> None:
-        self.set_state(state, ended_at=time.time())
+    def close(self, state: str = "finished", *, error: str | None = None) -> None:
+        """The run's last word; `error` is the one line a failed run stopped for (the launcher prints it)."""
+        self.set_state(state, ended_at=time.time(), **({"error": error} if error else {}))
         for sink in self.sinks:
             sink.close()
         self._metrics.close()
@@ -107,10 +112,12 @@ def mark_failed(run_dir: str | Path, message: str, **fields: Any) -> None:
     """
     paths = RunDir(run_dir)
     status = {**fields, **(read_status(run_dir) or {})}
+    said = status.get("state") == "failed" and status.get("error") and str(status["error"]) in message
     status.update(state="failed", ended_at=time.time(), error=message)
     write_json_atomic(paths.status, status)
-    with paths.events.open("a", encoding="utf-8") as events:
-        events.write(event_line(message, level="error"))
+    if not said:  # the trainer's own error event already says it
+        with paths.events.open("a", encoding="utf-8") as events:
+            events.write(event_line(message, level="error"))
 
 
 def mark_stopped(run_dir: str | Path) -> None:

@@ -5,12 +5,19 @@ A reward is an async callable::
     async def score(sample: Sample, completion: Completion, **reward_args) -> RewardResult
 
 or an object with such a `score` method. `reward_args` are the domain's `reward_args` from
-the recipe. The one hard rule: **a reward never raises on bad model output**. Policies emit
-garbage (empty strings, 100 kB of repetition, unclosed tags, code that forks forever), and one
-exception would stop a multi-node run; malformed output scores 0 with `info["reason"]` saying
-why, so `rlvr rewards check` and the dashboard can show it. Exceptions are reserved for
-configuration errors (a bad `reward_args` value), and even those are caught by `safe_score`
-at the pool boundary and reported as `reason = "error: ..."`.
+the recipe. Every call ends in a *verdict* (`RewardResult`): a score, or *failed*.
+
+- **A score** for anything the model's output can bring about. Policies emit garbage (empty
+  strings, 100 kB of repetition, unclosed tags, code that forks forever, code that tries to
+  break its judge); malformed output scores 0 with `info["reason"]` saying why. A reward never
+  raises on bad model output.
+- **Failed** (`failed(cause)`, or any exception a reward raises, or a return value that is not
+  a number) only for what lies outside the sample: a judge that is down, a sandbox that could
+  not start, a bad `reward_args` value, the pool's deadline. A failed sample is not trained on;
+  if a domain fails too often the run stops (`rewards.max_failed_frac`).
+
+The line matters because a failure takes a sample out of training: a policy that could earn
+one on purpose would learn to abstain whenever it is unsure.
 """
 
 from __future__ import annotations
@@ -32,39 +39,58 @@ class Reward(Protocol):
 
 
 def zero(reason: str, **info: Any) -> RewardResult:
-    """Score 0 with a reason: the answer for malformed output, timeouts and sandbox kills."""
+    """Score 0 with a reason: the answer for malformed output, the solution's own timeouts and kills."""
     return RewardResult(0.0, {"reason": reason, **info})
+
+
+def failed(cause: str, **info: Any) -> RewardResult:
+    """Could not judge, with the cause: the sample leaves training (see the module docstring)."""
+    cause = cause[:500]
+    return RewardResult(0.0, {"reason": cause, **info}, failed=cause)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """`Type: message` on one line (the cause a failed verdict and the budget's stop line show)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def coerce_result(value: Any) -> RewardResult:
     """Accept what plug-ins naturally return (float, int, bool, RewardResult) as a RewardResult.
 
-    A NaN/inf or non-numeric score is treated as malformed (0 with a reason) rather than
-    poisoning the advantage computation downstream.
+    Anything else (a string, None, NaN, inf) is a reward that did not produce a number: failed,
+    not a 0 to train on (and not a NaN to poison the advantages).
     """
     if isinstance(value, RewardResult):
         result = value
     elif isinstance(value, bool | int | float):
         result = RewardResult(float(value), {})
     else:
-        return zero(f"reward returned {type(value).__name__}, expected float or RewardResult")
+        return failed(f"reward returned {type(value).__name__} {_short_repr(value)}, expected a number or RewardResult")
+    if result.failed is not None:
+        return result
     try:
         score = float(result.score)
     except (TypeError, ValueError):
-        return zero(f"reward returned a non-numeric score {result.score!r}")
+        return failed(f"reward returned a non-numeric score {_short_repr(result.score)}")
     if not math.isfinite(score):
-        return zero(f"reward returned a non-finite score {score}")
+        return failed(f"reward returned a non-finite score {score}")
     result.score = score
     return result
 
 
-async def safe_score(fn: RewardFn, sample: Sample, completion: Completion, **reward_args: Any) -> RewardResult:
-    """Call a reward and turn any exception into a 0 with `reason = "error: ..."`.
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
-    The pool calls rewards through this so that a buggy plug-in degrades to zeros (counted
-    as errors in the metrics) instead of crashing the controller.
+
+async def safe_score(fn: RewardFn, sample: Sample, completion: Completion, **reward_args: Any) -> RewardResult:
+    """Call a reward; an exception is a failed verdict with its type and message as the cause.
+
+    The pool calls rewards through this, so a buggy plug-in or a broken service is counted
+    (`reward/<domain>/failed`) and kept out of training instead of crashing the controller.
     """
     try:
         return coerce_result(await fn(sample, completion, **reward_args))
     except Exception as exc:  # noqa: BLE001 - the contract is "never raise into the loop"
-        return zero(f"error: {type(exc).__name__}: {exc}"[:500], error=True)
+        return failed(describe_exception(exc), error=True)

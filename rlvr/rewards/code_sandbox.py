@@ -33,9 +33,10 @@ from importlib import resources
 from typing import Any
 
 from rlvr.rewards.args import reject_unknown_args
-from rlvr.rewards.base import zero
+from rlvr.rewards.base import failed, zero
+from rlvr.rewards.deadline import queued
 from rlvr.rewards.registry import register
-from rlvr.rewards.sandbox import Limits, RunResult
+from rlvr.rewards.sandbox import SANDBOX_FAILURES, Limits, RunResult
 from rlvr.rewards.text import last_code_block, split_think
 from rlvr.types import Completion, RewardResult, Sample
 
@@ -199,7 +200,7 @@ async def _run_local(job: Job, limits: Limits, reward_args: dict[str, Any]) -> t
     from rlvr.rewards.sandbox.local import pytest_binds
 
     sandbox = _local_sandbox(reward_args)
-    async with _semaphore():
+    async with queued(_semaphore()):
         if job.judge_files is None:
             run = await sandbox.run(job.files, RUNNER, limits=limits)
             return (*judge_program(job, run, limits), run)
@@ -263,10 +264,13 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     try:
         jobs = build_jobs(sample, code, max_procs=limits.max_procs, max_reply_bytes=limits.max_output_bytes)
     except ValueError as exc:
-        return zero(f"bad sample: {exc}", error=True)
+        return failed(f"bad sample: {exc}", error=True)
     run = _run_e2b if backend == "e2b" else _run_local
     verdicts = await asyncio.gather(*(run(job, limits, reward_args) for job in jobs))
     runs = [v[3] for v in verdicts]
+    lost = next((r for r in runs if r.killed in SANDBOX_FAILURES), None)
+    if lost is not None:  # the sandbox itself, never the solution (see SANDBOX_FAILURES)
+        return failed(f"sandbox could not run the tests: {lost.info.get('cause', lost.killed)}", error=True)
     passed = sum(v[0] for v in verdicts)
     total = sum(v[1] for v in verdicts)
     failures = [v[2] for v in verdicts if v[0] < v[1] or v[1] == 0]

@@ -4,8 +4,13 @@ Two templates: `reference` (default when the sample has a ground_truth) asks YES
 the response's final answer matches the reference; `rubric` asks for a 0-10 score, normalised
 to [0, 1]. Parsing is forgiving (last YES/NO, "Score: 7", "7/10", **bold**). 5xx and
 connection errors are retried with exponential backoff; concurrency is capped per judge URL
-so a big batch cannot flood the judge. A judge that does not answer in time scores 0 with
-reason "timeout" and is counted in `JUDGE_METRICS` (the pool reports it per step).
+so a big batch cannot flood the judge (the wait for a slot is not part of the pool's deadline).
+
+Verdicts: a judge that times out, answers 5xx/429 or cannot be reached after its retries, or
+refuses the credentials (401/403/404), could not judge: *failed*, kept out of training and
+counted. What the response can bring about is a 0: an answer the judge's parser cannot read,
+and a request the judge refuses for its content (400/413/422, e.g. a response too long for the
+judge's context). All are counted in `JUDGE_METRICS` (the pool reports them per step).
 
 reward_args: `judge_url` (or env RLVR_JUDGE_URL), `model`, `api_key_env` (name of the env var
 holding the key), `template` ("reference" | "rubric" | custom text with {prompt}, {response},
@@ -23,13 +28,14 @@ from collections import Counter
 from typing import Any
 
 from rlvr.rewards.args import judge_mode, reject_unknown_args
-from rlvr.rewards.base import zero
+from rlvr.rewards.base import failed, zero
+from rlvr.rewards.deadline import queued
 from rlvr.rewards.registry import register
 from rlvr.rewards.text import split_think
 from rlvr.types import Completion, RewardResult, Sample
 
 JUDGE_METRICS: Counter[str] = Counter()
-"""Process-wide counters: requests, retries, timeouts, errors, unparsable (read by the pool)."""
+"""Process-wide counters: requests, retries, timeouts, errors, refused, unparsable (read by the pool)."""
 
 
 REFERENCE_TEMPLATE = """You are grading a response against a reference answer.
@@ -72,6 +78,13 @@ class JudgeTimeout(Exception):
     pass
 
 
+class JudgeRefused(Exception):
+    """The judge refused the request for its content (400/413/422): the response's doing, a 0."""
+
+
+CONTENT_STATUSES = (400, 413, 422)
+
+
 def parse_yes_no(text: str) -> float | None:
     """1.0 for YES, 0.0 for NO (the last one wins: judges reason before deciding), None if neither."""
     found = _YES_NO.findall(text)
@@ -110,7 +123,8 @@ async def chat(
     temperature: float = 0.0,
     max_tokens: int = 512,
 ) -> str:
-    """One chat completion with retries; raises JudgeTimeout or RuntimeError when it gives up."""
+    """One chat completion with retries; raises JudgeTimeout or RuntimeError when it gives up,
+    JudgeRefused when the judge refuses the request itself."""
     import aiohttp
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -129,6 +143,8 @@ async def chat(
                     if response.status >= 500 or response.status == 429:
                         last_error = f"HTTP {response.status}"
                         continue
+                    if response.status in CONTENT_STATUSES:
+                        raise JudgeRefused(f"HTTP {response.status}: {(await response.text())[:200]}")
                     if response.status >= 400:
                         raise RuntimeError(f"judge returned HTTP {response.status}: {(await response.text())[:200]}")
                     payload = await response.json(content_type=None)
@@ -137,7 +153,7 @@ async def chat(
                 raise JudgeTimeout(f"no answer within {timeout_s}s") from exc
             except aiohttp.ClientConnectionError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
-    raise RuntimeError(f"judge failed after {max_retries + 1} attempts: {last_error}")
+    raise RuntimeError(f"judge {url} failed after {max_retries + 1} attempts: {last_error}")
 
 
 @register("llm_judge")
@@ -154,19 +170,20 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
         return zero("empty response")
     mode = judge_mode(template)
     if mode == "reference" and sample.ground_truth is None:
-        return zero("reference template but the sample has no ground_truth", error=True)
+        return failed("reference template but the sample has no ground_truth", error=True)
     body = {"reference": REFERENCE_TEMPLATE, "rubric": RUBRIC_TEMPLATE}.get(template, template)
     prompt = body.format(prompt=sample.prompt_text, response=response[:20000], reference=sample.ground_truth)
     key_env = reward_args.get("api_key_env")
     api_key = os.environ.get(key_env) if key_env else None
+    timeout_s = float(reward_args.get("timeout_s", 30.0))
     try:
-        async with _semaphore(url, int(reward_args.get("max_concurrency", 16))):
+        async with queued(_semaphore(url, int(reward_args.get("max_concurrency", 16)))):
             answer = await chat(
                 url,
                 [{"role": "user", "content": prompt}],
                 model=str(reward_args.get("model", "judge")),
                 api_key=api_key,
-                timeout_s=float(reward_args.get("timeout_s", 30.0)),
+                timeout_s=timeout_s,
                 max_retries=int(reward_args.get("max_retries", 3)),
                 backoff_s=float(reward_args.get("backoff_s", 0.5)),
                 temperature=float(reward_args.get("temperature", 0.0)),
@@ -174,10 +191,13 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
             )
     except JudgeTimeout:
         JUDGE_METRICS["timeouts"] += 1
-        return zero("timeout", timeout=True)
+        return failed(f"judge {url} gave no answer within {timeout_s:g} s", timeout=True)
+    except JudgeRefused as exc:
+        JUDGE_METRICS["refused"] += 1
+        return zero(f"judge refused the request: {exc}"[:300])
     except RuntimeError as exc:
         JUDGE_METRICS["errors"] += 1
-        return zero(f"judge error: {exc}"[:300], error=True)
+        return failed(str(exc)[:300], error=True)
     value = parse_yes_no(answer) if mode == "reference" else parse_rubric(answer)
     if value is None:
         JUDGE_METRICS["unparsable"] += 1

@@ -4,11 +4,13 @@ Each domain has one reward (a name from the registry plus its `reward_args`). Al
 step run as asyncio tasks at once; the rewards themselves decide where the work happens:
 math_rule sends sympy work to the shared process pool (sized by `max_workers`), code_sandbox
 runs sandbox subprocesses bounded by a cpu-count semaphore, llm_judge is HTTP with a
-per-URL semaphore. The pool adds an overall per-call deadline (a reward that overruns it
-scores 0 with reason "timeout") and turns any exception into a 0 counted as an error.
+per-URL semaphore. The pool adds an overall per-call deadline on the reward's own time (the
+queue for those limits does not count: `rewards/deadline.py`); a call that overruns it, raises,
+or returns something that is not a number is a *failed* verdict (`rewards/base.py`), never a 0.
 
-Metrics (flat keys, ready for the monitor): `reward/<domain>/{mean,accuracy,timeouts,errors,
-latency_p50_s,latency_p95_s,count}`.
+Metrics (flat keys, ready for the monitor): `reward/<domain>/{mean,accuracy,count,failed,
+timeouts,errors,latency_p50_s,latency_p95_s}`; mean and accuracy are over the judged samples,
+`failed` counts the others.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.rewards.base import RewardFn, safe_score, zero
+from rlvr.rewards.base import RewardFn, failed, safe_score
+from rlvr.rewards.deadline import own_time
 from rlvr.rewards.registry import get_reward
 from rlvr.types import Group, RewardResult
 
@@ -80,12 +83,10 @@ class RewardPool:
     async def _one(self, domain: DomainReward, group: Group, index: int) -> tuple[RewardResult, float]:
         start = time.perf_counter()
         try:
-            result = await asyncio.wait_for(
-                safe_score(domain.fn, group.sample, group.completions[index], **domain.args),
-                timeout=self.call_timeout_s,
-            )
+            async with own_time(self.call_timeout_s):
+                result = await safe_score(domain.fn, group.sample, group.completions[index], **domain.args)
         except TimeoutError:
-            result = zero("timeout", timeout=True, pool_timeout=True)
+            result = failed(f"no verdict within the pool's {self.call_timeout_s:g} s deadline", timeout=True)
         return result, time.perf_counter() - start
 
     async def score_groups(self, groups: list[Group]) -> dict[str, float]:
@@ -116,12 +117,14 @@ class RewardPool:
     def _metrics(self, per_domain: dict[str, list[tuple[RewardResult, float]]]) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for name, outcomes in sorted(per_domain.items()):
-            scores = [r.score for r, _ in outcomes]
+            scores = [r.score for r, _ in outcomes if r.judged]
             latencies = [s for _, s in outcomes]
             prefix = f"reward/{name}/"
             metrics[prefix + "count"] = float(len(scores))
-            metrics[prefix + "mean"] = sum(scores) / len(scores)
-            metrics[prefix + "accuracy"] = sum(s >= self.threshold for s in scores) / len(scores)
+            metrics[prefix + "failed"] = float(len(outcomes) - len(scores))
+            if scores:
+                metrics[prefix + "mean"] = sum(scores) / len(scores)
+                metrics[prefix + "accuracy"] = sum(s >= self.threshold for s in scores) / len(scores)
             metrics[prefix + "timeouts"] = float(sum(bool(r.info.get("timeout")) for r, _ in outcomes))
             metrics[prefix + "errors"] = float(sum(bool(r.info.get("error")) for r, _ in outcomes))
             metrics[prefix + "latency_p50_s"] = _percentile(latencies, 0.5)

@@ -27,6 +27,13 @@ class Limits:
     cpu_s: float | None = None
 
 
+SANDBOX_FAILURES = ("sandbox_setup", "sandbox_lost")
+"""`RunResult.killed` values that only the sandbox can cause, never the code in it: the run's
+namespace could not be set up (before any untrusted code ran), or the fork server died under
+it. code_sandbox turns them into a *failed* verdict; everything else a run ends with (its own
+timeout, crash, memory or output limit, exit code) is the solution's and scores."""
+
+
 @dataclass(slots=True)
 class RunResult:
     """What one sandboxed program did. `killed` names why we stopped it (timeout, output_limit)."""

@@ -83,7 +83,7 @@ class ForkServer:
                 self.proc, self.sock = None, None
             pending, self.pending = self.pending, {}
         for future in pending.values():
-            future.get_loop().call_soon_threadsafe(_settle, future, 125)
+            future.get_loop().call_soon_threadsafe(_settle, future, LOST)
 
     def _send(self, message: dict, fds: list[int]) -> None:
         with self.lock:
@@ -150,6 +150,12 @@ class ForkServer:
             if not clean:
                 reap(uid=uid, run_id=run_id)  # a clean exit of the run's pid 1 already took its namespace down
             shutil.rmtree(spool, ignore_errors=True)
+        if result.exit_code == LOST:
+            result.killed, result.exit_code = "sandbox_lost", None
+            result.info["cause"] = "the sandbox's fork server died"
+        elif result.exit_code == SETUP_FAILED and result.killed is None:
+            result.killed = "sandbox_setup"
+            result.info["cause"] = "the sandbox could not set up the run: " + _last_line(result.stderr)
         result.run_id = run_id
         result.info.update({"mode": "bwrap-forkserver"})
         return result
@@ -174,9 +180,17 @@ class ForkServer:
             Path(spool + "-zygote.py").unlink(missing_ok=True)
 
 
+SETUP_FAILED = 125  # zygote.py: the run's namespace could not be set up (the relay alone says so)
+LOST = -1000  # no real exit status: the zygote died with the run pending
+
+
 def _settle(future: asyncio.Future, code: int) -> None:
     if not future.done():
         future.set_result(-(code - 128) if code > 128 else code)
+
+
+def _last_line(text: str) -> str:
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "no output")[:200]
 
 
 async def _reader(fd: int | None, loop: asyncio.AbstractEventLoop) -> asyncio.StreamReader | None:

@@ -11,12 +11,18 @@ When that pid 1 exits the kernel kills everything else in its pid namespace.
 Protocol on the SOCK_SEQPACKET socket whose fd is argv[1]: the host sends a JSON request with the run's
 stdin/stdout/stderr (+ extra) fds attached (SCM_RIGHTS); we answer {"id", "exit"} when it
 ends; {"kill": id} kills it now.
+
+Exit code 125 (`SETUP_FAILED`) means the run's namespace could not be set up, before any of its
+code ran: a failure of the sandbox, never of the solution. Only the relay process knows that
+(the run's pid 1 tells it over a pipe it closes before running anything untrusted), so a run
+that exits 125 itself is reported as 1: the code in the sandbox cannot fake a sandbox failure.
 """
 
 import array
 import atexit
 import contextlib  # noqa: F401 - preloaded for the harnesses: a forked run imports nothing twice
 import ctypes
+import fcntl
 import json
 import os
 import resource
@@ -39,6 +45,8 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 SANDBOX = "/sandbox"
+SETUP_FAILED = 125
+READY_FD_MIN = 100  # above the few fds a run gets (0, 1, 2, passed pipes)
 
 
 def _check(result, what):
@@ -51,8 +59,9 @@ def _mount(source, target, fstype, flags, data=None):
                       data.encode() if data else None), f"mount {target}")  # fmt: skip
 
 
-def _setup(request, fds):
-    """In the run's pid 1: scratch, files, limits, fds, uid. Any failure ends the run (exit 125)."""
+def _setup(request, fds, ready):
+    """In the run's pid 1: scratch, files, limits, fds, uid. Any failure ends the run (exit 125);
+    success is one byte on `ready`, closed before the harness runs."""
     uid, limits = request["uid"], request["limits"]
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -68,7 +77,8 @@ def _setup(request, fds):
     os.chdir(SANDBOX)
     for i, fd in enumerate(fds):
         os.dup2(fd, i)
-    os.closerange(len(fds), 1 << 16)
+    os.closerange(len(fds), ready)
+    os.closerange(ready + 1, 1 << 16)
     mb = 1024 * 1024
     for kind, value in ((resource.RLIMIT_AS, limits["memory_mb"] * mb), (resource.RLIMIT_CPU, limits["cpu_s"]),
                         (resource.RLIMIT_FSIZE, limits["max_file_mb"] * mb), (resource.RLIMIT_NOFILE, 256),
@@ -81,15 +91,17 @@ def _setup(request, fds):
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     os.environ.clear()
     os.environ.update({"PATH": "/usr/bin:/bin", "HOME": SANDBOX, "LANG": "C.UTF-8"})
+    os.write(ready, b"1")
+    os.close(ready)
 
 
-def _run(request, fds):
+def _run(request, fds, ready):
     """The run's pid 1: set up, then run the harness as __main__ in this warm interpreter."""
     try:
-        _setup(request, fds)
+        _setup(request, fds, ready)
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
-        os._exit(125)
+        os._exit(SETUP_FAILED)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
@@ -157,18 +169,39 @@ def _spawn(request, fds):
         # no route out); model code always gets its own.
         net = 0 if request.get("share_net") else CLONE_NEWNET
         _check(libc.unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | net), "unshare")
+        ready_r, pipe_w = os.pipe()
+        ready_w = fcntl.fcntl(pipe_w, fcntl.F_DUPFD, READY_FD_MIN)
+        os.close(pipe_w)
         child = os.fork()
         if child == 0:
-            _run(request, fds)
+            os.close(ready_r)
+            _run(request, fds, ready_w)
+        os.close(ready_w)
         for fd in fds:
             os.close(fd)
         # The zygote's kill reaches us as SIGTERM: SIGKILL the run's pid 1 and with it its namespace.
         signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGKILL))
+        set_up = _read_ready(ready_r)
         _, status = os.waitpid(child, 0)
-        os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+        if not set_up:
+            os._exit(SETUP_FAILED)
+        code = os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+        os._exit(1 if code == SETUP_FAILED else code)  # the run's own 125 is not the sandbox's
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
-        os._exit(125)
+        os._exit(SETUP_FAILED)
+
+
+def _read_ready(fd):
+    """True once the run's pid 1 finished its set-up; False if it exited (or was killed) first."""
+    while True:
+        try:
+            data = os.read(fd, 1)
+            break
+        except InterruptedError:
+            continue
+    os.close(fd)
+    return data == b"1"
 
 
 def main():

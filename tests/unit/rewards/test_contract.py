@@ -43,13 +43,32 @@ async def test_garbage_never_raises(name):
         assert 0.0 <= result.score <= 1.0
         if result.score == 0.0:
             assert result.info.get("reason"), (name, text[:30], result.info)
+        if name != "llm_judge":  # its judge is unreachable here: that, not the text, fails it
+            assert result.judged, (name, text[:30], result.failed)
     odd = Completion(text=None, token_ids=[], logprobs=[])  # type: ignore[arg-type]
     assert (await fn(sample, odd, **ARGS.get(name, {}))).score == 0.0
 
 
-async def test_safe_score_turns_exceptions_into_errors():
+async def test_safe_score_turns_exceptions_into_failed_verdicts():
     async def broken(sample, completion):
-        raise RuntimeError("bug in a plug-in")
+        raise RuntimeError("reward backend\n unavailable")
 
     result = await safe_score(broken, make_sample(), make_completion("x"))
-    assert result.score == 0.0 and result.info["error"] and "bug in a plug-in" in result.info["reason"]
+    assert result.failed == "RuntimeError: reward backend unavailable" and result.info["error"]
+
+
+@pytest.mark.parametrize(
+    ("value", "cause"),
+    [
+        ("1.0", "reward returned str '1.0', expected a number or RewardResult"),
+        (None, "reward returned NoneType None, expected a number or RewardResult"),
+        (float("nan"), "reward returned a non-finite score nan"),
+        (RewardResult("high"), "reward returned a non-numeric score 'high'"),  # type: ignore[arg-type]
+    ],
+)
+async def test_a_return_that_is_not_a_number_is_failed(value, cause):
+    async def odd(sample, completion):
+        return value
+
+    result = await safe_score(odd, make_sample(), make_completion("x"))
+    assert result.failed == cause and not result.judged

@@ -41,8 +41,8 @@ class Judge:
         body = await request.json()
         self.requests.append({"body": body, "auth": request.headers.get("Authorization")})
         action = self.script.pop(0) if self.script else "ok"
-        if action == "500":
-            return web.Response(status=500, text="overloaded")
+        if action in ("500", "400", "401"):
+            return web.Response(status=int(action), text="refused")
         if action == "slow":
             await asyncio.sleep(1.5)
         return web.json_response({"choices": [{"message": {"role": "assistant", "content": self.reply}}]})
@@ -106,21 +106,32 @@ async def test_gives_up_after_retries(judge):
     result = await score(
         make_sample(ground_truth="1"), make_completion("1"), judge_url=judge.url, max_retries=1, backoff_s=0.01
     )
-    assert result.score == 0.0 and "HTTP 500" in result.info["reason"] and len(judge.requests) == 2
+    assert result.failed == f"judge {judge.url} failed after 2 attempts: HTTP 500" and len(judge.requests) == 2
 
 
-async def test_timeout_scores_zero_and_is_counted(judge):
+async def test_timeout_is_failed_and_counted(judge):
     judge.script = ["slow"]
     before = llm_judge.JUDGE_METRICS["timeouts"]
     result = await score(make_sample(ground_truth="1"), make_completion("1"), judge_url=judge.url, timeout_s=0.3)
-    assert result.score == 0.0 and result.info["reason"] == "timeout"
+    assert result.failed == f"judge {judge.url} gave no answer within 0.3 s" and result.info["timeout"]
     assert llm_judge.JUDGE_METRICS["timeouts"] == before + 1
+
+
+async def test_content_refusal_is_the_responses_zero_but_credentials_are_failed(judge):
+    """A 400 can be the response's doing (too long for the judge's context): a 0, never "failed",
+    or a policy could write its way out of training. A 401 is the recipe's: failed."""
+    judge.script = ["400"]
+    refused = await score(make_sample(ground_truth="1"), make_completion("1" * 5000), judge_url=judge.url)
+    assert refused.judged and refused.score == 0.0 and refused.info["reason"].startswith("judge refused the request")
+    judge.script = ["401"]
+    denied = await score(make_sample(ground_truth="1"), make_completion("1"), judge_url=judge.url)
+    assert denied.failed is not None and "HTTP 401" in denied.failed
 
 
 async def test_unparsable_and_unreachable(judge):
     judge.reply = "I cannot decide."
     result = await score(make_sample(ground_truth="1"), make_completion("1"), judge_url=judge.url)
-    assert result.score == 0.0 and result.info["reason"] == "unparsable judge answer"
+    assert result.judged and result.score == 0.0 and result.info["reason"] == "unparsable judge answer"
     closed = await score(
         make_sample(ground_truth="1"),
         make_completion("1"),
@@ -128,7 +139,7 @@ async def test_unparsable_and_unreachable(judge):
         max_retries=1,
         backoff_s=0.01,
     )
-    assert closed.score == 0.0 and "judge error" in closed.info["reason"]
+    assert closed.failed is not None and closed.failed.startswith("judge http://127.0.0.1:9 failed after 2 attempts: ")
 
 
 async def test_concurrency_limit_per_url(judge):
