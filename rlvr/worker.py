@@ -57,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     if info.is_main:
         manager = build_manager(recipe, tokenizer=tokenizer, urls=[s.url for s in servers])
         recorder = build_recorder(recipe, run_dir=args.run_dir)
+        problem = judges_problem(recipe)
+        if problem is not None:  # before step 1, not as a step of failed verdicts
+            manager.close()
+            recorder.event(problem, level="error")
+            recorder.close("failed", error=problem)
+            print(f"error: {problem}", file=sys.stderr, flush=True)
+            return 2
     client = manager.engine if manager is not None else None
     sync = make_weight_sync(
         recipe.sync, model=actor.model, client=client, run_dir=args.run_dir, tokenizer=tokenizer,
@@ -92,6 +99,23 @@ def main(argv: list[str] | None = None) -> int:
             recorder.close(state, error=error)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def judges_problem(recipe) -> str | None:
+    """None when every judge the recipe's llm_judge domains call answers, else one line naming it."""
+    import asyncio
+
+    from rlvr.rewards.llm_judge import check_judge, judge_urls
+
+    urls = judge_urls({name: (d.reward, d.reward_args) for name, d in recipe.domains.items()})
+    for url, domains in urls.items():
+        args = recipe.domains[domains[0]].reward_args
+        key = os.environ.get(args["api_key_env"]) if args.get("api_key_env") else None
+        problem = asyncio.run(check_judge(url, api_key=key))
+        if problem is not None:
+            where = ", ".join(f"domains.{d}" for d in domains)
+            return f"judge {url} ({where}) does not answer before step 1: {problem}"
+    return None
 
 
 def build_manager(recipe, *, tokenizer, urls):

@@ -85,23 +85,25 @@ class RunView:
 
     def _domain_table(self) -> Table:
         table = Table(title="Rewards by domain", title_justify="left", expand=False)
-        for column in ("domain", "reward", "first", "change", "accuracy", "resp len", "eval"):
+        for column in ("domain", "reward", "first", "change", "accuracy", "failed", "resp len", "eval"):
             table.add_column(column, justify="left" if column == "domain" else "right")
         for name in self.domains():
             now, first = self.last.get(f"reward/{name}/mean"), self.first.get(f"reward/{name}/mean")
             change = now - first if now is not None and first is not None else None
+            failed = int(self.last.get(f"reward/{name}/failed") or 0)  # could not judge: not trained on
             table.add_row(
                 name,
                 _num(now),
                 _num(first),
                 Text(f"{change:+.3f}", style="green" if change >= 0 else "red") if change is not None else "-",
                 _num(self.last.get(f"reward/{name}/accuracy")),
+                Text(str(failed), style="bold red") if failed else "0",
                 _num(self.last.get(f"response_len/{name}"), digits=1),
                 _num(self.last.get(f"eval/reward/{name}/mean")),
             )
             for tag in self._benchmarks(name):  # one line per eval benchmark (row tag) of this domain
                 mean = self.last.get(f"eval/{name}/{tag}/mean")
-                table.add_row(Text(f"  {tag}", style="dim"), "", "", "", "", "", _num(mean))
+                table.add_row(Text(f"  {tag}", style="dim"), "", "", "", "", "", "", _num(mean))
         return table
 
     def _tools(self) -> Table:

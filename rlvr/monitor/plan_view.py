@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
 from rlvr.data.mixture import QuotaSchedule
+from rlvr.data.prompt_fit import DataCheck
 from rlvr.recipe.plan import LaunchPlan
 from rlvr.recipe.presets import resolve_algorithm
 from rlvr.recipe.schema import Recipe
@@ -21,14 +21,14 @@ def print_plan(
     recipe: Recipe,
     plan: LaunchPlan,
     *,
-    reports: dict[str, Any],
+    data: DataCheck | None,
     resolved_path: Path | None,
     console: Console | None = None,
 ) -> None:
     console = console or Console()
     exp, algo = recipe.experiment, recipe.algorithm
     model = recipe.model.path or "(built from model.config)"
-    tables = [domain_table(recipe, reports)]
+    tables = [domain_table(recipe, data)]
     if any(d.tools for d in recipe.domains.values()):
         tables.append(tools_table(recipe))
     tables += [algorithm_table(recipe), cluster_table(recipe, plan)]
@@ -56,16 +56,22 @@ def widen_for_files(console: Console, renderables: list[Table]) -> None:
     console.soft_wrap = True  # and a long line of text stays one line
 
 
-def domain_table(recipe: Recipe, reports: dict[str, Any]) -> Table:
+def domain_table(recipe: Recipe, data: DataCheck | None) -> Table:
+    """One row per domain: its reward and share, the rows it loaded, skipped and loses to the prompt
+    limit (`too long`), and the first steps' quotas. The caption says how prompts were counted."""
     schedule = QuotaSchedule(recipe.data.domain_interleave_probs, prompts_per_step=recipe.data.prompts_per_step)
     steps = [schedule.next() for _ in range(QUOTA_STEPS)]
     table = Table(title="Task mix (prompts per step)", title_justify="left")
-    for column in ("domain", "tags", "reward", "prob", "rows", "skipped", f"quota steps 1-{QUOTA_STEPS}", "mean"):
-        table.add_column(
-            column, justify="right" if column in ("prob", "rows", "skipped", "mean") else "left", no_wrap=True
-        )
+    numeric = ("prob", "rows", "skipped", "too long", "longest", "mean")
+    for column in ("domain", "tags", "reward", "prob", "rows", "skipped", "too long", "longest"):
+        table.add_column(column, justify="right" if column in numeric else "left", no_wrap=True)
+    table.add_column(f"quota steps 1-{QUOTA_STEPS}", no_wrap=True)
+    table.add_column("mean", justify="right", no_wrap=True)
+    reports = data.reports if data else {}
+    fits = data.fits if data else {}
     for name, domain in recipe.domains.items():
         report = reports.get(name)
+        fit = fits.get(name)
         prob = recipe.data.domain_interleave_probs[name]
         quotas = "/".join(str(step.get(name, 0)) for step in steps)
         table.add_row(
@@ -75,10 +81,31 @@ def domain_table(recipe: Recipe, reports: dict[str, Any]) -> Table:
             f"{prob:g}",
             str(report.loaded) if report else "-",
             str(report.skipped + report.filtered) if report else "-",
+            (f"~{fit.estimated_too_long}" if fit.sampled else str(fit.too_long)) if fit else "-",
+            str(fit.longest) if fit else "-",
             quotas,
             f"{prob * recipe.data.prompts_per_step:.2f}",
         )
+    table.caption = prompt_caption(recipe, data)
     return table
+
+
+def prompt_caption(recipe: Recipe, data: DataCheck | None) -> str:
+    """How `too long` was counted, or why it was not."""
+    limit = recipe.data.max_prompt_tokens
+    if data is None:
+        return ""
+    if data.not_counted:
+        return f"prompt tokens not counted: {data.not_counted}"
+    tools = any(d.tools and d.tool_instructions for d in recipe.domains.values())
+    rendered = "chat template and tool instructions included" if tools else "chat template included"
+    caption = f"too long: prompts over data.max_prompt_tokens = {limit} tokens ({rendered}); the rollout skips them"
+    if any(fit.sampled for fit in data.fits.values()):
+        caption += f" (~: estimated from a sample of {max(f.counted for f in data.fits.values())} rows)"
+    lost = [f"{name} {fit.estimated_too_long}" for name, fit in data.eval_fits.items() if fit.too_long]
+    if lost:
+        caption += f" · eval rows too long: {', '.join(lost)}"
+    return caption
 
 
 def algorithm_table(recipe: Recipe) -> Table:

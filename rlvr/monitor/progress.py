@@ -17,11 +17,15 @@ from rlvr.rundir import RunDir, read_status
 
 
 def step_line(row: dict[str, Any], *, max_steps: int) -> str:
-    """`step 3/100  reward math 0.41 code 0.25  kl 0.0012  4.1 s/step` — what a log reader scans for."""
+    """`step 3/100  reward math 0.41 code 0.25 (3 failed)  kl 0.0012  4.1 s/step` — what a log
+    reader scans for; samples a reward could not judge and rows skipped as too long are said."""
     parts = [f"step {int(row.get('step', 0))}/{max_steps}"]
-    rewards = [(name, row[f"reward/{name}/mean"]) for name in reward_domains(row)]
+    rewards = [_reward_cell(row, name) for name in reward_domains(row)]
     if rewards:
-        parts.append("reward " + " ".join(f"{name} {value:.3f}" for name, value in rewards))
+        parts.append("reward " + " ".join(rewards))
+    dropped = sorted((k.split("/")[1], int(v)) for k, v in row.items() if k.startswith("data/") and k.endswith("/dropped"))
+    if any(n for _, n in dropped):
+        parts.append("skipped rows " + " ".join(f"{name} {n}" for name, n in dropped if n))
     evals = sorted(
         (key.split("/")[2], v) for key, v in row.items() if key.startswith("eval/reward/") and "/mean" in key
     )
@@ -33,6 +37,13 @@ def step_line(row: dict[str, Any], *, max_steps: int) -> str:
     if "time/step" in row:
         parts.append(f"{row['time/step']:.1f} s/step")
     return "  ".join(parts)
+
+
+def _reward_cell(row: dict[str, Any], name: str) -> str:
+    mean = row.get(f"reward/{name}/mean")
+    cell = f"{name} {mean:.3f}" if mean is not None else f"{name} --"
+    failed = int(row.get(f"reward/{name}/failed") or 0)
+    return f"{cell} ({failed} failed)" if failed else cell
 
 
 class PlainProgress:

@@ -4,8 +4,11 @@ Metrics say *that* the reward moved; an episode says *why*: whether the model ca
 tool, what the tool answered, what it wrote after. `monitor.log_samples` episodes per domain
 are written each step (0: none), one JSON object per line: `step`, `domain`, `id`, `prompt`
 (the exact prompt text the model saw, tool instructions included), `completion` (the whole
-episode's text, tool answers included, as the reward read it), `reward`, `finish_reason`,
-`tokens`, and for tool domains `turns`, `tool_calls`, `tool_errors`, `tool_timeouts`.
+episode's text, tool answers included, as the reward read it), `reward`, `verdict` ("scored",
+or "failed" when the reward could not judge it: not trained on), `reason` (the reward's why, or
+the failure's cause), `ground_truth` (what the row gave the reward to judge against, when it
+did), `finish_reason`, `tokens`, and for tool domains `turns`, `tool_calls`, `tool_errors`,
+`tool_timeouts`.
 Episodes are taken round-robin over the step's groups (the first sample of each group,
 then the second, ...), so different prompts come first and the choice is deterministic.
 """
@@ -33,16 +36,22 @@ def sample_rows(
         picked = [(g, i) for i in range(width) for g in items if i < len(g.completions)][:per_domain]
         for group, i in picked:
             c = group.completions[i]
+            result = group.rewards[i] if i < len(group.rewards) else None
             row: dict[str, Any] = {
                 "step": step,
                 "domain": domain,
                 "id": group.sample.id,
                 "prompt": prompt_text(group.sample),
                 "completion": c.text,
-                "reward": group.rewards[i].score if i < len(group.rewards) else None,
+                "reward": None if result is None or not result.judged else result.score,
+                "verdict": None if result is None else ("scored" if result.judged else "failed"),
+                "reason": None if result is None else str(result.info.get("reason", result.failed or "")),
                 "finish_reason": c.finish_reason,
                 "tokens": len(c.token_ids),
             }
+            truth = group.sample.ground_truth if group.sample.ground_truth is not None else group.sample.test_cases
+            if truth is not None:
+                row["ground_truth"] = truth if isinstance(truth, str | int | float | list | dict) else str(truth)
             row.update({k: int(c.tool_stats[k]) for k in _STATS if k in c.tool_stats})
             rows.append(row)
     return rows

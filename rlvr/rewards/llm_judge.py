@@ -156,6 +156,45 @@ async def chat(
     raise RuntimeError(f"judge {url} failed after {max_retries + 1} attempts: {last_error}")
 
 
+async def check_judge(url: str, *, api_key: str | None = None, attempts: int = 3, timeout_s: float = 10.0) -> str | None:
+    """None when the judge at `url` answers (`GET /v1/models`), else why not, in a few words.
+
+    Run before step 1: a judge that is down would otherwise show up as a step of failed verdicts.
+    Any HTTP answer below 500 but 401/403 means the server is up (a 404: it has no model list).
+    """
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    endpoint = url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1") else "/v1") + "/models"
+    problem = ""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(2.0 * attempt)
+            try:
+                async with session.get(endpoint, headers=headers) as response:
+                    if response.status in (401, 403):
+                        return f"refuses the API key (HTTP {response.status})"
+                    if response.status < 500:
+                        return None
+                    problem = f"HTTP {response.status}"
+            except TimeoutError:
+                problem = f"no answer within {timeout_s:g} s"
+            except aiohttp.ClientError as exc:
+                problem = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return problem
+
+
+def judge_urls(domains: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, list[str]]:
+    """The judge URL each llm_judge domain calls (its `judge_url`, else RLVR_JUDGE_URL): url -> domains."""
+    urls: dict[str, list[str]] = {}
+    for name, (reward, args) in domains.items():
+        url = (args or {}).get("judge_url") or os.environ.get("RLVR_JUDGE_URL") if reward == "llm_judge" else None
+        if url:
+            urls.setdefault(str(url), []).append(name)
+    return urls
+
+
 @register("llm_judge")
 async def score(sample: Sample, completion: Completion, **reward_args: Any) -> RewardResult:
     """Ask an OpenAI-compatible judge model: YES/NO against the reference or a 0-10 rubric."""

@@ -43,7 +43,8 @@ class ForkServer:
     def _start(self) -> None:
         from rlvr.rewards.sandbox.local import SANDBOX_DIR, _python_prefix, _root_binds
 
-        self.spool = tempfile.mkdtemp(prefix="rlvr-spool-")
+        if not self.spool or not os.path.isdir(self.spool):  # a restart keeps it: runs may have written there
+            self.spool = tempfile.mkdtemp(prefix="rlvr-spool-")
         zygote = Path(self.spool).with_name(Path(self.spool).name + "-zygote.py")
         zygote.write_text(resources.files("rlvr.rewards.sandbox").joinpath("zygote.py").read_text())
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -155,7 +156,8 @@ class ForkServer:
             result.info["cause"] = "the sandbox's fork server died"
         elif result.exit_code == SETUP_FAILED and result.killed is None:
             result.killed = "sandbox_setup"
-            result.info["cause"] = "the sandbox could not set up the run: " + _last_line(result.stderr)
+            said = _last_line(result.stderr)
+            result.info["cause"] = "the sandbox could not set up the run" + (f": {said}" if said else "")
         result.run_id = run_id
         result.info.update({"mode": "bwrap-forkserver"})
         return result
@@ -190,7 +192,7 @@ def _settle(future: asyncio.Future, code: int) -> None:
 
 
 def _last_line(text: str) -> str:
-    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "no output")[:200]
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")[:200]
 
 
 async def _reader(fd: int | None, loop: asyncio.AbstractEventLoop) -> asyncio.StreamReader | None:

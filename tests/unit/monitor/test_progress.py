@@ -18,6 +18,12 @@ def test_a_step_line_names_rewards_eval_kl_and_time() -> None:
     )
 
 
+def test_a_step_line_says_failed_verdicts_and_skipped_rows() -> None:
+    row = {"step": 2, "reward/math/mean": 0.5, "reward/math/count": 30.0, "reward/math/failed": 10.0}
+    row |= {"reward/qa/count": 0.0, "reward/qa/failed": 8.0, "data/qa/dropped": 3.0, "data/math/dropped": 0.0}
+    assert step_line(row, max_steps=4) == "step 2/4  reward math 0.500 (10 failed) qa -- (8 failed)  skipped rows qa 3"
+
+
 def test_follow_prints_each_step_once_including_the_last_rows(tmp_path: Path) -> None:
     recorder = RunRecorder(tmp_path, max_steps=3)
     printed: list[str] = []

@@ -35,9 +35,23 @@ def test_rows_take_each_group_first_then_the_next_sample() -> None:
     ]
     assert rows[0] == {
         "step": 7, "domain": "math", "id": "a", "prompt": "user: a", "completion": "a0", "reward": 0.0,
-        "finish_reason": "stop", "tokens": 2,
+        "verdict": "scored", "reason": "", "finish_reason": "stop", "tokens": 2,
     }  # fmt: skip
     assert sample_rows(groups, per_domain=0, step=7, prompt_text=str) == []
+
+
+def test_rows_carry_the_verdict_its_reason_and_the_ground_truth() -> None:
+    g = group("math", "a", ["a0", "a1"])
+    g.sample.ground_truth = "42"
+    g.rewards = [
+        RewardResult(0.0, {"reason": "not equivalent"}),
+        RewardResult(0.0, {"reason": "RuntimeError: backend down"}, failed="RuntimeError: backend down"),
+    ]
+    rows = sample_rows([g], per_domain=2, step=1, prompt_text=str)
+    assert [(r["verdict"], r["reward"], r["reason"], r["ground_truth"]) for r in rows] == [
+        ("scored", 0.0, "not equivalent", "42"),
+        ("failed", None, "RuntimeError: backend down", "42"),
+    ]
 
 
 def test_tool_episodes_carry_their_turns_and_calls() -> None:

@@ -70,6 +70,7 @@ async def run(code: str, *, expected: str = "ok", **args):
     args.setdefault("timeout_s", 5)
     result = await score(sample, code_completion(code), **args)
     assert result.score == 0.0, result.info
+    assert result.judged, result.failed  # whatever the code does is its own 0, never "could not judge"
     assert result.info.get("reason") and result.info["reason"] != "all tests passed"
     assert_no_leftovers()
     return result

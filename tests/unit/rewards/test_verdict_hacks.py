@@ -131,6 +131,7 @@ async def test_hack_scores_zero(kind, hack):
     sample = make_sample(case_type=kind, test_cases=CASES[kind])
     result = await score(sample, code_completion(HACKS[hack]), timeout_s=5, partial_credit=True)
     assert result.score == 0.0, result.info  # partial credit on: a half-forged verdict would show
+    assert result.judged, result.failed  # nor can a hack buy its way out of training
     assert result.info["reason"], result.info
 
 
