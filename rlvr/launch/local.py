@@ -50,8 +50,8 @@ def stated_failure(run_dir: Path) -> LaunchError | None:
     if status.get("state") != "failed" or not status.get("error"):
         return None
     saved = latest_checkpoint(RunDir(run_dir).checkpoints)
-    where = f"checkpoint {saved.name} saved; rerun the same command to resume" if saved else "no checkpoint"
-    return LaunchError(f"{status['error']} ({where})")
+    where = f" (checkpoint {saved.name} saved; rerun the same command to resume)" if saved else ""
+    return LaunchError(f"{status['error']}{where}")
 
 
 def wait_healthy(child: Child, url: str, *, timeout_s: float) -> None:

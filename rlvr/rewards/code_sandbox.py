@@ -34,6 +34,7 @@ from typing import Any
 
 from rlvr.rewards.args import reject_unknown_args
 from rlvr.rewards.base import failed, zero
+from rlvr.rewards.cases import normalise_test_cases
 from rlvr.rewards.deadline import queued
 from rlvr.rewards.registry import register
 from rlvr.rewards.sandbox import SANDBOX_FAILURES, Limits, RunResult
@@ -69,13 +70,10 @@ def _runner_source() -> str:
 
 
 def build_jobs(sample: Sample, code: str, *, max_procs: int, max_reply_bytes: int = 1 << 20) -> list[Job]:
-    """Turn a sample's test cases into sandbox runs; ValueError for a malformed sample."""
-    kind, cases = sample.case_type, sample.test_cases
-    if isinstance(cases, str) and kind in ("stdin_stdout", "check_based"):
-        try:
-            cases = json.loads(cases)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"test_cases for {kind} is not valid JSON: {exc}") from exc
+    """Turn a sample's test cases into sandbox runs; ValueError for a malformed sample (the shape
+    rule is `rewards/cases.py`'s, which data loading already applied to every row)."""
+    kind = sample.case_type
+    cases = normalise_test_cases(kind, sample.test_cases)
     wire = _harness("wire.py")
 
     def solution(mode: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -88,37 +86,22 @@ def build_jobs(sample: Sample, code: str, *, max_procs: int, max_reply_bytes: in
         return Job(files=solution("serve"), judge_files=judge, total=total, **kw)
 
     if kind == "stdin_stdout":
-        if isinstance(cases, dict) and "inputs" in cases:
-            cases = [{"input": i, "output": o} for i, o in zip(cases["inputs"], cases.get("outputs", []), strict=False)]
-        if not isinstance(cases, list) or not cases or not all(isinstance(c, dict) and "input" in c for c in cases):
-            raise ValueError("stdin_stdout test_cases must be a non-empty list of {input, output}")
         return [
             Job(files=solution("program", {"_stdin.txt": str(c["input"])}), expected=str(c.get("output", "")))
             for c in cases
         ]
     if kind == "assert":
-        items = [cases] if isinstance(cases, str) else cases
-        if not isinstance(items, list) or not items or not all(isinstance(c, str) for c in items):
-            raise ValueError("assert test_cases must be a string or a non-empty list of strings")
-        return [judged({"mode": "assert", "cases": items}, len(items))]
+        return [judged({"mode": "assert", "cases": cases}, len(cases))]
     if kind == "pytest":
-        if not isinstance(cases, str) or not cases.strip():
-            raise ValueError("pytest test_cases must be the text of a pytest file")
         spec = {"mode": "pytest", "pylib": "/opt/rlvr-pylib", "test_file": "test_solution.py"}
         return [judged(spec, 0, {"test_solution.py": cases}, needs_pytest=True)]
-    if kind == "check_based":
-        if not isinstance(cases, dict) or "test" not in cases or "entry_point" not in cases:
-            raise ValueError('check_based test_cases must be {"test": "def check(candidate): ...", "entry_point": "f"}')
-        spec = {
-            "mode": "check",
-            "test": cases["test"],
-            "entry_point": cases["entry_point"],
-            "prelude": cases.get("prelude"),
-        }
-        return [judged(spec, 1)]
-    raise ValueError(
-        f"code_sandbox: unsupported case_type {kind!r}; expected stdin_stdout, assert, pytest or check_based"
-    )
+    spec = {
+        "mode": "check",
+        "test": cases["test"],
+        "entry_point": cases["entry_point"],
+        "prelude": cases.get("prelude"),
+    }
+    return [judged(spec, 1)]
 
 
 def _lines(text: str) -> list[str]:

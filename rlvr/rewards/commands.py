@@ -83,10 +83,15 @@ def check(
         None, "--recipe", help="Take reward and reward_args from the domain owning each row's tag."
     ),
 ) -> None:
-    """Score completions offline and print id, score and reason per row, then a summary."""
+    """Score completions offline and print id, score and reason per row, then a summary.
+
+    Exits 2 on bad input (file, row, reward, args), 1 when a row's reward failed (it raised, or
+    returned something that is not a number: a run would leave that sample out of training).
+    """
     import asyncio
 
-    from rlvr.rewards.registry import check_reward_args, check_reward_name, get_reward
+    from rlvr.rewards.cases import check_test_cases
+    from rlvr.rewards.registry import add_plugin_dir, check_reward_args, check_reward_name, get_reward
 
     try:
         reward_args = json.loads(args)
@@ -95,6 +100,7 @@ def check(
     if not isinstance(reward_args, dict):
         raise _fail("--args: expected a JSON object")
     by_tag: dict[str, tuple[str, dict[str, Any]]] = {}
+    add_plugin_dir(recipe.parent if recipe is not None else Path.cwd())  # as validate and the trainer import them
     if recipe is not None:
         from rlvr.recipe.load import load_recipe
 
@@ -109,6 +115,9 @@ def check(
         raise _fail("give --reward NAME or --recipe R.toml")
     if reward is not None and (problem := check_reward_name(reward)):
         raise _fail(f"--reward: {problem}")
+    for name, _ in by_tag.values() if reward is None else []:
+        if problem := check_reward_name(name):
+            raise _fail(f"{recipe}: reward {name}: {problem}")
     # the check `rlvr validate` runs: a misspelt argument would otherwise score every row 0
     for name, row_args in [(reward, reward_args)] if reward is not None else by_tag.values():
         if problem := check_reward_args(name, row_args):
@@ -130,6 +139,8 @@ def check(
             name, row_args = by_tag[sample.tag]
         else:
             raise _fail(f"{file}:{lineno}: tag {sample.tag!r} is owned by no domain of {recipe}")
+        if name == "code_sandbox" and (problem := check_test_cases(sample.case_type, sample.test_cases)):
+            raise _fail(f"{file}:{lineno}: {problem}")
         rows.append((lineno, sample, completion, name, row_args))
 
     async def score_all() -> list[Any]:
@@ -153,11 +164,34 @@ def check(
     table = Table(title=str(file))
     for column in ("id", "score", "reason"):
         table.add_column(column)
-    for (_, sample, _, _, _), result in zip(rows, results, strict=True):
-        table.add_row(sample.id, f"{result.score:.3f}", str(result.info.get("reason", "")))
+    failures = []  # (line, cause): the reward raised or returned no number
+    for (lineno, sample, _, _, _), result in zip(rows, results, strict=True):
+        cause = row_failure(result)
+        if cause is not None:
+            failures.append((lineno, cause))
+            table.add_row(sample.id, "failed", cause)
+        else:
+            table.add_row(sample.id, f"{result.score:.3f}", str(result.info.get("reason", "")))
     console = Console()
     console.print(table)
-    scores = [r.score for r in results]
+    scores = [r.score for r in results if row_failure(r) is None]
     mean = sum(scores) / len(scores) if scores else 0.0
-    errors = sum(bool(r.info.get("error")) for r in results)
-    console.print(f"{len(scores)} rows, mean score {mean:.3f}, {sum(s >= 1.0 for s in scores)} at 1.0, {errors} errors")
+    over = f" over the {len(scores)} judged" if failures else ""
+    judged = f"mean score {mean:.3f}{over}, {sum(s >= 1.0 for s in scores)} at 1.0" if scores else "none judged"
+    console.print(f"{len(results)} rows, {judged}, {len(failures)} failed")
+    if failures:
+        lineno, cause = failures[0]
+        typer.echo(
+            f"error: the reward failed on {len(failures)} of {len(results)} rows (a run would not train on them); "
+            f"first: {file}:{lineno}: {cause}",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+def row_failure(result: Any) -> str | None:
+    """Why a reward could not score a row (it raised, or returned no number), or None if it did."""
+    cause = getattr(result, "failed", None)
+    if cause is None and result.info.get("error"):  # a reward that flags its own error
+        cause = str(result.info.get("reason") or "error")
+    return cause

@@ -7,14 +7,23 @@ math_verify (sympy), aiohttp or the E2B SDK; the module is imported on first `ge
 table and the decorator agree). Every returned callable has the contract's async signature:
 sync plug-ins returning a float or RewardResult are wrapped (and run in a thread so a slow one
 cannot stall the event loop).
+
+Plug-ins are imported from the installed packages, PYTHONPATH, and the plug-in folders in
+`RLVR_PLUGIN_PATH`: `rlvr validate`, `launch` and `rewards check` add the recipe's folder there
+(`add_plugin_dir`), and the processes they start (the trainer, which scores) inherit it, so
+`recipes/my_reward.py` is `reward = "my_reward:score"` everywhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import importlib
 import inspect
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from rlvr.rewards.base import RewardFn, coerce_result
@@ -93,7 +102,8 @@ def check_reward_name(name: str) -> str | None:
     """None if `name` resolves to a reward, else the error text (for `rlvr validate`).
 
     Built-ins are checked by name only (no heavy import). Plug-ins are imported and their
-    attribute looked up, so a typo in a module path is caught before any GPU is allocated.
+    attribute looked up, so a typo in a module path is caught before any GPU is allocated, and
+    their signature must take the sample and the completion positionally, as the pool calls it.
     """
     if not name:
         return "reward is empty; " + _known_hint()
@@ -103,29 +113,105 @@ def check_reward_name(name: str) -> str | None:
         obj = _load_plugin(name)
     except (ImportError, AttributeError, ValueError) as exc:
         return str(exc)
-    if not callable(obj) and not callable(getattr(obj, "score", None)):
+    if inspect.isclass(obj):
+        if not callable(getattr(obj, "score", None)) and not any("__call__" in k.__dict__ for k in obj.__mro__[:-1]):
+            return f"plug-in {name!r} is a class without a score() method"
+        needs = _required(_signature(obj), skip=0)
+        if needs:
+            return f"plug-in {name!r} is a class whose __init__ needs {', '.join(needs)}; rlvr creates it with no arguments"
+    elif not callable(obj) and not callable(getattr(obj, "score", None)):
         return f"plug-in {name!r} is a {type(obj).__name__}, not a function or an object with a score() method"
+    signature = _plugin_signature(obj)
+    if signature is None:
+        return None
+    params = list(signature.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes_two = len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+    stuck = [p.name for p in positional[2:] if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if not takes_two or stuck:
+        return (
+            f"plug-in {name!r} must take (sample, completion) as its first two arguments; its signature is {signature}"
+        )
     return None
 
 
 def check_reward_args(name: str, args: dict[str, Any]) -> str | None:
-    """None if a built-in accepts every key of `args` and its value, else the error text (plug-ins
-    take anything)."""
+    """None if the reward accepts every key of `args` (and, for a built-in, its value), else the
+    error text. A plug-in is checked against its signature: unless it takes `**kwargs`, each key
+    must name one of its keyword parameters, and a parameter without a default needs a key."""
     from rlvr.rewards.args import KNOWN_ARGS, check_arg_values
 
     known = KNOWN_ARGS.get(name)
     if known is None:
-        return None
+        return _plugin_args_problem(name, args) if is_plugin(name) else None
     unknown = sorted(set(args) - known)
     if not unknown:
         return check_arg_values(name, args)
-    import difflib
+    return _not_taken(name, unknown, known)
 
+
+def _not_taken(name: str, unknown: list[str], known: set[str] | frozenset[str]) -> str:
     hints = [
         f"{key!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(key, known, n=1)) else repr(key)
         for key in unknown
     ]
-    return f"{name} does not take {', '.join(hints)}; it takes {', '.join(sorted(known))}"
+    takes = ", ".join(sorted(known)) if known else "no reward_args"
+    return f"{name} does not take {', '.join(hints)}; it takes {takes}"
+
+
+def _plugin_args_problem(name: str, args: dict[str, Any]) -> str | None:
+    try:
+        signature = _plugin_signature(_load_plugin(name))
+    except (ImportError, AttributeError, ValueError):
+        return None  # check_reward_name says why
+    if signature is None:
+        return None
+    params = list(signature.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    call_args = {p.name for p in positional[:2]}  # the sample and the completion
+    keywords = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - call_args
+    clash = sorted(set(args) & call_args)
+    if clash:
+        return f"{name} does not take {clash[0]!r}: it is the name of its sample or completion argument"
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        unknown = sorted(set(args) - keywords)
+        if unknown:
+            return _not_taken(name, unknown, keywords)
+    missing = [key for key in _required(signature, skip=2) if key not in args]
+    if missing:
+        return f"{name} needs reward_args {', '.join(map(repr, missing))} (no default in its signature)"
+    return None
+
+
+def _required(signature: inspect.Signature | None, *, skip: int) -> list[str]:
+    """Parameters after the first `skip` positional ones that have no default."""
+    if signature is None:
+        return []
+    params = list(signature.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    after = positional[skip:] + [p for p in params if p.kind is p.KEYWORD_ONLY]
+    return [p.name for p in after if p.default is p.empty]
+
+
+def _signature(obj: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(obj)
+    except (TypeError, ValueError):  # a builtin or C callable Python cannot describe
+        return None
+
+
+def _plugin_signature(obj: Any) -> inspect.Signature | None:
+    """The signature `_normalise` ends up calling: the function's, the `score` method's, or
+    `__call__`'s (a class without creating it: its `self` is left out)."""
+    if not inspect.isclass(obj):
+        if not inspect.isfunction(obj) and not inspect.ismethod(obj) and callable(getattr(obj, "score", None)):
+            obj = obj.score
+        return _signature(obj)
+    attr = "score" if callable(getattr(obj, "score", None)) else "__call__"
+    signature = _signature(getattr(obj, attr))
+    if signature is None or isinstance(inspect.getattr_static(obj, attr), staticmethod | classmethod):
+        return signature
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
 def _unknown(name: str) -> str:
@@ -136,14 +222,69 @@ def _known_hint() -> str:
     return f"known rewards: {', '.join(builtin_names())}; or a plug-in as 'package.module:function'"
 
 
+PLUGIN_PATH_ENV = "RLVR_PLUGIN_PATH"
+"""Folders plug-ins are imported from (os.pathsep-separated), after the installed packages."""
+
+
+def add_plugin_dir(folder: str | Path) -> None:
+    """Import plug-ins from `folder` too (the recipe's): in this process, and, through the
+    environment, in every process it starts (the trainer that scores; tool plug-ins too)."""
+    path = str(Path(folder).resolve())
+    dirs = plugin_dirs()
+    if path not in dirs:
+        os.environ[PLUGIN_PATH_ENV] = os.pathsep.join([*dirs, path])
+    _use_plugin_dirs()
+
+
+def plugin_dirs() -> list[str]:
+    """The plug-in folders of `RLVR_PLUGIN_PATH`, in order."""
+    return [d for d in os.environ.get(PLUGIN_PATH_ENV, "").split(os.pathsep) if d]
+
+
+def _use_plugin_dirs() -> None:
+    """Append the plug-in folders to sys.path: after the installed packages, so a `types.py` or
+    `datasets.py` beside a recipe cannot shadow a module rlvr needs."""
+    missing = [d for d in plugin_dirs() if d not in sys.path]
+    if missing:
+        sys.path.extend(missing)
+        importlib.invalidate_caches()
+
+
+def searched_dirs() -> list[str]:
+    """The folders an import looks in besides Python's own and the installed packages."""
+    install = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    out: list[str] = []
+    for entry in sys.path:
+        folder = os.path.realpath(entry or os.getcwd())
+        if (
+            os.path.isdir(folder)
+            and folder not in out
+            and not any(folder == root or folder.startswith(root + os.sep) for root in install)
+        ):
+            out.append(folder)
+    return out
+
+
 def _load_plugin(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"plug-in {spec!r} must look like 'package.module:function'")
+    _use_plugin_dirs()
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ImportError(f"plug-in {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            where = ", ".join(searched_dirs())
+            where = f"{where} or the installed packages" if where else "the installed packages"
+            raise ImportError(
+                f"plug-in {spec!r}: cannot import module {module_name!r}: no {exc.name!r} in {where} "
+                "(plug-ins are imported from the recipe's folder, PYTHONPATH and the installed packages)"
+            ) from exc
+        raise ImportError(f"plug-in {spec!r}: importing module {module_name!r} failed: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - the plug-in's own code failed at import: one line, its cause
+        raise ImportError(
+            f"plug-in {spec!r}: importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -184,3 +325,6 @@ def _normalise(obj: Any, *, origin: str) -> RewardFn:
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
+
+
+_use_plugin_dirs()  # a process `rlvr launch` started (the trainer) finds the recipe's plug-ins

@@ -4,6 +4,8 @@ the run marked failed; Ctrl-C saves and tears every process down; off a terminal
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -72,6 +74,62 @@ def test_a_trainer_that_fails_shows_the_cause_not_torchruns_banner(tmp_path: Pat
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events[-1]["level"] == "error" and "trainer exited" in events[-1]["message"]
     assert result.stdout.strip().endswith("rerun the same command to resume from the last checkpoint")
+
+
+def test_a_reward_that_cannot_judge_stops_the_run_with_a_checkpoint_and_one_line(tmp_path: Path) -> None:
+    """A plug-in whose backend is down raises on every call: the run does not train on those zeros
+    (nor goes on to the end with exit 0, as it did); it saves, stops, and says why in one line."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "down_reward.py").write_text(
+        "def score(sample, completion):\n    raise RuntimeError('reward backend unavailable')\n"
+    )
+    result = subprocess.run(
+        command(tmp_path, "experiment.max_steps=3", 'domains.math.reward="down_reward:score"'),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(plugins)},
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip()
+    assert re.fullmatch(
+        r"error: reward math could not judge (\d+) of \1 samples in step 1: RuntimeError: reward backend "
+        r"unavailable \(checkpoint step_0 saved; rerun the same command to resume\)",
+        line,
+    ), line
+    run_dir = tmp_path / "quickstart"
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "failed" and status["error"] == line.removeprefix("error: ")
+    assert (run_dir / "checkpoints" / "step_0" / "meta.json").exists()
+    assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text().strip()
+    events = [json.loads(x)["message"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert any(m.startswith("reward math could not judge") and "(not trained on)" in m for m in events)
+    samples = (
+        [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+        if (run_dir / "samples.jsonl").exists()
+        else []
+    )
+    assert all(r["verdict"] == "failed" for r in samples if r["domain"] == "math")
+    assert not processes_mentioning(str(tmp_path))
+
+
+def test_a_judge_that_does_not_answer_stops_the_launch_before_step_1(tmp_path: Path) -> None:
+    result = subprocess.run(
+        command(tmp_path, 'domains.words.reward_args.judge_url="http://127.0.0.1:9"'),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip()
+    assert line.startswith(
+        "error: judge http://127.0.0.1:9 (domains.words) does not answer before step 1: ClientConnectorError"
+    ), line
+    assert len(line.splitlines()) == 1
+    assert not (tmp_path / "quickstart" / "metrics.jsonl").read_text().strip()  # no step ran
 
 
 def test_ctrl_c_checkpoints_and_tears_everything_down(tmp_path: Path) -> None:

@@ -178,6 +178,46 @@ def test_resume_after_dynamic_sampling_refills_gives_the_same_weights(tmp_path, 
     assert same_weights(weights(straight), weights(second))
 
 
+class BrokenAfter(VowelReward):
+    """Judges the first `groups` groups, then cannot judge anything (a judge that went down)."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.left = groups
+
+    async def score_groups(self, groups: list[Group]) -> dict[str, float]:
+        metrics = await super().score_groups(groups)
+        for group in groups:
+            self.left -= 1
+            if self.left < 0:
+                group.rewards = [RewardResult(0.0, failed="RuntimeError: reward backend unavailable")] * len(
+                    group.completions
+                )
+        return metrics
+
+
+def test_rewards_past_their_failure_budget_stop_with_a_checkpoint_and_the_rerun_resumes(tmp_path, model_dir):
+    """Step 2's rewards all fail: the run stops before training on them, with step 1 saved and the
+    one line that says why; rerun with the reward back, it redoes step 2 and ends bit for bit where a
+    straight run does (the failed step's prompts are drawn again)."""
+    from rlvr.loop import FAILED_EXIT
+
+    straight = make_loop(tmp_path / "a", model_dir, steps=3, **EXACT)
+    run(straight)
+    broken = make_loop(tmp_path / "b", model_dir, steps=3, **EXACT)
+    broken.manager.rewards = BrokenAfter(groups=4)  # type: ignore[union-attr]  # step 1 has 4 groups
+    metrics = run(broken, expect=FAILED_EXIT)
+    assert [m["step"] for m in metrics] == [1]  # step 2 was not trained, nor logged as if it were
+    assert broken.failure == "reward toy could not judge 16 of 32 samples in steps 1-2: RuntimeError: reward backend unavailable"
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("step_*")) == ["step_1"]
+    events = (tmp_path / "b" / "events.jsonl").read_text()
+    assert "reward toy could not judge 16 of 16 samples in step 2 (not trained on)" in events
+    again = make_loop(tmp_path / "b", model_dir, steps=3, **EXACT)
+    metrics = run(again, resume="auto")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert same_weights(weights(straight), weights(again))
+
+
 def test_async_loop_bounds_staleness_and_corrects_off_policy(tmp_path, model_dir):
     loop = make_loop(tmp_path, model_dir, steps=4, k=1, max_new_tokens=48)
     metrics = run(loop)

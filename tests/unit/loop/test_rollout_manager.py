@@ -96,7 +96,7 @@ def samples(domain: str, count: int) -> list[Sample]:
     ]
 
 
-def recipe(*, k: int = 0, steps: int = 6, **algorithm: Any) -> Recipe:
+def recipe(*, k: int = 0, steps: int = 6, max_failed_frac: float = 0.25, **algorithm: Any) -> Recipe:
     return Recipe.model_validate({
         "experiment": {"max_steps": steps},
         "model": {"config": {}},
@@ -107,6 +107,7 @@ def recipe(*, k: int = 0, steps: int = 6, **algorithm: Any) -> Recipe:
         },
         "rollout": {"n": 3, "max_new_tokens": 10, "max_staleness": k},
         "algorithm": {"preset": "grpo", "tis_cap": 2.0, **algorithm},
+        "rewards": {"max_failed_frac": max_failed_frac},
     })  # fmt: skip
 
 
@@ -291,3 +292,78 @@ def test_stale_groups_are_dropped_and_counted() -> None:
     batch, metrics = manager.take(3)
     manager.close()
     assert len(batch) == 0 and metrics["groups/stale"] == 4
+
+
+# -- verdicts: a sample the reward could not judge never trains ------------------------------------------
+class FailingRewards(FakeRewards):
+    """As FakeRewards, but completion j of domain `domain` could not be judged when j is in `fail`."""
+
+    def __init__(self, *, fail: set[int], domain: str = "mixed") -> None:
+        self.fail, self.domain = fail, domain
+
+    async def score_groups(self, groups: list[Group]) -> dict[str, float]:
+        await super().score_groups(groups)
+        for group in groups:
+            if group.sample.domain == self.domain:
+                for j, c in enumerate(group.completions):
+                    if int(c.text) in self.fail:
+                        group.rewards[j] = RewardResult(0.0, {"reason": "x"}, failed="RuntimeError: backend down")
+        return {}
+
+
+def make_failing(fail: set[int], **kw: Any) -> RolloutManager:
+    r = recipe(**kw)
+    r.domains["mixed"].reward_norm = "none"  # raw scores, so the advantages can be worked out by hand
+    return RolloutManager(r, train={"flat": samples("flat", 5), "mixed": samples("mixed", 5)}, evals={},
+                          tokenizer=CharTokenizer(), engine=FakeEngine(3),  # type: ignore[arg-type]
+                          rewards=FailingRewards(fail=fail))  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_a_failed_sample_leaves_its_group_and_the_rest_keep_their_own_baseline() -> None:
+    import torch
+
+    from rlvr.algorithms.advantages import normalize_rewards_per_group
+
+    manager = make_failing({1})  # mixed: samples score 0, (failed), 2
+    batch, metrics = manager.take(0)
+    manager.close()
+    mixed = [i for i, d in enumerate(batch.domains) if d == "mixed"]
+    flat = [i for i, d in enumerate(batch.domains) if d == "flat"]
+    assert len(mixed) == 2 * 2 and len(flat) == 2 * 3  # two mixed groups of 3, one failed sample each
+    assert [batch.rewards[i] for i in mixed] == [0.0, 2.0, 0.0, 2.0]
+    assert [len(batch.responses[i]) for i in mixed] == [1, 10, 1, 10]  # samples j = 0 and 2, not j = 1 (2 tokens)
+    # GRPO's advantage of the judged pair (0, 2): mean 1, unbiased std sqrt(2) -> -1/sqrt(2), +1/sqrt(2);
+    # with the failed sample trained as a 0 it would have been (0, 0, 2): -0.577, -0.577, +1.155.
+    adv = normalize_rewards_per_group(torch.tensor(batch.rewards), torch.tensor(batch.group_ids))
+    expected = [-(2**-0.5), 2**-0.5] * 2
+    assert [round(float(adv[i]), 4) for i in mixed] == [round(x, 4) for x in expected]
+    assert metrics["groups/trained"] == 4 and metrics["groups/failed"] == 0
+    assert manager.pop_events() == ["reward mixed could not judge 2 of 6 samples in step 1 (not trained on): "
+                                    "RuntimeError: backend down"]  # fmt: skip
+    assert manager.stop_reason == "reward mixed could not judge 2 of 6 samples in step 1: RuntimeError: backend down"
+
+
+def test_a_group_left_with_one_judged_sample_is_dropped_and_counted() -> None:
+    manager = make_failing({0, 1}, max_failed_frac=1.0)
+    batch, metrics = manager.take(0)
+    manager.close()
+    assert set(batch.domains) == {"flat"} and len(batch) == 2 * 3
+    assert metrics["groups/failed"] == 2 and metrics["groups/trained"] == 2
+    assert manager.counts["started"] == sum(manager.counts[e] for e in GROUP_ENDS)
+    assert manager.stop_reason is None  # max_failed_frac = 1: never stops
+
+
+def test_the_failure_budget_counts_a_window_of_steps() -> None:
+    from rlvr.rewards.budget import FailureBudget, StepFailures
+
+    budget = FailureBudget(0.25, 3)
+    ok, bad = StepFailures(total=40), StepFailures(total=40, failed=12, cause="RuntimeError: reward backend unavailable")
+    assert budget.observe(1, {"math": ok}) is None
+    assert budget.observe(2, {"math": ok}) is None
+    assert budget.observe(3, {"math": StepFailures(total=40, failed=20, cause="x")}) is None  # 20 of 120
+    assert budget.observe(4, {"math": bad, "code": ok}) == (
+        "reward math could not judge 32 of 120 samples in steps 2-4: x"
+    )  # the first cause in the window
+    assert FailureBudget(0.25, 3).observe(1, {"math": bad}) == (
+        "reward math could not judge 12 of 40 samples in step 1: RuntimeError: reward backend unavailable"
+    )

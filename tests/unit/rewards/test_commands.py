@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import json
+import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from rlvr.rewards.commands import app
@@ -66,3 +68,53 @@ def test_check_rejects_a_misspelt_argument_as_validate_does(tmp_path):
     assert "--args: math_rule does not take 'timout_s' (did you mean 'timeout_s'?)" in result.output
     result = runner.invoke(app, ["check", str(rows), "--reward", "math_rule", "--args", '{"format_weight": 1.5}'])
     assert result.exit_code == 2 and "format_weight: expected a number in [0, 1], got 1.5" in result.output
+
+
+@pytest.fixture
+def plugin_rewards(tmp_path, monkeypatch):
+    (tmp_path / "check_rewards.py").write_text(
+        "def raises(sample, completion):\n"
+        "    raise RuntimeError('reward backend unavailable')\n\n"
+        "def text(sample, completion):\n"
+        "    return 'yes'\n\n"
+        "def zero(sample, completion):\n"
+        "    return 0.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "check_rewards"
+    sys.modules.pop("check_rewards", None)
+
+
+def test_check_exits_1_when_every_row_raised(tmp_path, plugin_rewards):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"id": i, "prompt": "q", "completion": "x"} for i in "ab"])
+    result = runner.invoke(app, ["check", str(rows), "--reward", f"{plugin_rewards}:raises"])
+    assert result.exit_code == 1, result.output
+    assert "2 rows, none judged, 2 failed" in result.stdout
+    assert result.stderr.strip() == (
+        "error: the reward failed on 2 of 2 rows (a run would not train on them); "
+        f"first: {rows}:1: RuntimeError: reward backend unavailable"
+    )
+
+
+def test_check_exits_1_when_a_row_scores_no_number(tmp_path, plugin_rewards):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "q", "completion": "x"}])
+    result = runner.invoke(app, ["check", str(rows), "--reward", f"{plugin_rewards}:text"])
+    assert result.exit_code == 1, result.output
+    assert "failed" in result.stdout and "reward returned str" in result.stderr
+
+
+def test_check_a_row_that_scores_0_is_not_an_error(tmp_path, plugin_rewards):
+    rows = write_rows(tmp_path / "rows.jsonl", [{"id": "a", "prompt": "q", "completion": "x"}])
+    result = runner.invoke(app, ["check", str(rows), "--reward", f"{plugin_rewards}:zero"])
+    assert result.exit_code == 0, result.output
+    assert "1 rows, mean score 0.000, 0 at 1.0, 0 failed" in result.stdout
+
+
+def test_check_code_rows_whose_test_cases_do_not_fit(tmp_path):
+    good = {"id": "a", "prompt": "f", "case_type": "assert", "test_cases": ["assert f(1) == 2"], "completion": "x"}
+    rows = write_rows(tmp_path / "rows.jsonl", [good, {**good, "test_cases": {"f(1)": 2}}])
+    result = runner.invoke(app, ["check", str(rows), "--reward", "code_sandbox"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"{rows}:2: test_cases for case_type 'assert' must be a string or a non-empty list of strings (got dict)"
+    )
