@@ -63,6 +63,7 @@ class EvalRow:
     completion: str
     score: float
     reason: str
+    failed: str | None = None  # the reward could not judge it: left out of the means, counted
 
 
 def load_rows(files: list[Path], *, reward: str | None, tag_rewards: dict[str, tuple[str, dict]]) -> list[Sample]:
@@ -127,7 +128,9 @@ def evaluate(
         if close is not None:
             close()
     return [
-        EvalRow(sample=g.sample, completion=c.text, score=r.score, reason=str(r.info.get("reason", "")))
+        EvalRow(
+            sample=g.sample, completion=c.text, score=r.score, reason=str(r.info.get("reason", "")), failed=r.failed
+        )
         for g in groups
         for c, r in zip(g.completions, g.rewards, strict=True)
     ]
@@ -162,7 +165,8 @@ async def evaluate_groups(
 
 def eval_metrics(groups: Sequence[Group], *, threshold: float = 1.0) -> dict[str, float]:
     """Per benchmark: `eval/<domain>/<tag>/{mean,accuracy}` (+ `pass@k` when k > 1); per domain:
-    `eval/reward/<domain>/{mean,accuracy}`.
+    `eval/reward/<domain>/{mean,accuracy}`. Samples the reward could not judge are left out of
+    both and counted as `.../failed` (a judge that was down is not a model that got worse).
 
     With k samples per row (`eval_n`), mean and accuracy are over all k samples (mean@k)
     and pass@k is the fraction of rows with at least one sample at or above `threshold`,
@@ -175,31 +179,37 @@ def eval_metrics(groups: Sequence[Group], *, threshold: float = 1.0) -> dict[str
         buckets.setdefault((domain, group.sample.tag), []).append(group)
     out: dict[str, float] = {}
     for key, items in buckets.items():
-        scores = [s for g in items for s in g.scores]
+        judged = [[r.score for r in g.rewards if r.judged] for g in items]
+        scores = [s for group in judged for s in group]
         prefix = "eval/" + "/".join(key)
         out[f"{prefix}/mean"] = sum(scores) / max(len(scores), 1)
         out[f"{prefix}/accuracy"] = sum(s >= threshold for s in scores) / max(len(scores), 1)
+        failed = sum(len(g.rewards) - len(j) for g, j in zip(items, judged, strict=True))
+        if failed:
+            out[f"{prefix}/failed"] = float(failed)
         k = max(len(g.scores) for g in items)
         if k > 1 and key[0] != "reward":
-            out[f"{prefix}/pass@{k}"] = sum(max(g.scores, default=0.0) >= threshold for g in items) / len(items)
+            rows = [group for group in judged if group]
+            out[f"{prefix}/pass@{k}"] = sum(max(group) >= threshold for group in rows) / max(len(rows), 1)
     return out
 
 
 def summarize(rows: list[EvalRow]) -> dict[str, dict[str, float]]:
-    by_tag: dict[str, list[float]] = {}
+    """Per tag and overall: judged `count`, `mean`, `accuracy`, and `failed` (could not judge)."""
+    by_tag: dict[str, list[EvalRow]] = {}
     for row in rows:
-        by_tag.setdefault(row.sample.tag, []).append(row.score)
-    summary = {
-        tag: {"count": len(s), "mean": sum(s) / len(s), "accuracy": sum(x >= 1 for x in s) / len(s)}
-        for tag, s in by_tag.items()
-    }
-    scores = [row.score for row in rows]
-    summary["all"] = {
+        by_tag.setdefault(row.sample.tag, []).append(row)
+    return {tag: _stats(items) for tag, items in {**by_tag, "all": rows}.items()}
+
+
+def _stats(rows: list[EvalRow]) -> dict[str, float]:
+    scores = [row.score for row in rows if row.failed is None]
+    return {
         "count": len(scores),
         "mean": sum(scores) / max(len(scores), 1),
         "accuracy": sum(x >= 1 for x in scores) / max(len(scores), 1),
+        "failed": len(rows) - len(scores),
     }
-    return summary
 
 
 def write_rows(rows: list[EvalRow], path: Path) -> None:
@@ -211,7 +221,8 @@ def write_rows(rows: list[EvalRow], path: Path) -> None:
                         "id": row.sample.id,
                         "tag": row.sample.tag,
                         "completion": row.completion,
-                        "score": row.score,
+                        "score": None if row.failed else row.score,
+                        "verdict": "failed" if row.failed else "scored",
                         "reason": row.reason,
                     }
                 )

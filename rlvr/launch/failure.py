@@ -9,6 +9,7 @@ says `failed` with the same line as an event.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 _TORCHRUN_FAILED = re.compile(r"^[EWI]\d{4} .*\bfailed \(exitcode")  # torchrun's "E1203 ... failed (exitcode: 1)"
 _ELASTIC = "torch.distributed.elastic"
@@ -63,3 +64,17 @@ def _short(line: str, *, limit: int = 400) -> str:
         head = head.rsplit(".", 1)[1]
     text = f"{head}{sep}{rest}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def stated_error(run_dir: str | Path) -> str | None:
+    """The trainer's own line when it stopped the run itself (status `failed` with an `error`, e.g.
+    rewards past their failure budget or a judge that does not answer), with the checkpoint it
+    saved on the way out; None when it did not say (a crash: then its log's root cause)."""
+    from rlvr.rundir import RunDir, latest_checkpoint, read_status
+
+    status = read_status(run_dir) or {}
+    if status.get("state") != "failed" or not status.get("error"):
+        return None
+    saved = latest_checkpoint(RunDir(run_dir).checkpoints)
+    where = f" (checkpoint {saved.name} saved; rerun the same command to resume)" if saved else ""
+    return f"{status['error']}{where}"

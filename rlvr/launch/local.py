@@ -20,14 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlvr.launch.commands import judge_command, prepare_servers, server_command, trainer_command
-from rlvr.launch.failure import root_cause
+from rlvr.launch.failure import root_cause, stated_error
 from rlvr.monitor.metrics import event_line, mark_stopped
 from rlvr.monitor.progress import PlainProgress
 from rlvr.process import Child, Children, free_port
 from rlvr.recipe.plan import LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import ServerAddress, clear_servers, register_judge, register_server
-from rlvr.rundir import RunDir, latest_checkpoint, read_status
+from rlvr.rundir import RunDir
 
 
 class LaunchError(RuntimeError):
@@ -41,17 +41,6 @@ def failure(child: Child, what: str) -> LaunchError:
     except FileNotFoundError:
         text = ""
     return LaunchError(f"{child.name} {what}: {root_cause(text)} (log: {child.log_path})")
-
-
-def stated_failure(run_dir: Path) -> LaunchError | None:
-    """The trainer's own line when it stopped the run itself (status `failed` with an `error`,
-    e.g. rewards past their failure budget), with the checkpoint it saved on the way out."""
-    status = read_status(run_dir) or {}
-    if status.get("state") != "failed" or not status.get("error"):
-        return None
-    saved = latest_checkpoint(RunDir(run_dir).checkpoints)
-    where = f" (checkpoint {saved.name} saved; rerun the same command to resume)" if saved else ""
-    return LaunchError(f"{status['error']}{where}")
 
 
 def wait_healthy(child: Child, url: str, *, timeout_s: float) -> None:
@@ -142,7 +131,8 @@ class LocalLauncher:
                 continue
             if child is self.trainer:
                 if code != 0:
-                    raise stated_failure(self.run_dir) or failure(child, f"exited with code {code}")
+                    stated = stated_error(self.run_dir)
+                    raise LaunchError(stated) if stated else failure(child, f"exited with code {code}")
                 return 0
             if (
                 self.recipe.sync.on_engine_failure == "continue"

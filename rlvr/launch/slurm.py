@@ -261,11 +261,15 @@ def launch(recipe: Recipe, *, run_dir: str | Path, recipe_json: str | None = Non
     state = wait_and_watch(job, run_dir, console=console, dashboard=dashboard and recipe.monitor.dashboard)
     code = 0 if state == "COMPLETED" else 1
     if state in FINAL_STATES:
+        from rlvr.launch.failure import stated_error
         from rlvr.monitor.metrics import mark_failed
         from rlvr.monitor.progress import final_line
         from rlvr.rundir import read_status
 
-        if code and (read_status(run_dir) or {}).get("state") not in ("failed", "stopped"):
+        stated = stated_error(run_dir) if code else None
+        if stated:  # the trainer stopped the run itself and said why (e.g. rewards that cannot judge)
+            Console(stderr=True).print(f"error: {stated}", soft_wrap=True, highlight=False, markup=False)
+        elif code and (read_status(run_dir) or {}).get("state") not in ("failed", "stopped"):
             mark_failed(run_dir, f"job {job.job_id} ended {state}; logs in {RunDir(run_dir).slurm}")
         console.print(
             final_line(run_dir, code=code, max_steps=recipe.experiment.max_steps),

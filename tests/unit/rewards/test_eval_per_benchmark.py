@@ -86,3 +86,12 @@ async def test_evaluate_groups_uses_each_domains_n_and_temperature_and_its_rewar
         pool.close()
     assert calls == [(2, 3, 0.7)]
     assert metrics["eval/math/aime2024/accuracy"] == 1.0 and metrics["eval/math/MATH-500/pass@3"] == 1.0
+
+
+def test_samples_the_reward_could_not_judge_are_counted_not_averaged():
+    g = group("gsm8k", [1.0, 1.0, 0.0])
+    g.rewards[1] = RewardResult(0.0, {}, failed="judge http://j gave no answer within 30 s")
+    metrics = eval_metrics([g, group("gsm8k", [1.0, 1.0, 1.0])])
+    assert metrics["eval/math/gsm8k/mean"] == 0.8 and metrics["eval/reward/math/mean"] == 0.8  # 4 of 5 judged
+    assert metrics["eval/math/gsm8k/failed"] == 1.0
+    assert metrics["eval/math/gsm8k/pass@3"] == 1.0
