@@ -209,6 +209,8 @@ async def _run_local(job: Job, limits: Limits, reward_args: dict[str, Any]) -> t
         finally:
             stop.set()
         solution_run = await solution
+        if solution_run.killed in SANDBOX_FAILURES:  # the solution's sandbox never ran it: not its 0
+            return 0, job.total, "sandbox failure", solution_run
         return (*judge_events(job, judge_run, solution_run, limits), judge_run)
 
 

@@ -23,12 +23,14 @@ import queue
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.process import die_with_parent
+from rlvr.rewards.deadline import queued
 
 
 @dataclass(slots=True)
@@ -117,6 +119,9 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(self.max_workers, thread_name_prefix="rlvr-reward-worker")
         self._closed = False
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
         self.stats = PoolStats()
         for _ in range(self.max_workers):
             self._spawn()
@@ -140,7 +145,10 @@ class WorkerPool:
         if self._closed:
             raise RuntimeError("WorkerPool is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads, self._call_blocking, target, args, kwargs, timeout_s)
+        if loop not in self._slots:
+            self._slots[loop] = asyncio.Semaphore(self.max_workers)
+        async with queued(self._slots[loop]):  # the wait for a free worker is not the reward's own time
+            return await loop.run_in_executor(self._threads, self._call_blocking, target, args, kwargs, timeout_s)
 
     def call_sync(self, target: str, *args: Any, timeout_s: float, **kwargs: Any) -> JobResult:
         return self._call_blocking(target, args, kwargs, timeout_s)
