@@ -50,9 +50,10 @@ async def test_a_solution_imitating_a_sandbox_failure_scores_zero(name, cases):
 
 
 @pytest.mark.skipif(not forkserver_in_use(), reason="the fork server runs as root")
-async def test_a_run_whose_namespace_cannot_be_set_up_is_failed():
+@pytest.mark.parametrize("cases", [STDIO, ASSERT], ids=["stdin_stdout", "assert"])
+async def test_a_run_whose_namespace_cannot_be_set_up_is_failed(cases):
     # a negative tmpfs size: the mount in the run's pid 1 fails before anything of the solution runs
-    result = await score(make_sample(**STDIO), code_completion("print('ok')"), max_scratch_mb=-1)
+    result = await score(make_sample(**cases), code_completion("print('ok')"), max_scratch_mb=-1)
     assert result.failed is not None
     assert result.failed.startswith("sandbox could not run the tests: the sandbox could not set up the run")
 
