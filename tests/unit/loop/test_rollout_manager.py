@@ -357,7 +357,10 @@ def test_the_failure_budget_counts_a_window_of_steps() -> None:
     from rlvr.rewards.budget import FailureBudget, StepFailures
 
     budget = FailureBudget(0.25, 3)
-    ok, bad = StepFailures(total=40), StepFailures(total=40, failed=12, cause="RuntimeError: reward backend unavailable")
+    ok, bad = (
+        StepFailures(total=40),
+        StepFailures(total=40, failed=12, cause="RuntimeError: reward backend unavailable"),
+    )
     assert budget.observe(1, {"math": ok}) is None
     assert budget.observe(2, {"math": ok}) is None
     assert budget.observe(3, {"math": StepFailures(total=40, failed=20, cause="x")}) is None  # 20 of 120
@@ -367,3 +370,21 @@ def test_the_failure_budget_counts_a_window_of_steps() -> None:
     assert FailureBudget(0.25, 3).observe(1, {"math": bad}) == (
         "reward math could not judge 12 of 40 samples in step 1: RuntimeError: reward backend unavailable"
     )
+
+
+def test_rows_longer_than_the_prompt_limit_are_counted_and_said() -> None:
+    manager, _ = make()
+    short = [
+        Sample(id=f"s{i}", tag="flat", domain="flat", messages=[{"role": "user", "content": ""}]) for i in range(5)
+    ]
+    manager.mixture.streams["flat"].samples[:] = short
+    manager.recipe.data.max_prompt_tokens = len(manager.prompt_ids(short[0]))  # the "mixed" rows say "qN": longer
+    batch, metrics = manager.take(0)
+    manager.close()
+    assert (
+        set(batch.domains) == {"flat"} and metrics["data/mixed/dropped"] == 2.0 and "data/flat/dropped" not in metrics
+    )
+    assert manager.pop_events() == [
+        "data mixed: 2 row(s) skipped in step 1, prompt longer than data.max_prompt_tokens = 18 (first: id mixed0, "
+        "20 tokens)"
+    ]
