@@ -14,9 +14,13 @@ with max_staleness = 0 it starts a step's prompts only after that step's weights
 which is the synchronous loop. A SIGTERM/SIGUSR1 (Ctrl-C in the launcher, SLURM preemption) is
 noted and acted on at the end of the current step: checkpoint, then exit with code 0 after a
 finished run or `PREEMPTED_EXIT` after a stop, so a requeued job resumes from exactly there.
-A reward past its failure budget (`rewards.max_failed_frac`) stops the run the same way before
-the step trains on what is left: checkpoint, `failure` set to the one line that says why, and
-`FAILED_EXIT`; a rerun resumes at that step.
+A failure stops the run the same way, never losing a step the trainer finished: rewards past
+their failure budget (`rewards.max_failed_frac`) or a rollout that failed for good
+(`RolloutError`) stop before the step trains; a weight push that failed (`SyncError`) stops
+after the step it follows, which is saved. Each sets `failure` to the one line that says why
+(the worker writes it to status.json) and returns `FAILED_EXIT`; a rerun resumes. A failed push
+never reopens the rollout manager's gate: no episode runs on engines left with part of the new
+weights.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ from rlvr.algorithms.kl import make_kl_controller
 from rlvr.controller import RolloutManager
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.schema import Recipe
+from rlvr.rollout.engine import RolloutError
 from rlvr.rundir import RunDir, latest_checkpoint, step_dir
-from rlvr.sync.base import WeightSync
+from rlvr.sync.base import SyncError, WeightSync
 from rlvr.trainer import dist as d
 from rlvr.trainer.actor import Actor
 from rlvr.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -101,11 +106,14 @@ class RLLoop:
             start = time.perf_counter()
             metrics = self.train_one_step()
             if self.failure is not None:  # the step's rollouts are not fit to train on: keep what is sound
-                self.log_events()
-                self.save()
-                return FAILED_EXIT
+                return self.stop_failed()
             self.step += 1
-            metrics.update(self.push_weights())
+            try:
+                metrics.update(self.push_weights())
+            except SyncError as exc:  # the step trained: keep it, leave the engines paused
+                self.failure = str(exc)
+                self.log(metrics)
+                return self.stop_failed()
             if exp.eval_steps and self.step % exp.eval_steps == 0:
                 metrics.update(self.evaluate())
             metrics["time/step"] = time.perf_counter() - start
@@ -123,8 +131,11 @@ class RLLoop:
         rollout = None
         failure = None
         if self.manager is not None:
-            rollout, metrics = self.manager.take(self.step)
-            failure = self.manager.stop_reason
+            try:
+                rollout, metrics = self.manager.take(self.step)
+                failure = self.manager.stop_reason
+            except RolloutError as exc:  # every server dead, retries spent: no batch for this step
+                failure = f"rollout failed in step {self.step + 1}: {exc}"
         if d.is_dist():
             rollout, failure = cast(tuple[RolloutBatch, str | None], d.broadcast_object((rollout, failure)))
         if failure is not None:
@@ -154,17 +165,24 @@ class RLLoop:
 
     def push_weights(self) -> dict[str, float]:
         """New weights to the engines as version `self.step`: the manager holds new groups and
-        aborted episodes meanwhile, then admits what the staleness bound allows."""
+        aborted episodes meanwhile, then admits what the staleness bound allows. A push that
+        raises leaves the gate closed: the outcome decides, not a `finally`."""
         t0 = time.perf_counter()
         if self.manager is not None:
             self.manager.pause()
-        try:
-            metrics = dict(self.sync.push(version=self.step) or {}) if self.sync is not None else {}
-        finally:
-            if self.manager is not None:
-                self.manager.resume(version=self.step)
+        metrics = dict(self.sync.push(version=self.step) or {}) if self.sync is not None else {}
+        if self.manager is not None:
+            self.manager.resume(version=self.step)
         metrics["time/sync"] = time.perf_counter() - t0
         return metrics
+
+    def stop_failed(self) -> int:
+        """Checkpoint what the trainer holds (the last finished step) and stop with `failure` said."""
+        self.log_events()
+        if self.recorder is not None and self.failure is not None:
+            self.recorder.event(self.failure, level="error")
+        self.save()
+        return FAILED_EXIT
 
     # -- eval, logging, checkpoints ----------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:

@@ -80,10 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = loop.run()
         state = "finished" if code == 0 else "stopped"
-        if loop.failure is not None:  # rewards past their failure budget: checkpointed, the line says why
+        if loop.failure is not None:  # a failure the loop stopped for, checkpointed: the line says why
             state, error = "failed", loop.failure
-            if recorder is not None:
-                recorder.event(loop.failure, level="error")
             print(f"error: {loop.failure}", file=sys.stderr, flush=True)
         if torch.distributed.is_initialized():
             # Leave together: a rank that destroys its gloo group while a peer still uses it

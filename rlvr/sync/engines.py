@@ -194,6 +194,8 @@ class Engines:
             return
         detail = "; ".join(str(f) for f in failures)
         if self.on_failure == "fail":
+            for failure in failures:  # held before the raise: never resumed on part of the weights
+                self._mark_dead(failure.url)
             raise SyncError(f"weight sync to version {version} failed: {detail}", failures)
         for failure in failures:
             if failure.url not in self.dropped:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rlvr.sync.base import MB
+from rlvr.sync.base import MB, SyncError
 
 
 class InProcessSync:
@@ -41,6 +41,7 @@ class InProcessSync:
         total = 0
         if engine is not None:
             engine.pause_sync(self.pause_mode)
+        copied = 0
         try:
             bucket: list[tuple[str, Any]] = []
             size = 0
@@ -52,12 +53,16 @@ class InProcessSync:
                 total += tensor.numel() * tensor.element_size()
                 if size >= self.limit:
                     engine.load_state_dict(bucket, version=None)
+                    copied += len(bucket)
                     bucket, size = [], 0
             if engine is not None:
                 engine.load_state_dict(bucket, version=str(version))
-        finally:
-            if engine is not None:
-                engine.resume_sync()
+        except Exception as exc:
+            # Part of the new weights may be in: the engine stays paused (it would serve a mix of
+            # two versions under the old tag) and the loop stops with a checkpoint.
+            raise SyncError(f"weight sync to version {version} failed after {copied} tensors: {exc!r}") from exc
+        if engine is not None:
+            engine.resume_sync()
         seconds = time.monotonic() - start
         return {
             "sync/seconds": seconds,
