@@ -44,26 +44,66 @@ def load_or_exit(path: Path, overrides: list[str] | None, *, check_data: bool = 
     error line and exit 2. `validate` and every command that starts processes call this, so
     `validate` ok means the worker's start-up checks pass too (`plan` previews a run that may be
     meant for another machine, so it skips the machine checks)."""
+    return load_checked(path, overrides, check_data=check_data, check_machine=check_machine)[0]
+
+
+def load_checked(path: Path, overrides: list[str] | None, *, check_data: bool = True, check_machine: bool = True):
+    """`load_or_exit`, and what the data checks found (None without `check_data`): the rows each
+    domain loaded and how many prompts are longer than `data.max_prompt_tokens` (`rlvr plan`'s
+    table). A warning line each on stderr for the domains that lose rows to the prompt limit."""
     from rlvr.recipe.checks import machine_problems
     from rlvr.recipe.load import Locator, RecipeError, load_recipe
+    from rlvr.rewards.registry import add_plugin_dir
 
     try:
         recipe = load_recipe(path, overrides or [])
     except RecipeError as exc:
         raise fail(str(exc)) from None
+    add_plugin_dir(path.parent)  # `my_reward:score` beside the recipe; the processes launch starts inherit it
+    where = Locator(path, path.read_text(), overrides or [])
     problem = check_rewards(recipe) or (machine_problems(recipe) if check_machine else None)
     if problem:
-        loc, message = problem
-        raise fail(Locator(path, path.read_text(), overrides or []).error(loc, message))
-    if check_data:
-        from rlvr.data.sources import DataError, load_recipe_domains
+        raise fail(where.error(*problem))
+    if not check_data:
+        return recipe, None
+    from rlvr.data.prompt_fit import check_data as check_rows
+    from rlvr.data.prompt_fit import counting_tokenizer
+    from rlvr.data.sources import DataError, load_recipe_domains
 
-        try:
-            load_recipe_domains(recipe)
-            load_recipe_domains(recipe, eval_files=True)  # a run reads these too: a bad row must fail here
-        except DataError as exc:
-            raise fail(str(exc)) from None
-    return recipe
+    try:
+        train, reports = load_recipe_domains(recipe)
+        evals, eval_reports = load_recipe_domains(recipe, eval_files=True)  # a run reads these too
+    except DataError as exc:
+        raise fail(str(exc)) from None
+    tokenizer, not_counted = counting_tokenizer(recipe)
+    data = check_rows(
+        recipe, train=train, evals=evals, reports=reports, eval_reports=eval_reports, tokenizer=tokenizer,
+        messages=tool_messages(recipe, tokenizer, where) if tokenizer is not None else None, not_counted=not_counted,
+    )  # fmt: skip
+    if data.problem:
+        raise fail(where.error(*data.problem))
+    for warning in data.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    return recipe, data
+
+
+def tool_messages(recipe, tokenizer, where) -> dict:
+    """Per domain that lists its tools in the prompt: a row's messages as the model sees them,
+    rendered by the same `Toolbox.prompt_messages` as the rollout's. The search index is not built
+    for this (the search tool's description is the same with a URL)."""
+    from rlvr.tools.base import ToolConfigError
+    from rlvr.tools.session import Toolbox
+
+    out = {}
+    for name, d in recipe.domains.items():
+        if d.tools and d.tool_instructions:
+            domain = d.model_copy(update={"search_url": d.search_url or "http://index.not.built"})
+            try:
+                box = Toolbox.for_domain(domain, tokenizer=tokenizer, default_tokens=recipe.rollout.max_new_tokens)
+            except ToolConfigError as exc:
+                raise fail(where.error(("domains", name, "tools"), str(exc))) from None
+            out[name] = lambda sample, box=box: box.prompt_messages(sample.messages)
+    return out
 
 
 def check_rewards(recipe) -> tuple[tuple[str, ...], str] | None:
@@ -118,22 +158,19 @@ def plan(
     from rlvr.recipe.plan import PlanError, make_plan
     from rlvr.rundir import RunDir, write_atomic
 
-    resolved = load_or_exit(recipe, set_, check_machine=False)
-    from rlvr.data.sources import load_recipe_domains
-
-    _, reports = load_recipe_domains(resolved)
+    resolved, data = load_checked(recipe, set_, check_machine=False)
     try:
         launch = make_plan(resolved)
     except PlanError as exc:
         raise fail(f"{recipe}: cluster: {exc}") from None
     paths = RunDir.of(resolved)
     if out is None and paths.is_run():  # an existing run's recipe is what eval and a resume read
-        print_plan(resolved, launch, reports=reports, resolved_path=None)
+        print_plan(resolved, launch, data=data, resolved_path=None)
         typer.echo(f"not writing {paths.recipe}: it belongs to the run there (pass --out FILE)")
         return
     out = out or paths.recipe
     write_atomic(out, resolved_json(resolved))
-    print_plan(resolved, launch, reports=reports, resolved_path=out)
+    print_plan(resolved, launch, data=data, resolved_path=out)
 
 
 @app.command()
@@ -382,10 +419,12 @@ def eval_(
     from rlvr.evaluation import summarize, write_rows
 
     table = Table(title="eval")
-    for column in ("tag", "count", "mean", "accuracy"):
+    for column in ("tag", "count", "mean", "accuracy", "failed"):
         table.add_column(column, justify="left" if column == "tag" else "right")
     for tag, stats in summarize(rows).items():
-        table.add_row(tag, str(stats["count"]), f"{stats['mean']:.3f}", f"{stats['accuracy']:.3f}")
+        table.add_row(
+            tag, str(stats["count"]), f"{stats['mean']:.3f}", f"{stats['accuracy']:.3f}", str(stats["failed"])
+        )
     console = Console(soft_wrap=True)  # a long model path stays whole (a caption wrapped it mid-word)
     console.print(table)
     console.print(f"model: {model}", markup=False, highlight=False)

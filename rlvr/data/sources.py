@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.rewards.args import judge_mode
-from rlvr.types import CASE_TYPES, Sample
+from rlvr.rewards.cases import SANDBOX_CASE_TYPES, check_test_cases
+from rlvr.types import Sample
 
 KNOWN_FIELDS = {"id", "tag", "messages", "prompt", "ground_truth", "test_cases", "case_type", "difficulty"}
 
@@ -38,6 +39,8 @@ class LoadReport:
 def read_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
     """Yield (line or row number, raw row) from one file; JSON errors surface as DataError."""
     path = Path(path)
+    if problem := file_problem(path):
+        raise DataError(problem)
     if path.is_dir():
         yield from _read_hf_dataset(path)
     elif path.suffix == ".parquet":
@@ -58,12 +61,27 @@ def read_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
         raise DataError(f"{path}: unsupported data file type {path.suffix!r}; expected .jsonl, .parquet or a folder")
 
 
+def file_problem(path: str | Path) -> str | None:
+    """None for what `read_rows` reads, else why not: a directory must be an HF dataset saved with
+    `save_to_disk` (it holds `state.json` or `dataset_dict.json`), not a folder of data files."""
+    path = Path(path)
+    if path.is_dir() and not ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
+        return (
+            f"{path} is a directory; expected a .jsonl/.json/.parquet file or a saved HF dataset folder "
+            "(datasets' save_to_disk)"
+        )
+    return None
+
+
 def _read_hf_dataset(path: Path) -> Iterator[tuple[int, Any]]:
     try:
         import datasets  # pyright: ignore[reportMissingImports]
     except ImportError:
         raise DataError(f"{path}: is a folder; reading HF datasets needs `pip install rlvr[datasets]`") from None
-    loaded = datasets.load_from_disk(str(path))
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as exc:  # noqa: BLE001 - a damaged folder: one line, not datasets' traceback
+        raise DataError(f"{path}: cannot load the saved HF dataset: {type(exc).__name__}: {exc}") from None
     if isinstance(loaded, datasets.DatasetDict):
         loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
     yield from enumerate(loaded, start=1)
@@ -96,10 +114,12 @@ def row_to_sample(
         extra = " (template 'reference')" if reward == "llm_judge" else ""
         raise ValueError(f"{reward} rows need 'ground_truth'{extra}")
     if reward == "code_sandbox":
-        if case_type not in CASE_TYPES:
-            raise ValueError(f"'case_type' must be one of {', '.join(CASE_TYPES)}, got {case_type!r}")
+        if case_type not in SANDBOX_CASE_TYPES:
+            raise ValueError(f"'case_type' must be one of {', '.join(SANDBOX_CASE_TYPES)}, got {case_type!r}")
         if test_cases in (None, "", []):
             raise ValueError("code_sandbox rows need 'test_cases'")
+        if problem := check_test_cases(case_type, test_cases):  # else every sample of the row scores 0
+            raise ValueError(problem)
     difficulty = row.get("difficulty")
     if difficulty == "":
         difficulty = None
@@ -214,8 +234,13 @@ def load_recipe_domains(
     reports: dict[str, LoadReport] = {}
     for name, domain in recipe.domains.items():
         report = reports[name] = LoadReport()
+        key = "eval_files" if eval_files else "files"
+        files = getattr(domain, key)
+        for file in files:
+            if problem := file_problem(file):
+                raise DataError(f"domains.{name}.{key}: {problem}")
         out[name] = load_domain_samples(
-            domain.eval_files if eval_files else domain.files,
+            files,
             domain=name,
             tags=domain.tags,
             reward=domain.reward,

@@ -1,10 +1,12 @@
 """Start-up checks against this machine, run by `rlvr validate` and by `launch` before any process.
 
 The schema checks what a recipe says; these check that the machine can do it: the model
-folder is there (a hub id is never downloaded), its tokenizer is there, and a local run does
-not ask for more trainer ranks than the machine has. Each failure is `(key path, message)`, so
-the CLI prints the usual `file:line: key: message` (or `--set KEY`) line and exits 2 instead
-of a worker dying 10 s into `launch`. Standard library only: `validate` stays instant.
+folder is there (a hub id is never downloaded) with its weights, its tokenizer is there and
+works (encodes text, has an eos token), and a local run does not ask for more trainer ranks
+than the machine has. Each failure is `(key path, message)`, so the CLI prints the usual
+`file:line: key: message` (or `--set KEY`) line and exits 2 instead of a worker dying 10 s into
+`launch`. No torch or transformers: the tokenizer is read with `tokenizers`
+(`rlvr.recipe.tokenizer`), so `validate` stays instant.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 from pathlib import Path
 
 from rlvr.recipe.schema import Recipe
+from rlvr.recipe.tokenizer import TokenizerProblem, eos_problem, has_tokenizer_files, load_tokenizer
 
 Problem = tuple[tuple[str, ...], str]
 
@@ -27,6 +30,7 @@ def machine_problems(recipe: Recipe) -> Problem | None:
     return (
         model_problem(recipe)
         or tokenizer_problem(recipe)
+        or judge_problem(recipe)
         or ranks_problem(recipe)
         or sglang_problem(recipe)
         or vllm_problem(recipe)
@@ -41,7 +45,8 @@ def model_problem(recipe: Recipe) -> Problem | None:
         return None
     folder = Path(path)
     if (folder / "config.json").exists():
-        return None
+        problem = weights_problem(folder)
+        return (("model", "path"), problem) if problem else None
     if folder.is_dir():
         return ("model", "path"), f"{path} has no config.json (expected a HF model folder)"
     if recipe.cluster.kind == "slurm" and folder.is_absolute():
@@ -53,13 +58,74 @@ def model_problem(recipe: Recipe) -> Problem | None:
 
 
 def tokenizer_problem(recipe: Recipe) -> Problem | None:
-    """A separate tokenizer folder must exist too (the worker loads it first thing)."""
+    """The tokenizer (`model.tokenizer`, else the model folder's) must be there and work: the
+    worker loads it first thing, and transformers turns a folder without tokenizer files into an
+    empty tokenizer that encodes every prompt to []."""
     tokenizer = recipe.model.tokenizer
-    if tokenizer is None or Path(tokenizer).is_dir():
+    folder = tokenizer or recipe.model.path
+    if folder is None:
         return None
-    if recipe.cluster.kind == "slurm" and Path(tokenizer).is_absolute():
+    key = ("model", "tokenizer") if tokenizer else ("model", "path")
+    if not Path(folder).is_dir():
+        if tokenizer is None or (recipe.cluster.kind == "slurm" and Path(tokenizer).is_absolute()):
+            return None  # model_problem speaks for model.path; a SLURM path may live on the nodes
+        return key, f"no tokenizer folder at {tokenizer}"
+    problem = usable_tokenizer_problem(folder, model_folder=recipe.model.path, trust=recipe.model.trust_remote_code)
+    if problem and tokenizer is None and not has_tokenizer_files(folder):
+        problem += "; copy them from the base model, or set model.tokenizer to a folder that has them"
+    return (key, problem) if problem else None
+
+
+def judge_problem(recipe: Recipe) -> Problem | None:
+    """The `[judge]` model folder (the loader checked its config.json) needs weights and a tokenizer too."""
+    if recipe.judge is None or not (Path(recipe.judge.model) / "config.json").exists():
         return None
-    return ("model", "tokenizer"), f"no tokenizer folder at {tokenizer}"
+    folder = recipe.judge.model
+    problem = weights_problem(Path(folder)) or usable_tokenizer_problem(folder, model_folder=folder, trust=False)
+    return (("judge", "model"), problem) if problem else None
+
+
+PROBE_TEXT = "The answer is 42."
+"""What the tokenizer check encodes: any working tokenizer gives a few ids for it."""
+
+WEIGHT_FILES = "model.safetensors, model-*.safetensors shards with model.safetensors.index.json, or pytorch_model.bin"
+
+
+def usable_tokenizer_problem(folder: str, *, model_folder: str | None, trust: bool = False) -> str | None:
+    """None when `folder`'s tokenizer loads, encodes text to ids and has an eos token; else why not."""
+    try:
+        tokenizer = load_tokenizer(folder, trust_remote_code=trust)
+        ids = list(tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
+    except TokenizerProblem as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - a broken tokenizer raises anything
+        return f"the tokenizer in {folder} cannot encode text: {type(exc).__name__}: {exc}"
+    if not ids:
+        return (
+            f"the tokenizer in {folder} encodes text to no tokens ({PROBE_TEXT!r} gave []): its tokenizer.json has "
+            "no vocabulary for it"
+        )
+    return eos_problem(tokenizer, folder, model_folder)
+
+
+def weights_problem(folder: Path) -> str | None:
+    """None when the model folder has weight files (and every shard its index lists), else why not."""
+    indexes = sorted(folder.glob("*.index.json"))
+    weights = [p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)]
+    if not indexes and not weights:
+        return f"{folder} has config.json but no weights (expected {WEIGHT_FILES})"
+    for index in indexes:
+        try:
+            shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        except (OSError, ValueError, AttributeError) as exc:
+            return f"{index} is not a weight index: {exc}"
+        missing = [name for name in shards if not (folder / name).is_file()]
+        if missing:
+            return (
+                f"{index} lists {len(shards)} weight file(s) and {len(missing)} are missing (first: {missing[0]}); "
+                "the download is incomplete"
+            )
+    return None
 
 
 def looks_like_hub_id(path: str) -> bool:

@@ -205,7 +205,14 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, where: Loca
     config_json = Path(recipe.model.path or "") / "config.json"
     if recipe.model.path and config_json.exists():
         try:
-            recipe.check_model_split(json.loads(config_json.read_text()))
+            config = json.loads(config_json.read_text())
+        except (OSError, ValueError) as exc:
+            raise RecipeError(where.error(("model", "path"), f"{config_json} is not a JSON config: {exc}")) from None
+        if not isinstance(config, dict):
+            raise RecipeError(where.error(("model", "path"), f"{config_json} is not a JSON object"))
+        try:
+            recipe.check_model_split(config)
+            recipe.check_context(config)
         except KeyedError as exc:
             raise RecipeError(where.error(exc.path, exc.message)) from None
     if recipe.judge is not None:

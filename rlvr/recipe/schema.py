@@ -149,7 +149,8 @@ class DataConfig(Section):
     shuffle: bool = True
     """Shuffle each domain's rows every epoch (seeded)."""
     max_prompt_tokens: int = Field(default=1024, ge=1)
-    """Prompts longer than this many tokens are dropped at rollout time."""
+    """Prompts longer than this many tokens (chat template and tool instructions included) are skipped at
+    rollout time; `rlvr validate` and `rlvr plan` count them per domain, and a domain left with none is an error."""
 
 
 Sampling = Literal["embedded", "sglang", "vllm"]
@@ -494,6 +495,20 @@ class MonitorConfig(Section):
     """Completions per domain written to samples.jsonl each step."""
 
 
+class RewardsConfig(Section):
+    """How the run treats a reward that could not judge (README "Verdicts")."""
+
+    max_failed_frac: float = Field(default=0.25, ge=0, le=1)
+    """Stop (after a checkpoint) when more than this share of a domain's samples could not be
+    judged over the last `failure_window` steps (judge down, sandbox broken, plug-in raising).
+    Failed samples are never trained on; 1 never stops."""
+    failure_window: int = Field(default=3, ge=1)
+    """Steps the failure share is measured over (a short outage inside it is tolerated)."""
+    call_timeout_s: float = Field(default=120.0, gt=0)
+    """Deadline of one reward call, on its own time (waiting for the judge's or the sandbox's
+    concurrency limit does not count); past it the sample could not be judged."""
+
+
 class JudgeServerConfig(Section):
     """A judge model the launcher serves itself (local runs): `rlvr serve` on a free port, its URL
     exported to the rewards as RLVR_JUDGE_URL (llm_judge's default when `judge_url` is unset)."""
@@ -517,6 +532,7 @@ class Recipe(Section):
     sync: SyncConfig = Field(default_factory=SyncConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     judge: JudgeServerConfig | None = None
     """Optional judge server started beside the rollout servers on local runs."""
 
@@ -548,6 +564,7 @@ class Recipe(Section):
                 if tag in owners:
                     raise _at(("domains", name, "tags"), f"tag {tag!r} is already owned by domain {owners[tag]!r}")
                 owners[tag] = name
+        self._group_checks()
         if self.trainer.micro_batch_size > self.data.prompts_per_step * self.rollout.n:
             raise _at(("trainer", "micro_batch_size"), "is larger than a whole step's batch (prompts_per_step * n)")
         if self.rollout.max_staleness > 0 and not self.algorithm.tis_cap:
@@ -570,7 +587,49 @@ class Recipe(Section):
         self._check_model_impl()
         if self.model.config is not None:
             self.check_model_split(self.model.config)
+            self.check_context(self.model.config)
         return self
+
+    def _group_checks(self) -> None:
+        """An estimator whose baseline is the other samples of the prompt learns nothing from a group
+        of one, or from n identical (greedy) samples: every advantage is 0."""
+        estimator = group_estimator(self.algorithm)
+        if estimator is None:
+            return
+        if self.rollout.n == 1:
+            raise _at(
+                ("rollout", "n"),
+                f"{estimator} compares the n samples of a prompt: with n = 1 every sample's advantage is 0 and "
+                "nothing is learned; set rollout.n >= 2 (e.g. 8)",
+            )
+        if self.rollout.temperature == 0:
+            raise _at(
+                ("rollout", "temperature"),
+                f"0 samples greedily, so the {self.rollout.n} samples of a prompt are identical and {estimator} gives "
+                "each a zero advantage; set rollout.temperature > 0 (e.g. 1.0)",
+            )
+
+    def check_context(self, hf_config: dict[str, Any]) -> None:
+        """The longest sequence a step makes (prompt limit plus the longest response or tool episode)
+        must fit the model's `max_position_embeddings` (called with `model.config`, and by the loader
+        with the model folder's config.json)."""
+        positions = int(hf_config.get("max_position_embeddings") or 0)
+        if not positions:
+            return
+        prompt = self.data.max_prompt_tokens
+        budgets = [(("rollout", "max_new_tokens"), self.rollout.max_new_tokens)]
+        budgets += [
+            (("domains", name, "max_episode_tokens"), d.max_episode_tokens)
+            for name, d in self.domains.items()
+            if d.tools and d.max_episode_tokens
+        ]
+        key, tokens = max(budgets, key=lambda item: item[1])
+        if prompt + tokens > positions:
+            raise _at(
+                key,
+                f"data.max_prompt_tokens + {'.'.join(key)} = {prompt} + {tokens} = {prompt + tokens} tokens is more "
+                f"than the model's context (max_position_embeddings = {positions}); lower one of them",
+            )
 
     def _sglang_sync_checks(self) -> None:
         """Sync methods SGLang 0.5.23 cannot serve (its distributed update routes assert dp_size == 1)."""
@@ -656,6 +715,20 @@ def _check_heads(key: tuple[str, ...], tp: int, heads: int, kv_heads: int, *, re
         if replicate_kv and name == "num_key_value_heads" and tp % count == 0:
             continue
         raise _at(key, f"{tp} does not divide the model's {name} = {count}")
+
+
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "opo", "reinforce_pp_baseline")
+"""Advantage estimators whose baseline is the mean (or leave-one-out mean) of the prompt's n samples."""
+
+
+def group_estimator(algo: AlgorithmConfig) -> str | None:
+    """`algorithm.advantage = 'grpo'` (as a user reads it) when the estimator compares a prompt's
+    samples with each other, else None (gae, reinforce, reinforce_pp, raft judge each on its own)."""
+    if algo.advantage in GROUP_ESTIMATORS:
+        return f"algorithm.advantage = {algo.advantage!r}"
+    if algo.advantage == "reinforce" and algo.adv_std_norm == "group":
+        return "algorithm.advantage = 'reinforce' with adv_std_norm = 'group'"
+    return None
 
 
 def _at(path: tuple[str, ...], message: str) -> KeyedError:

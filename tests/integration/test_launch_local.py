@@ -35,8 +35,11 @@ def processes_mentioning(text: str) -> list[str]:
 
 
 def test_a_server_that_dies_stops_the_run_with_its_root_cause(tmp_path: Path) -> None:
-    broken = tmp_path / "broken-model"
+    broken = tmp_path / "broken-model"  # passes validate (tokenizer, a weights file) but no server can load it
     broken.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (broken / name).write_bytes((QUICKSTART.parent / "quickstart" / "policy" / name).read_bytes())
+    (broken / "model.safetensors").write_bytes(b"")
     (broken / "config.json").write_text('{"model_type": "nonsense"}')
     result = subprocess.run(
         command(tmp_path, f"model.path={json.dumps(str(broken))}"),
@@ -50,7 +53,7 @@ def test_a_server_that_dies_stops_the_run_with_its_root_cause(tmp_path: Path) ->
     assert "logs/rollout-0.log" in result.stderr
     assert 'File "' not in result.stderr  # the cause, not a traceback
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "ValueError: " in result.stderr  # the server's own error (the folder has no tokenizer)
+    assert "KeyError: 'nonsense'" in result.stderr  # the server's own error (transformers knows no such model_type)
     status = json.loads((tmp_path / "quickstart" / "status.json").read_text())
     assert status["state"] == "failed" and "rollout-0" in status["error"]
     assert not processes_mentioning(str(tmp_path))

@@ -34,6 +34,7 @@ dtype = "float32"
 
 [data]
 prompts_per_step = 2
+max_prompt_tokens = 64  # + max_new_tokens within the tiny model's 1024 positions
 
 [domains.math]
 tags = ["math"]

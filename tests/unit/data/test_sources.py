@@ -119,3 +119,57 @@ def test_unsupported_file_type(tmp_path: Path) -> None:
     path.write_text("a,b\n")
     with pytest.raises(DataError, match="unsupported data file type '.csv'"):
         load(path)
+
+
+def code_row(case_type: str, test_cases: object) -> str:
+    return json.dumps({"tag": "code", "prompt": "f", "case_type": case_type, "test_cases": test_cases})
+
+
+GOOD_CODE = code_row("assert", ["assert f(1) == 2"])
+
+
+def test_code_rows_whose_test_cases_do_not_fit_their_case_type_name_file_line(tmp_path: Path) -> None:
+    path = tmp_path / "code.jsonl"
+    path.write_text("\n".join([GOOD_CODE] * 6 + [code_row("assert", {"f(1)": 2})]) + "\n")
+    with pytest.raises(DataError) as info:
+        load_domain_samples([str(path)], domain="c", tags=["code"], reward="code_sandbox")
+    assert str(info.value) == (
+        f"{path}:7: test_cases for case_type 'assert' must be a string or a non-empty list of strings (got dict)"
+    )
+
+
+def test_skip_mode_counts_code_rows_with_bad_test_cases(tmp_path: Path) -> None:
+    path = tmp_path / "code.jsonl"
+    path.write_text("\n".join([GOOD_CODE, code_row("check_based", {"test": "def check(c): pass"}), GOOD_CODE]) + "\n")
+    report = LoadReport()
+    samples = load_domain_samples(
+        [str(path)], domain="c", tags=["code"], reward="code_sandbox", on_bad_row="skip", report=report
+    )
+    assert len(samples) == 2 and report.skipped == 1
+    assert report.first_skip.startswith(f"{path}:2: test_cases for case_type 'check_based' must be an object")
+    assert report.first_skip.endswith("(no 'entry_point')")
+
+
+def test_test_cases_are_only_checked_for_code_sandbox(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({**ROWS[0], "case_type": "assert", "test_cases": {"a": 1}}) + "\n")
+    assert len(load(path)) == 1  # a math row may carry any test_cases: math_rule never reads them
+
+
+def test_a_plain_directory_is_not_a_data_file(tmp_path: Path) -> None:
+    folder = tmp_path / "evals"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
+    expected = f"{folder} is a directory; expected a .jsonl/.json/.parquet file or a saved HF dataset folder"
+    with pytest.raises(DataError) as info:
+        load(folder)
+    assert str(info.value) == expected + " (datasets' save_to_disk)"
+
+
+def test_a_saved_hf_dataset_folder_is_read(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "saved"
+    datasets.Dataset.from_list([{k: v for k, v in ROWS[0].items()}]).save_to_disk(str(folder))
+    assert [s.id for s in load(folder)] == ["a"]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list([ROWS[2]])}).save_to_disk(str(tmp_path / "dict"))
+    assert [s.id for s in load(tmp_path / "dict")] == ["c"]

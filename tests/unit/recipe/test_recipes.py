@@ -164,7 +164,54 @@ BAD_CASES = {
         MINIMAL + '\n[trainer]\nranks = 4096\nstrategy = "fsdp2"\n',
         "recipe.toml:28: trainer.ranks: 4096 trainer ranks but this machine has",
     ),
+    # Accepted silently before issue 23: a run that trains on nothing, or dies past the model's context.
+    "grpo with one sample per prompt": (
+        MINIMAL.replace("n = 2", "n = 1"),
+        "recipe.toml:24: rollout.n: algorithm.advantage = 'grpo' compares the n samples of a prompt: with n = 1 every "
+        "sample's advantage is 0 and nothing is learned; set rollout.n >= 2 (e.g. 8)",
+    ),
+    "rloo preset with one sample per prompt": (
+        MINIMAL.replace("n = 2", "n = 1") + '\n[algorithm]\npreset = "rloo"\n',
+        "recipe.toml:24: rollout.n: algorithm.advantage = 'rloo' compares the n samples of a prompt",
+    ),
+    "reinforce with group std and one sample": (
+        MINIMAL.replace("n = 2", "n = 1") + '\n[algorithm]\nadvantage = "reinforce"\n',
+        "recipe.toml:24: rollout.n: algorithm.advantage = 'reinforce' with adv_std_norm = 'group' compares the n "
+        "samples of a prompt",
+    ),
+    "greedy grpo": (
+        MINIMAL.replace("temperature = 0.7", "temperature = 0.0"),
+        "recipe.toml:25: rollout.temperature: 0 samples greedily, so the 2 samples of a prompt are identical and "
+        "algorithm.advantage = 'grpo' gives each a zero advantage; set rollout.temperature > 0 (e.g. 1.0)",
+    ),
+    "dr_grpo greedy": (
+        MINIMAL.replace("temperature = 0.7", "temperature = 0") + '\n[algorithm]\npreset = "dr_grpo"\n',
+        "recipe.toml:25: rollout.temperature: 0 samples greedily, so the 2 samples of a prompt are identical and "
+        "algorithm.advantage = 'dr_grpo' gives each a zero advantage",
+    ),
+    "prompt and response beyond the model's context": (
+        MINIMAL.replace("hidden_size = 32", "hidden_size = 32, max_position_embeddings = 1024"),
+        "recipe.toml:23: rollout.max_new_tokens: data.max_prompt_tokens + rollout.max_new_tokens = 1024 + 512 = 1536 "
+        "tokens is more than the model's context (max_position_embeddings = 1024); lower one of them",
+    ),
 }
+
+GOOD_CASES = {
+    "ppo with one sample per prompt (gae judges each sample on its own)": (
+        MINIMAL.replace("n = 2", "n = 1") + '\n[algorithm]\npreset = "ppo"\n'
+    ),
+    "raw reinforce, greedy": (
+        MINIMAL.replace("temperature = 0.7", "temperature = 0.0") + '\n[algorithm]\npreset = "topr"\n'
+    ),
+    "context that fits": MINIMAL.replace("hidden_size = 32", "hidden_size = 32, max_position_embeddings = 1536"),
+}
+
+
+@pytest.mark.parametrize("case", GOOD_CASES, ids=list(GOOD_CASES))
+def test_recipes_near_the_new_rules_stay_valid(tmp_path: Path, case: str, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = runner.invoke(app, ["validate", str(write_recipe(tmp_path, GOOD_CASES[case]))])
+    assert result.exit_code == 0, result.output
 
 
 @pytest.mark.parametrize("case", BAD_CASES, ids=list(BAD_CASES))
