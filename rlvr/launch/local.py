@@ -2,9 +2,18 @@
 
 The launcher starts each rollout server (`rlvr serve`, or SGLang on a local GPU box), the
 judge and the trainer (torchrun) at once, registers each server in the run directory once
-its /health answers (the trainer waits for that), shows the dashboard, and supervises: a
-child that dies stops the whole run with the root cause from its log; Ctrl-C (or SIGTERM)
-asks the trainer's ranks to finish their step and checkpoint, then tears every child down.
+its /health answers (the trainer waits for that), shows the dashboard, and supervises:
+
+- a rollout server that dies, with `sync.on_engine_failure = "continue"`, is restarted on its
+  own port (up to `MAX_RESTARTS` times, with a growing pause; each said on stderr and in
+  events.jsonl); the weight sync holds it until a full push to it succeeds, then it serves
+  again. Out of restarts, the run goes on with the other servers, or stops if none is left;
+- with "fail", or for any other child, the run stops: the trainer is first asked to finish its
+  step and checkpoint (a dead server fails its next rollout or push, which it saves before
+  leaving), then the line says who died, the root cause from its log, and what was saved;
+- Ctrl-C (or SIGTERM) asks the trainer's ranks to finish their step and checkpoint, then tears
+  every child down.
+
 Each child runs in its own process group so nothing is left behind.
 """
 
@@ -27,7 +36,11 @@ from rlvr.process import Child, Children, free_port
 from rlvr.recipe.plan import LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import ServerAddress, clear_servers, register_judge, register_server
-from rlvr.rundir import RunDir
+from rlvr.rundir import RunDir, latest_checkpoint
+
+MAX_RESTARTS = 3
+DRAIN_TIMEOUT_S = 300.0  # a trainer told to stop after a child died: its step and checkpoint
+RESTART_BACKOFF_S = 2.0  # before restart k: 2, 4, 8 s
 
 
 class LaunchError(RuntimeError):
@@ -36,11 +49,21 @@ class LaunchError(RuntimeError):
 
 def failure(child: Child, what: str) -> LaunchError:
     """One line: who failed, the root cause from its log (not torchrun's banner), where the log is."""
+    code = child.proc.returncode
+    if code is not None and code < 0:  # killed from outside: its log's last words are not the cause
+        return LaunchError(f"{child.name} {what}: killed by {_signal_name(-code)} (log: {child.log_path})")
     try:
         text = child.log_path.read_text(errors="replace") if child.log_path is not None else ""
     except FileNotFoundError:
         text = ""
     return LaunchError(f"{child.name} {what}: {root_cause(text)} (log: {child.log_path})")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def wait_healthy(child: Child, url: str, *, timeout_s: float) -> None:
@@ -86,6 +109,10 @@ class LocalLauncher:
         self.trainer: Child | None = None
         self.servers: list[Child] = []
         self.lost: set[str] = set()  # names of servers that died in a run that goes on without them
+        self.handled: set[int] = set()  # ids of dead server processes already restarted
+        self.restarts: dict[str, int] = {}  # server name -> restarts so far
+        self.due: dict[str, float] = {}  # server name -> when its restart is due (time.monotonic)
+        self._launch: dict[str, tuple[list[str], dict[str, str]]] = {}  # server name -> its argv and env
 
     def start(self, *, server_timeout_s: float = 300.0) -> None:
         """Start every child at once, then register each server as it turns healthy.
@@ -112,8 +139,9 @@ class LocalLauncher:
         port = free_port()
         spec = ServerSpec(index=spec.index, node=spec.node, port=port, gpus=spec.gpus, engine=spec.engine)
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpus))} if spec.gpus else {}
-        child = self._spawn(f"rollout-{spec.index}", server_command(self.recipe, spec), env=env)
-        return child, f"http://127.0.0.1:{port}"
+        name, command = f"rollout-{spec.index}", server_command(self.recipe, spec)
+        self._launch[name] = (command, env)  # a restart reuses the port: its URL is the one registered
+        return self._spawn(name, command, env=env), f"http://127.0.0.1:{port}"
 
     def _start_judge(self) -> tuple[Child, str]:
         return start_judge(self.recipe, self.children, log=self.paths.log("judge"))
@@ -122,27 +150,64 @@ class LocalLauncher:
         return self.children.start(name, command, env=env, log=self.paths.log(name))
 
     def check(self) -> int | None:
-        """None while running; the trainer's exit code when done; raises if a server died, unless
-        `sync.on_engine_failure = "continue"` and another rollout server is still up (the client
-        and the sync drop the dead one; the launcher says so once, on stderr and in events.jsonl)."""
-        for child in self.children.started:
+        """None while running; the trainer's exit code when done; raises when the run must stop
+        (see the module docstring: a dead server is restarted or lost in "continue" mode)."""
+        self._restart_due()
+        for child in list(self.children.started):
             code = child.proc.poll()
-            if code is None or child.name in self.lost:
+            if code is None or child.name in self.lost or id(child) in self.handled:
                 continue
             if child is self.trainer:
                 if code != 0:
                     stated = stated_error(self.run_dir)
                     raise LaunchError(stated) if stated else failure(child, f"exited with code {code}")
                 return 0
-            if (
-                self.recipe.sync.on_engine_failure == "continue"
-                and any(child is s for s in self.servers)
-                and self._servers_up()
-            ):
-                self._lose(child, code)
-                continue
-            raise failure(child, f"died with code {code}")
+            server = any(child is s for s in self.servers)
+            if server and self.recipe.sync.on_engine_failure == "continue":
+                if self.restarts.get(child.name, 0) < MAX_RESTARTS:
+                    self._schedule_restart(child, code)
+                    continue
+                if self._servers_up():
+                    self._lose(child, code)
+                    continue
+            raise self._drained(failure(child, f"died with code {code}"))
         return None
+
+    def _schedule_restart(self, child: Child, code: int) -> None:
+        self.handled.add(id(child))
+        attempt = self.restarts.get(child.name, 0) + 1
+        self.restarts[child.name] = attempt
+        delay = RESTART_BACKOFF_S * 2 ** (attempt - 1)
+        self.due[child.name] = time.monotonic() + delay
+        self._say(
+            f"{failure(child, f'died with code {code}')}; restarting it in {delay:g} s (attempt {attempt} of "
+            f"{MAX_RESTARTS}); it serves again after the next full weight push"
+        )
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for name, when in list(self.due.items()):
+            if when > now:
+                continue
+            del self.due[name]
+            command, env = self._launch[name]
+            fresh = self._spawn(name, command, env=env)
+            self.servers = [fresh if s.name == name else s for s in self.servers]
+            self._say(f"{name} restarted (pid {fresh.pid})", level="warning")
+
+    def _drained(self, error: LaunchError) -> LaunchError:
+        """Before the run stops for `error`: the trainer finishes its step (or fails on the dead
+        server, which it does with a checkpoint too) and saves; the line says what was kept."""
+        if self.trainer is not None and self.trainer.running():
+            self.stop_trainer(timeout_s=DRAIN_TIMEOUT_S)
+        saved = latest_checkpoint(self.paths.checkpoints)
+        where = f" (checkpoint {saved.name} saved; rerun the same command to resume)" if saved else ""
+        return LaunchError(f"{error}{where}")
+
+    def _say(self, message: str, *, level: str = "error") -> None:
+        print(message, file=sys.stderr, flush=True)
+        with open(self.paths.events, "a") as events:
+            events.write(event_line(message, level=level))
 
     def _servers_up(self) -> int:
         return sum(1 for s in self.servers if s.running())
@@ -150,10 +215,7 @@ class LocalLauncher:
     def _lose(self, child: Child, code: int) -> None:
         self.lost.add(child.name)
         up = self._servers_up()
-        message = f"{failure(child, f'died with code {code}')}; the run goes on with {up} rollout server(s)"
-        print(message, file=sys.stderr, flush=True)
-        with open(self.paths.events, "a") as events:
-            events.write(event_line(message, level="error"))
+        self._say(f"{failure(child, f'died with code {code}')}; the run goes on with {up} rollout server(s)")
 
     def wait(self, *, poll_s: float = 0.5) -> int:
         while True:

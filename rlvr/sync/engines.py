@@ -204,8 +204,19 @@ class Engines:
                 if failure.url in self.rejoining:
                     self.rejoining.remove(failure.url)
                 self._mark_dead(failure.url)
-        if not self.live():
+        if not self.live() and not self._await_rejoin():
             raise SyncError(f"weight sync to version {version}: no engine left ({detail})", failures)
+
+    def _await_rejoin(self, *, poll_s: float = 2.0) -> bool:
+        """Continue mode with every engine dropped: wait up to `timeout_s` for one to answer again
+        (the launcher restarts dead servers); it rejoins this sync. False if none does."""
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            self.recover()
+            if self.live():
+                return True
+            time.sleep(poll_s)
+        return False
 
     def _mark_dead(self, url: str) -> None:
         """Tell the loop's client to stop routing generations to `url` (it has stale weights).

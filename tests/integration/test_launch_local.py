@@ -135,6 +135,70 @@ def test_a_judge_that_does_not_answer_stops_the_launch_before_step_1(tmp_path: P
     assert not (tmp_path / "quickstart" / "metrics.jsonl").read_text().strip()  # no step ran
 
 
+def kill_server_after(run_dir: Path, proc: subprocess.Popen, *, step: int, server: int = 0) -> int:
+    """SIGKILL rollout server `server` (found by its registered port) once `step` is logged; its old pid."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < step:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    port = json.loads((run_dir / "servers" / f"{server}.json").read_text())["url"].rsplit(":", 1)[1]
+    found = subprocess.run(["pgrep", "-f", f"rlvr.cli serve .*--port {port}"], capture_output=True, text=True)
+    pids = [int(p) for p in found.stdout.split()]
+    assert len(pids) == 1, found.stdout
+    os.kill(pids[0], signal.SIGKILL)
+    return pids[0]
+
+
+def test_a_killed_server_in_fail_mode_stops_with_a_checkpoint_and_its_name(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        command(tmp_path, "experiment.max_steps=30", "experiment.save_steps=0", "experiment.eval_steps=0"),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    run_dir = tmp_path / "quickstart"
+    kill_server_after(run_dir, proc, step=2)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 2, stderr[-3000:]
+    line = stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"error: rollout-0 died with code -9: killed by SIGKILL \(log: \S+/logs/rollout-0\.log\) "
+        r"\(checkpoint step_\d+ saved; rerun the same command to resume\)",
+        line,
+    ), line
+    saved = int(line.rsplit("step_", 1)[1].split()[0])
+    assert saved >= 2  # the steps trained before the death are kept
+    assert (run_dir / "checkpoints" / f"step_{saved}" / "meta.json").exists()
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "failed"
+    assert not processes_mentioning(str(tmp_path))
+
+
+def test_a_killed_server_in_continue_mode_is_restarted_and_rejoins_after_a_full_push(tmp_path: Path) -> None:
+    """Two servers; rollout-1 is killed at step 2. Generation goes on with rollout-0, the launcher
+    restarts rollout-1 on its port, and the weight sync holds it until a push has given it every
+    weight: `sync/engines` drops to 1, then is 2 again, and the run finishes."""
+    steps = 14
+    proc = subprocess.Popen(
+        command(tmp_path, f"experiment.max_steps={steps}", "experiment.save_steps=0", "experiment.eval_steps=0",
+                "rollout.servers=2", "sync.on_engine_failure=continue"),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    run_dir = tmp_path / "quickstart"
+    old = kill_server_after(run_dir, proc, step=2, server=1)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert (
+        f"rollout-1 died with code -9: killed by SIGKILL (log: {run_dir}/logs/rollout-1.log); restarting it in 2 s "
+        "(attempt 1 of 3); it serves again after the next full weight push"
+    ) in stderr
+    assert "rollout-1 restarted (pid " in stderr and f"(pid {old})" not in stderr
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    engines = [int(r["sync/engines"]) for r in rows]
+    assert 1 in engines and engines[-1] == 2, engines  # dropped, then back after a full push
+    assert not processes_mentioning(str(tmp_path))
+
+
 def test_ctrl_c_checkpoints_and_tears_everything_down(tmp_path: Path) -> None:
     run_dir = tmp_path / "quickstart"
     log = (tmp_path / "launch.log").open("w")  # not a terminal: plain lines, one per step

@@ -94,7 +94,8 @@ def test_a_killed_vllm_server_stops_the_run_with_one_line(tmp_path: Path, vllm_p
 
 
 def test_continue_mode_goes_on_without_a_killed_server(tmp_path: Path, vllm_python: Path) -> None:
-    """on_engine_failure = continue with two servers: one is killed mid-run, the run finishes on the other."""
+    """on_engine_failure = continue with two servers: one is killed mid-run; the launcher restarts it
+    and the run finishes (on the other while the restarted one loads, then on both)."""
     steps = 8
     proc = _start(
         tmp_path, *vllm_sets(vllm_python), "rollout.servers=2", "sync.on_engine_failure=continue",
@@ -104,10 +105,11 @@ def test_continue_mode_goes_on_without_a_killed_server(tmp_path: Path, vllm_pyth
     _kill_server_after(run_dir, proc, step=3, server=1)
     _, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr[-3000:]
-    assert "rollout-1 died with code -9" in stderr and "the run goes on with 1 rollout server(s)" in stderr
+    assert "rollout-1 died with code -9: killed by SIGKILL" in stderr
+    assert "restarting it in 2 s (attempt 1 of 3)" in stderr
     by_step = metrics(run_dir)
     assert sorted(by_step) == list(range(1, steps + 1))
-    assert by_step[steps]["sync/engines"] == 1.0
+    assert by_step[steps]["sync/engines"] >= 1.0
     events = (run_dir / "events.jsonl").read_text()
     assert "rollout-1 died" in events
 
