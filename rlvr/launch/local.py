@@ -5,9 +5,9 @@ judge and the trainer (torchrun) at once, registers each server in the run direc
 its /health answers (the trainer waits for that), shows the dashboard, and supervises:
 
 - a rollout server that dies, with `sync.on_engine_failure = "continue"`, is restarted on its
-  own port (up to `MAX_RESTARTS` times, with a growing pause; each said on stderr and in
-  events.jsonl); the weight sync holds it until a full push to it succeeds, then it serves
-  again. Out of restarts, the run goes on with the other servers, or stops if none is left;
+  own port (`rlvr/launch/restarts.py`; each said on stderr and in events.jsonl); the weight
+  sync holds it until a full push to it succeeds, then it serves again. Out of restarts, the
+  run goes on with the other servers, or stops if none is left;
 - with "fail", or for any other child, the run stops: the trainer is first asked to finish its
   step and checkpoint (a dead server fails its next rollout or push, which it saves before
   leaving), then the line says who died, the root cause from its log, and what was saved;
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from rlvr.launch.commands import judge_command, prepare_servers, server_command, trainer_command
 from rlvr.launch.failure import root_cause, stated_error
+from rlvr.launch.restarts import Restarts
 from rlvr.monitor.metrics import event_line, mark_stopped
 from rlvr.monitor.progress import PlainProgress
 from rlvr.process import Child, Children, free_port
@@ -38,9 +39,7 @@ from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import ServerAddress, clear_servers, register_judge, register_server
 from rlvr.rundir import RunDir, latest_checkpoint
 
-MAX_RESTARTS = 3
 DRAIN_TIMEOUT_S = 300.0  # a trainer told to stop after a child died: its step and checkpoint
-RESTART_BACKOFF_S = 2.0  # before restart k: 2, 4, 8 s
 
 
 class LaunchError(RuntimeError):
@@ -110,8 +109,7 @@ class LocalLauncher:
         self.servers: list[Child] = []
         self.lost: set[str] = set()  # names of servers that died in a run that goes on without them
         self.handled: set[int] = set()  # ids of dead server processes already restarted
-        self.restarts: dict[str, int] = {}  # server name -> restarts so far
-        self.due: dict[str, float] = {}  # server name -> when its restart is due (time.monotonic)
+        self.restarts = Restarts()
         self._launch: dict[str, tuple[list[str], dict[str, str]]] = {}  # server name -> its argv and env
 
     def start(self, *, server_timeout_s: float = 300.0) -> None:
@@ -164,8 +162,10 @@ class LocalLauncher:
                 return 0
             server = any(child is s for s in self.servers)
             if server and self.recipe.sync.on_engine_failure == "continue":
-                if self.restarts.get(child.name, 0) < MAX_RESTARTS:
-                    self._schedule_restart(child, code)
+                plan = self.restarts.died(child.name)
+                if plan is not None:
+                    self.handled.add(id(child))
+                    self._say(f"{failure(child, f'died with code {code}')}; {plan}")
                     continue
                 if self._servers_up():
                     self._lose(child, code)
@@ -173,23 +173,8 @@ class LocalLauncher:
             raise self._drained(failure(child, f"died with code {code}"))
         return None
 
-    def _schedule_restart(self, child: Child, code: int) -> None:
-        self.handled.add(id(child))
-        attempt = self.restarts.get(child.name, 0) + 1
-        self.restarts[child.name] = attempt
-        delay = RESTART_BACKOFF_S * 2 ** (attempt - 1)
-        self.due[child.name] = time.monotonic() + delay
-        self._say(
-            f"{failure(child, f'died with code {code}')}; restarting it in {delay:g} s (attempt {attempt} of "
-            f"{MAX_RESTARTS}); it serves again after the next full weight push"
-        )
-
     def _restart_due(self) -> None:
-        now = time.monotonic()
-        for name, when in list(self.due.items()):
-            if when > now:
-                continue
-            del self.due[name]
+        for name in self.restarts.due():
             command, env = self._launch[name]
             fresh = self._spawn(name, command, env=env)
             self.servers = [fresh if s.name == name else s for s in self.servers]

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.launch.restarts import Restarts
 from rlvr.monitor.metrics import mark_stopped
 from rlvr.process import Children, is_healthy
 from rlvr.recipe.plan import LaunchPlan, ServerSpec
@@ -336,13 +337,16 @@ class Node:
         address = resolve_address(role.name)
         bind = os.environ.get(SERVER_BIND_ENV, address)
         urls = {}
+        launches: dict[str, tuple[list[str], dict[str, str]]] = {}  # a restart reuses argv, env and port
         for spec in role.servers:
             argv = server_command(self.recipe, spec, host=bind)  # SGLang's and vLLM's run their own python
             env = dict(os.environ, RLVR_NODE_ROLE=ROLLOUT)
             if spec.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(spec.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
             _log(role, f"server {spec.index}: {' '.join(argv)}")
-            self.children.start(f"server-{spec.index}", argv, env=env, log=self.paths.log(f"server-{spec.index}"))
+            name = f"server-{spec.index}"
+            launches[name] = (argv, env)
+            self.children.start(name, argv, env=env, log=self.paths.log(name))
             urls[spec.index] = f"http://{address}:{spec.port}"
         judge_url = None
         if self.recipe.judge is not None and any(spec.index == 0 for spec in role.servers):
@@ -389,12 +393,21 @@ class Node:
         if judge_url is not None:
             register_judge(self.run_dir, judge_url)
         _log(role, f"registered servers {[s.index for s in role.servers]}; serving until the trainer is done")
-        warned = False
+        restarts = Restarts() if self.recipe.sync.on_engine_failure == "continue" else None
+        said: set[int] = set()
         while not self._trainer_done(since=attempt.get("time")):
             self._rollout_signals()
-            if not warned and self.children.any_exited():
-                _log(role, f"a rollout server died; see {self.paths.logs}")
-                warned = True
+            for child in [c for c in self.children.started if c.name in launches and not c.running()]:
+                if id(child) in said:
+                    continue
+                said.add(id(child))
+                plan = restarts.died(child.name) if restarts is not None else None
+                what = f"; {plan}" if plan else ""  # fail mode: the trainer's sync stops the run, naming it
+                _log(role, f"{child.name} died with code {child.proc.returncode} (log: {child.log_path}){what}")
+            for name in restarts.due() if restarts is not None else []:
+                argv, env = launches[name]
+                fresh = self.children.start(name, argv, env=env, log=self.paths.log(name))
+                _log(role, f"{name} restarted (pid {fresh.pid})")
             time.sleep(0.5)
         _log(role, "trainer done: stopping servers")
         return 0
