@@ -212,6 +212,10 @@ class BroadcastSync:
                 members = engines.live()
                 if not members:
                     raise SyncError(f"weight sync to version {version}: no live rollout engine")
+                failures = engines.unhealthy(members)
+                if failures:
+                    engines.handle(failures, version=version)
+                    continue
                 if self._group is None or members != self._members:
                     failures = self._rebuild(members)
                     if failures:

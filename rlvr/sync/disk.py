@@ -90,22 +90,31 @@ class DiskSync:
         start = time.monotonic()
         try:
             engines.recover()
-            members = engines.live()
-            if not members:
+            if not engines.live():
                 raise SyncError(f"weight sync to version {version}: no live rollout engine")
-            for stage, method, args, kwargs in (
-                ("pause", "pause", (self.pause_mode,), {}),
-                ("flush", "flush_cache", (), {}),
-                ("update_weights_from_disk", "update_weights_from_disk", (str(path),), {"version": version}),
-                ("resume", "resume", (), {}),
-            ):
-                failures = engines.call(members, stage, method, *args, **kwargs)
-                engines.handle(failures, version=version)  # raises in fail mode or when none is left
+            updated: list[str] = []
+            # An engine that answers again while this push waits for one (continue mode) joins
+            # it: another round for the engines this push has not updated yet.
+            for _ in range(len(engines.live()) + 2):
+                members = [m for m in engines.live() if m not in updated]
+                if not members:
+                    break
+                engines.handle(engines.unhealthy(members), version=version)  # raises in fail mode
                 members = [m for m in members if m not in engines.dropped]
-            engines.admit_rejoined()
+                for stage, method, args, kwargs in (
+                    ("pause", "pause", (self.pause_mode,), {}),
+                    ("flush", "flush_cache", (), {}),
+                    ("update_weights_from_disk", "update_weights_from_disk", (str(path),), {"version": version}),
+                    ("resume", "resume", (), {}),
+                ):
+                    failures = engines.call(members, stage, method, *args, **kwargs)
+                    engines.handle(failures, version=version)  # raises in fail mode or when none is left
+                    members = [m for m in members if m not in engines.dropped]
+                updated += members
+            engines.admit_rejoined(updated)
             return {
                 "state": "ok",
-                "engines": len(members),
+                "engines": len(updated),
                 "dropped": len(engines.dropped),
                 "load_s": time.monotonic() - start,
             }

@@ -103,27 +103,31 @@ class Engines:
         live = [u for u in urls if u not in self.dropped]
         return live + [u for u in self.rejoining if u not in live]
 
-    def recover(self) -> None:
+    def recover(self, *, stages: Sequence[str] | None = None) -> None:
         """Dropped engines that answer /health again rejoin at this sync (they stay held, out of
-        rotation, until `admit_rejoined` after a sync that gave them the current weights)."""
-        if not self.dropped:
+        rotation, until `admit_rejoined` after a sync that gave them the current weights).
+        `stages`: only engines dropped at one of these stages (e.g. "health": the dead ones)."""
+        candidates = [u for u, f in self.dropped.items() if stages is None or f.stage in stages]
+        if not candidates:
             return
-        for url in sorted(self.healthy(list(self.dropped))):
+        for url in sorted(self.healthy(candidates)):
             log.info("weight sync: engine %s answers again; it rejoins the update group", url)
             del self.dropped[url]
             self.rejoining.append(url)
 
-    def admit_rejoined(self) -> None:
-        """Every engine that rejoined has the current weights now: back in the client's rotation."""
+    def admit_rejoined(self, updated: Sequence[str] | None = None) -> None:
+        """The engines that rejoined and got this push (`updated`; None: all of them) have the
+        current weights now: back in the client's rotation. Any other stays held."""
         admit = getattr(self.client, "admit", None)
-        for url in self.rejoining:
+        admitted = [u for u in self.rejoining if updated is None or u in updated]
+        for url in admitted:
             if callable(admit):
                 admit(url)
                 continue
             for server in getattr(self.client, "servers", []) or []:
                 if getattr(server, "url", None) == url and hasattr(server, "alive"):
                     server.alive = True
-        self.rejoining.clear()
+        self.rejoining = [u for u in self.rejoining if u not in admitted]
 
     def one(self, url: str) -> Any:
         if url not in self._clients:
@@ -174,6 +178,12 @@ class Engines:
                 answers[url] = exc
         return answers
 
+    def unhealthy(self, urls: Sequence[str]) -> list[EngineFailure]:
+        """The health check before every push: an engine that died while idle is named here,
+        before any group or session is built around it."""
+        ok = self.healthy(urls)
+        return [EngineFailure(url, "health", "does not answer /health") for url in urls if url not in ok]
+
     def healthy(self, urls: Sequence[str]) -> set[str]:
         """The engines that answer /health within min(10 s, timeout)."""
         futures = self.submit(urls, "health")
@@ -208,11 +218,15 @@ class Engines:
             raise SyncError(f"weight sync to version {version}: no engine left ({detail})", failures)
 
     def _await_rejoin(self, *, poll_s: float = 2.0) -> bool:
-        """Continue mode with every engine dropped: wait up to `timeout_s` for one to answer again
-        (the launcher restarts dead servers); it rejoins this sync. False if none does."""
+        """Continue mode with every engine dropped: wait up to `timeout_s` for a dead one (dropped
+        at the health check) to answer again: the launcher restarts dead servers, and it rejoins
+        this sync. An engine dropped for an error it answered with is not waited for. False if
+        none comes back."""
+        if not any(f.stage == "health" for f in self.dropped.values()):
+            return False
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            self.recover()
+            self.recover(stages=("health",))
             if self.live():
                 return True
             time.sleep(poll_s)

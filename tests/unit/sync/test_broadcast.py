@@ -175,14 +175,25 @@ def test_ranks_and_wire_dtype_come_from_server_info(harness, model) -> None:
 
 def test_a_broken_broadcast_blames_the_engine_that_lost_its_health(harness, model) -> None:
     harness.fail_broadcast_at = 1
-    harness.behave[B] = {"update_weights_from_distributed": "raise", "health": "raise"}
+    harness.behave[B] = {"update_weights_from_distributed": "raise"}
     harness.behave[A] = {}
     client = ParentClient([A, B])
     sync = make(harness, model, client, on_engine_failure="continue")
 
-    # A also fails the bucket (its receive broke when rank 0 tore the group down) but stays healthy
+    # A also fails the bucket (its receive broke when rank 0 tore the group down) but stays healthy;
+    # B answered the health check before the push, then lost its health during the broadcast
     def fail_a_once(url: str):
         engine = harness.factory(url)
+        if url == B:
+            checks = {"n": 0}
+
+            async def health() -> bool:
+                checks["n"] += 1
+                if checks["n"] > 1:
+                    raise RuntimeError("connection refused")
+                return True
+
+            engine.health = health  # type: ignore[method-assign]
         if url == A:
             original = engine.update_weights_from_distributed
             state = {"n": 0}
@@ -294,3 +305,29 @@ def test_flattened_broken_broadcast_fails_with_the_engine_named(harness, model) 
 def test_unknown_wire_format_is_refused(harness, model) -> None:
     with pytest.raises(ValueError, match="wire_format"):
         make(harness, model, ParentClient([A]), wire_format="zip")
+
+
+def test_an_engine_that_died_idle_is_named_by_the_health_check_before_the_push(harness, model) -> None:
+    """fail mode: the push stops before any engine is paused, naming the dead one, which is held."""
+    harness.behave[B] = {"health": "raise"}
+    client = ParentClient([A, B])
+    sync = make(harness, model, client)
+    with pytest.raises(SyncError, match=r"10\.0\.0\.2:30000 \(health\): does not answer /health"):
+        sync.push(version=1)
+    sync.close()
+    assert not any(m in ("pause", "begin_weight_update") for _, m, _ in harness.log)  # nobody left half-paused
+    assert client.live_servers == [A]  # B is out of rotation
+
+
+def test_in_continue_mode_a_dead_engine_is_dropped_then_rejoins_with_a_full_push(harness, model) -> None:
+    harness.behave[B] = {"health": "raise"}
+    client = ParentClient([A, B])
+    sync = make(harness, model, client, on_engine_failure="continue")
+    sync.push(version=1)
+    assert "update_weights_from_distributed" not in harness.calls(B) and client.live_servers == [A]
+    harness.behave[B].clear()  # restarted: it answers again
+    metrics = sync.push(version=2)
+    sync.close()
+    updates = [f for url, m, f in harness.log if url == B and m == "update_weights_from_distributed"]
+    assert [u["version"] for u in updates][-1] == 2 and len(updates) == 3  # every bucket, then the version
+    assert client.live_servers == [A, B] and metrics["sync/engines"] == 2.0
