@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlvr.cli import app
+from tests.unit.recipe.helpers import one_error_line
 
 runner = CliRunner()
 
@@ -58,14 +59,6 @@ def write(tmp: Path, *, files: str = "math.jsonl", eval_files: str = "", code_ro
     path = tmp / "recipe.toml"
     path.write_text(textwrap.dedent(RECIPE).format(files=files, eval_files=eval_files))
     return path
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 def test_the_fixture_recipe_is_valid(tmp_path: Path) -> None:

@@ -46,3 +46,12 @@ def write_recipe(tmp: Path, body: str = MINIMAL, *, math_rows=MATH_ROWS, code_ro
     path = tmp / "recipe.toml"
     path.write_text(textwrap.dedent(body).format(math="math.jsonl", code="code.jsonl"))
     return path
+
+
+def one_error_line(result) -> str:
+    """The CLI's answer to a bad input: exit 2, no traceback, and exactly one line on stderr."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]

@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlvr.cli import app
+from tests.unit.recipe.helpers import one_error_line
 
 from .helpers import CODE_ROWS, MATH_ROWS, MINIMAL, write_recipe
 
@@ -51,14 +52,6 @@ def setup(tmp: Path, body: str = FOLDER, *, math_rows=MATH_ROWS, code_rows=CODE_
 
 def validate(path: Path, *overrides: str):
     return runner.invoke(app, ["validate", str(path), *[arg for item in overrides for arg in ("--set", item)]])
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 def row(id_: str, prompt: str, *, tag: str = "math", system: str | None = None) -> str:

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from rlvr.cli import app
 from rlvr.rewards.registry import PLUGIN_PATH_ENV, check_reward_args, check_reward_name
+from tests.unit.recipe.helpers import one_error_line
 
 runner = CliRunner()
 
@@ -102,14 +103,6 @@ def write_recipe(folder: Path, reward: str = "my_reward:score", args: str = "{}"
     path = folder / "recipe.toml"
     path.write_text(textwrap.dedent(RECIPE).format(reward=reward, args=args))
     return path
-
-
-def one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 def clean_env() -> dict[str, str]:
