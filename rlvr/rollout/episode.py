@@ -16,7 +16,22 @@ call (the session's stop strings), the session runs the tool, its answer is appe
 tokens* and generation continues. Every request's input is exactly the previous request's
 ids plus the new ones -- the model's sampled ids are never decoded and re-encoded, so no
 separator can drift at the assistant -> tool boundary. Tool tokens get loss mask 0 and
-logprob 0; an abort mid-turn continues that turn like a single-turn episode.
+logprob 0; an abort mid-turn continues that turn like a single-turn episode. A turn that ends on
+EOS (or a `stop_token_ids` token) rather than on a stop string ends the episode: the model said
+it is done, so nothing is sampled past its EOS, whatever the turn's text looks like.
+
+Text across requests: a response made by several requests (partial rollout) gets its text by
+decoding *all* its ids at once, never by joining each request's text -- a multi-byte character
+or a SentencePiece word split at an abort would come out as U+FFFD or without its space. Each
+engine checks stop strings only in its own request's output, so after every continuation the
+episode looks for them in the text of the whole stretch since the last request that ended
+normally (the current turn, with tools). One that straddles the seam ends the response as the
+engine would have: the ids are cut right after the token that completed the stop string (that
+token is kept, as engines keep it) and finish_reason is "stop"; the text is cut before the stop
+string (single-turn, as engines cut it) or keeps it (tools, where the text is every turn's ids
+decoded). Decoding needs the tokenizer: `run_episode`'s `tokenizer`, else the engine's own
+`tokenizer` (the embedded engine), else the tool session's; with none of them (a test fake)
+the text is the requests' texts joined and stop strings are not checked across seams.
 """
 
 from __future__ import annotations
@@ -24,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from rlvr.rollout.engine import GenerateRequest, RolloutEngine, RolloutError, SamplingParams
 from rlvr.types import Completion
@@ -80,8 +95,15 @@ class EpisodeState:
     requests: int = 0
     turns: int = 1
     turn_start: int = 0  # where the current model turn's tokens begin
+    # Stop strings are searched from `scope`: the start of the requests since the last one that
+    # ended normally. `seam`: where the first continuation (after an abort) began in that stretch;
+    # None while it is one request's output, which its engine has already checked.
+    scope: int = 0
+    seam: int | None = None
 
     def extend(self, part: Completion) -> None:
+        if part.token_ids and self.seam is None and len(self.token_ids) > self.scope:
+            self.seam = len(self.token_ids)
         self.token_ids += part.token_ids
         self.logprobs += part.logprobs
         # an engine that tags tokens itself (vLLM, across an in-place pause) says which version made each
@@ -98,10 +120,19 @@ class EpisodeState:
         self.text += text
         self.turns += 1
         self.turn_start = len(self.token_ids)
+        self.next_scope()
+
+    def next_scope(self) -> None:
+        """The requests so far ended normally: later stop strings are searched after them."""
+        self.scope, self.seam = len(self.token_ids), None
+
+    def truncate(self, end: int) -> None:
+        """Keep the first `end` ids; every per-token list stays aligned (`text` is recomputed)."""
+        del self.token_ids[end:], self.logprobs[end:], self.versions[end:], self.mask[end:]
 
     def reset(self) -> None:
         self.token_ids, self.logprobs, self.versions, self.mask, self.text = [], [], [], [], ""
-        self.turns, self.turn_start = 1, 0
+        self.turns, self.turn_start, self.scope, self.seam = 1, 0, 0, None
 
 
 async def run_episode(
@@ -112,18 +143,22 @@ async def run_episode(
     partial: bool,
     weights_ready: Callable[[], Awaitable[object]] = _no_wait,
     tools: ToolSession | None = None,
+    tokenizer: Any = None,
 ) -> Completion:
     """Generate one response to `prompt_ids`, continuing across aborts (see the module docstring).
 
     `weights_ready` is awaited before every request: the rollout manager closes it while a
     weight update runs, so a resend never reaches a paused engine mid-update. With `tools`
     the token budget is the session's (model and tool tokens together) and
-    `params.max_new_tokens` is unused.
+    `params.max_new_tokens` is unused. `tokenizer` (anything with HF's
+    `decode(ids, skip_special_tokens=...)`) decodes a response made by several requests.
     """
     state = EpisodeState()
     limit = params.max_new_tokens if tools is None else tools.max_tokens
     stop = list(params.stop) if tools is None else [*params.stop, *tools.stop]
+    decode = _decoder(tokenizer, engine, tools, skip_special_tokens=params.skip_special_tokens)
     finish, version = "length", 0
+    on_stop_string = False  # the last request chain ended on one of `stop` (not on EOS or length)
     while True:
         budget = limit - len(state.token_ids)
         if budget <= 0:
@@ -140,27 +175,45 @@ async def run_episode(
         )
         (part,) = await engine.generate([request])
         version = part.policy_version
-        if part.finish_reason == "abort":
+        finish = part.finish_reason
+        if finish == "abort":
             state.aborts += 1
             if state.aborts > MAX_ABORTS:
                 raise RolloutError(f"a generation was aborted {state.aborts} times in a row")
-            if partial:
-                state.extend(part)
-            else:
+            if not partial:
                 state.reset()
                 if tools is not None:
                     tools.reset()
-            continue
+                continue
         state.extend(part)
-        finish = part.finish_reason
-        if tools is None or finish != "stop" or not part.token_ids:
+        # Which stop ended the chain: needed when it spans a seam (a stop string may straddle it)
+        # and for a tool turn (EOS ends the episode, a call's stop string runs the call).
+        on_stop_string = False
+        if decode is not None and stop and (state.seam is not None or (tools is not None and finish == "stop")):
+            end = first_stop(decode, state.token_ids, stop, start=state.scope, after=state.seam or state.scope)
+            if end is not None:
+                state.truncate(end)
+                finish, on_stop_string = "stop", True
+        if finish == "abort":
+            continue
+        if tools is None or finish != "stop" or len(state.token_ids) <= state.scope:
+            break
+        if not on_stop_string:  # EOS (or a stop token id): the model ended its turn, and so the episode
             break
         finish = await _tool_turn(tools, state, version=version)
         if finish != "more":
             break
+        state.next_scope()
+    if tools is not None:  # the text is what the trainer sees: every turn, stop strings included
+        text = tools.decode(state.token_ids)
+    elif state.seam is None or decode is None:  # one request made the response: its engine's text
+        text = state.text
+    else:
+        text = decode(state.token_ids)
+        if on_stop_string:  # as engines do: the text ends before the stop string
+            text = text[: min((text.find(s) for s in stop if s and s in text), default=len(text))]
     return Completion(
-        # With tools, the text is what the trainer sees: every turn, stop strings included.
-        text=state.text if tools is None else tools.decode(state.token_ids),
+        text=text,
         token_ids=state.token_ids,
         logprobs=state.logprobs,
         finish_reason=finish,
@@ -172,8 +225,51 @@ async def run_episode(
     )
 
 
+def _decoder(
+    tokenizer: Any, engine: object, tools: ToolSession | None, *, skip_special_tokens: bool
+) -> Callable[[Sequence[int]], str] | None:
+    """How this episode decodes ids: the given tokenizer, else the engine's, else the session's."""
+    source = next(
+        (t for t in (tokenizer, getattr(engine, "tokenizer", None)) if callable(getattr(t, "decode", None))), None
+    )
+    if source is None:
+        return tools.decode if tools is not None else None
+
+    def decode(ids: Sequence[int]) -> str:
+        return source.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    return decode
+
+
+def first_stop(
+    decode: Callable[[Sequence[int]], str], ids: Sequence[int], stop: Sequence[str], *, start: int, after: int
+) -> int | None:
+    """The end of the shortest prefix of `ids[start:]` whose text holds a stop string (an index
+    into `ids`: the ids to keep are `ids[:end]`), or None when the text holds none.
+
+    `ids[start:after]` is known to hold none (one request's output its engine checked). Text only
+    grows as ids are added, so the first hit is found by bisection: a few decodes, not one per id.
+    """
+    stops = [s for s in stop if s]
+
+    def hit(end: int) -> bool:
+        text = decode(ids[start:end])
+        return any(s in text for s in stops)
+
+    lo, hi = max(after, start), len(ids)
+    if hi <= lo or not hit(hi):
+        return None
+    if hi - 1 <= lo or not hit(hi - 1):  # the common case: the last id completed it
+        return hi
+    hi -= 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if hit(mid) else (mid, hi)
+    return hi
+
+
 async def _tool_turn(tools: ToolSession, state: EpisodeState, *, version: int) -> str:
-    """After a model turn ended on a stop: run its call and append the answer.
+    """After a model turn ended on a stop string: run its call and append the answer.
 
     Returns "more" (generate the next turn), or the episode's finish reason: "stop" (no call,
     or max_turns reached) or "length" (the answer filled the token budget).

@@ -8,9 +8,8 @@ tokens are appended. Only a call that *ends the turn* counts: the engine stopped
   `<search>...</search>` for `search`, `<NAME>...</NAME>` for a plug-in (a JSON object of
   arguments, or plain text for its first parameter); answers in `<result>...</result>`.
 - hermes (Qwen2.5/Qwen3, verl): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
-  the answer closes the assistant message and opens a user turn holding
-  `<tool_response>...</tool_response>`, then a new assistant turn, as those chat templates
-  render a `tool` message.
+  the answer closes the assistant message, adds a `tool` message and opens a new assistant
+  turn, all as the model's own chat template renders them (see `HermesFormat`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.tools.base import Tool
+from rlvr.data.chat import render_prompt
+from rlvr.tools.base import Tool, ToolConfigError
 
 MAX_ANSWER_CHARS = 4000  # a tool answer longer than this is cut (the rest is noise for the policy)
 
@@ -58,6 +58,10 @@ def clip(text: str) -> str:
         return text
     return text[:MAX_ANSWER_CHARS] + f"\n... ({len(text) - MAX_ANSWER_CHARS} more characters cut)"
 
+
+# Markers for rendering a hermes answer with a chat template (plain words: templates may trim).
+_TURN = "RLVR_ASSISTANT_TURN_8c1f"
+_PROBE = "RLVR_TOOL_ANSWER_8c1f"
 
 # A BPE token can carry a few characters past the stop string that ended the turn ("</code>.").
 TRAILING_SLACK = 4
@@ -127,12 +131,62 @@ class TagsFormat:
 
 
 class HermesFormat:
+    """Hermes-style calls; the answer is rendered by the model's own chat template.
+
+    The model's turn stopped on `</tool_call>`, inside its assistant message. What is appended is
+    what the template renders after that message's text, for the conversation (a user message,
+    an assistant message, the tool's answer) with the generation prompt: the assistant message's
+    end, the answer's turn and the next assistant turn's start. It is found by rendering that
+    conversation with a marker as the assistant's text and taking what follows the marker, so it
+    is right for any template (ChatML, Llama 3, Gemma, ...), whatever it puts before. The answer
+    is a `tool` message; a template that rejects that role (or drops its content) gets a `user`
+    message holding `<tool_response>...</tool_response>` instead. `chat_template = "plain"` (the
+    recipe's `model.chat_template`) renders it as the prompt is rendered then: `tool: ...` lines.
+    Only a tokenizer with no chat template at all gets Qwen's ChatML markup hard-coded below.
+    """
+
     name = "hermes"
     stop = ["</tool_call>"]
     _CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
-    def __init__(self, tools: Mapping[str, Tool]):
+    def __init__(self, tools: Mapping[str, Tool], *, tokenizer: Any = None, chat_template: str = "auto"):
         self.tools = dict(tools)
+        self.plain = chat_template == "plain"
+        self.tokenizer = tokenizer if getattr(tokenizer, "chat_template", None) and not self.plain else None
+        self.role = "tool"
+        if self.tokenizer is not None:
+            self.role = self._answer_role()
+
+    def _answer_role(self) -> str:
+        """`tool` when the template renders a tool message (with its content), else `user`."""
+        problems = []
+        for role in ("tool", "user"):
+            try:
+                if _PROBE in self._rendered(_PROBE, role):
+                    return role
+                problems.append(f"a {role} message: its content is not rendered")
+            except Exception as exc:  # noqa: BLE001 - templates raise anything (jinja's raise_exception)
+                problems.append(f"a {role} message: {type(exc).__name__}: {exc}")
+        raise ToolConfigError(
+            f"tool_format hermes: the tokenizer's chat template cannot render a tool answer ({'; '.join(problems)})"
+        )
+
+    def _rendered(self, answer: str, role: str) -> str:
+        """The template's text after the assistant turn's own text (see the class docstring)."""
+        content = answer if role == "tool" else f"<tool_response>\n{answer}\n</tool_response>"
+        messages = [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": _TURN},
+            {"role": role, "content": content},
+        ]
+        if self.tokenizer is None:
+            text = render_prompt(messages, template="plain")
+        else:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        at = text.find(_TURN)
+        if at < 0:
+            raise ValueError("the assistant message's content is not rendered")
+        return text[at + len(_TURN) :]
 
     def parse(self, text: str) -> Parsed:
         matches = list(self._CALL_RE.finditer(text))
@@ -158,7 +212,9 @@ class HermesFormat:
         return ToolCall(name, args)
 
     def render(self, answer: str) -> str:
-        return (
+        if self.tokenizer is not None or self.plain:
+            return self._rendered(clip(answer), self.role)
+        return (  # no chat template: Qwen's ChatML, as Qwen2.5/Qwen3's templates render a tool message
             "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
             f"{clip(answer)}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
         )
@@ -176,5 +232,10 @@ class HermesFormat:
 ToolFormat = TagsFormat | HermesFormat
 
 
-def make_format(name: str, tools: Mapping[str, Tool]) -> ToolFormat:
-    return HermesFormat(tools) if name == "hermes" else TagsFormat(tools)
+def make_format(
+    name: str, tools: Mapping[str, Tool], *, tokenizer: Any = None, chat_template: str = "auto"
+) -> ToolFormat:
+    """`tokenizer` and `chat_template` (the recipe's `model.chat_template`) shape hermes answers."""
+    if name == "hermes":
+        return HermesFormat(tools, tokenizer=tokenizer, chat_template=chat_template)
+    return TagsFormat(tools)

@@ -39,18 +39,20 @@ class Toolbox:
         max_tokens: int,
         instructions: bool = True,
         python_session: bool = False,
+        chat_template: str = "auto",
     ):
         self.tools = tools
         self.instructions = instructions
         self.python_session = python_session
-        self.format = make_format(tool_format, tools)
+        self.format = make_format(tool_format, tools, tokenizer=tokenizer, chat_template=chat_template)
         self.tokenizer = tokenizer
         self.max_turns, self.max_tool_calls = max_turns, max_tool_calls
         self.timeout_s, self.max_tokens = timeout_s, max_tokens
 
     @classmethod
-    def for_domain(cls, domain: Any, *, tokenizer: Any, default_tokens: int) -> Toolbox:
-        """From a DomainConfig (ToolConfigError for a bad tool, corpus or plug-in)."""
+    def for_domain(cls, domain: Any, *, tokenizer: Any, default_tokens: int, chat_template: str = "auto") -> Toolbox:
+        """From a DomainConfig (ToolConfigError for a bad tool, corpus or plug-in, or a chat template
+        that cannot render a hermes answer). `chat_template`: the recipe's `model.chat_template`."""
         return cls(
             build_tools(domain),
             tool_format=domain.tool_format,
@@ -61,6 +63,7 @@ class Toolbox:
             max_tokens=domain.max_episode_tokens or default_tokens,
             instructions=domain.tool_instructions,
             python_session=domain.python_session,
+            chat_template=chat_template,
         )
 
     def prompt_messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:

@@ -63,7 +63,11 @@ async def test_turns_are_token_in_token_out_and_tool_tokens_are_masked(tokenizer
     assert c.finish_reason == "stop"
 
 
-async def test_hermes_call_is_answered_as_the_qwen_tool_role(tokenizer):
+async def test_hermes_without_a_chat_template_is_answered_as_the_qwen_tool_role():
+    from rlvr.tiny import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = None
     call = '<tool_call>\n{"name": "add", "arguments": {"a": "2", "b": "3"}}\n</tool_call>'
     engine, prompt, c, box = await _episode(
         tokenizer, [f"Adding. {call}", "It is 5."], tools=[fake_tool("add", _add, "a", "b")], tool_format="hermes"
@@ -179,6 +183,36 @@ async def test_an_opened_fence_keeps_the_turn_going(tokenizer):
     _check_prefix_property(engine, prompt, c)
     assert c.tool_stats["tool_calls"] == 1 and c.tool_stats["turns"] == 2
     assert "```\nprint(2)\n```\n\n<result>\nran 8 chars\n</result>\ntwo" in c.text
+
+
+async def test_eos_after_an_opened_fence_ends_the_episode(tokenizer):
+    """The turn opens a fence and ends on EOS (no stop string): the model is done. The old code read
+    the open fence as an unfinished call and sampled a next turn past the EOS, with loss mask 1."""
+    engine, _, c, _ = await _episode(tokenizer, ["Let me try:\n```python", "print(1)\n```\n", "never"])
+    assert len(engine.inputs) == 1 and c.finish_reason == "stop"
+    assert c.token_ids[-1] == tokenizer.eos_token_id  # nothing after the EOS, so nothing past it is trained
+    assert c.loss_mask == [1] * len(c.token_ids) and c.tool_stats["tool_calls"] == 0
+
+
+async def test_eos_after_a_quoted_call_ends_the_episode(tokenizer):
+    """A turn that ends on EOS never runs a call, even one its text holds (here an unclosed <code>)."""
+    engine, _, c, _ = await _episode(tokenizer, ["I would write <code>print(1)", "never"])
+    assert len(engine.inputs) == 1 and c.tool_stats["tool_calls"] == 0 and c.tool_stats["turns"] == 1
+
+
+async def test_a_call_straddling_an_abort_runs_and_nothing_past_it_is_kept(tokenizer):
+    """`</code>` is split by an abort: the continuation's own text never holds it, so its engine runs
+    on (here to EOS). The episode finds the stop string in the turn's text, cuts the turn right after
+    it (the same ids an uninterrupted turn has) and runs the call."""
+    script = [("abort", "Think <code>print(1)</co"), "de> and rambling on past the call", "The answer is 1."]
+    engine, prompt, c, box = await _episode(tokenizer, script)
+    _check_prefix_property(engine, prompt, c)
+    turn = _ids(tokenizer, "Think <code>print(1)</code>")
+    tool = _ids(tokenizer, box.format.render("ran 8 chars\n"))
+    assert c.token_ids[: len(turn) + len(tool)] == turn + tool and engine.inputs[2] == prompt + turn + tool
+    assert "rambling" not in c.text and c.text.endswith("</result>\nThe answer is 1.")
+    assert c.tool_stats["tool_calls"] == 1 and c.tool_stats["turns"] == 2 and c.finish_reason == "stop"
+    assert len(c.token_ids) == len(c.logprobs) == len(c.token_versions) == len(c.loss_mask)
 
 
 async def test_without_a_call_the_episode_is_one_turn(tokenizer):
