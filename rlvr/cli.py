@@ -204,19 +204,60 @@ def launch(
     except RunActive as exc:
         raise fail(f"{paths.root}: {exc}; wait for it or stop it, or set another experiment.name") from None
     with lock:
-        done = paths.finished_at(resolved.experiment.max_steps) if resume == "auto" else None
-        if done is not None:
-            typer.echo(f"{paths.root}: already finished at {done}/{resolved.experiment.max_steps}; nothing to do")
+        nothing = nothing_to_do(paths, resolved.experiment.max_steps) if resume == "auto" else None
+        if nothing is not None:
+            typer.echo(f"{paths.root}: {nothing}; nothing to do")
             raise typer.Exit(0)
         from rlvr.recipe.load import resolved_json
 
         recipe_json = resolved_json(resolved)
+        changes = recipe_changes(paths, recipe_json)
         paths.write_recipe(recipe_json)
+        paths.keep_launch_recipe(recipe_json)
+        if resume == "none":  # a fresh start in this directory is a new W&B run too
+            paths.wandb_id.unlink(missing_ok=True)
         if resolved.cluster.kind == "local":
+            typer.echo(f"run directory: {paths.root}")
+            for line in changes:
+                typer.echo(line)
             code = _launch_local(resolved, run_dir=paths.root, resume=resume, dashboard=dashboard)
         else:
+            for line in changes:
+                typer.echo(line)
             code = _launch_slurm(resolved, run_dir=paths.root, recipe_json=recipe_json, dashboard=dashboard)
     raise typer.Exit(code)
+
+
+def nothing_to_do(paths, max_steps: int) -> str | None:
+    """Why a launch with `--resume auto` has no step to train (None when it has): the run
+    finished, or its latest checkpoint is already at `experiment.max_steps` or past it."""
+    from rlvr.rundir import latest_checkpoint, step_of
+
+    done = paths.finished_at(max_steps)
+    if done == max_steps:
+        return f"already finished at {done}/{max_steps}"
+    if done is not None:  # max_steps lowered since: not "finished at 4/2"
+        return f"already finished at step {done} (experiment.max_steps = {max_steps})"
+    saved = latest_checkpoint(paths.checkpoints)
+    step = step_of(saved) if saved is not None else None
+    if step is not None and step >= max_steps:
+        return f"checkpoint {saved} is at step {step} (experiment.max_steps = {max_steps})"
+    return None
+
+
+def recipe_changes(paths, recipe_json: str) -> list[str]:
+    """A line per key this launch's resolved recipe changes from the run's last launch (none for
+    a new run); the last launch's recipe stays in RUN/recipes/."""
+    from rlvr.recipe.load import diff_lines
+
+    last = paths.keep_last_launch()
+    if last is None:
+        return []
+    previous, kept = last
+    lines = diff_lines(previous, recipe_json)
+    if lines and lines[-1].startswith("and "):
+        lines[-1] += f" (the last launch's recipe: {kept})"
+    return [f"recipe changed since the last launch: {line}" for line in lines]
 
 
 def _launch_local(resolved, *, run_dir: Path, resume: str, dashboard: bool) -> int:
@@ -224,7 +265,6 @@ def _launch_local(resolved, *, run_dir: Path, resume: str, dashboard: bool) -> i
     from rlvr.monitor.metrics import mark_failed
     from rlvr.monitor.progress import final_line
 
-    typer.echo(f"run directory: {run_dir}")
     try:
         code = run_local(resolved, run_dir=run_dir, resume=resume, dashboard=dashboard)
     except LaunchError as exc:

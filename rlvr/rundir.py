@@ -7,7 +7,8 @@ and `rlvr monitor` reads it from another terminal or a login node. So its layout
 one place, and every writer goes through `write_atomic` (write a temporary file beside
 the target, then `os.replace`), so a reader or a crash never sees half a file:
 
-    resolved_recipe.json   the recipe every node and the worker read
+    resolved_recipe.json   the recipe every node and the worker read (the current launch's)
+    recipes/               launch-<n>.json: the resolved recipe of each `rlvr launch` here, in order
     status.json            state (starting, running, finished, failed, stopped), step, pid
     metrics.jsonl          one JSON object per step
     events.jsonl           warnings and errors worth showing
@@ -18,6 +19,7 @@ the target, then `os.replace`), so a reader or a crash never sees half a file:
     logs/                  one log per child process of the local launcher or a node
     slurm/                 submitit/sbatch job logs, attempt.json, trainer_exit.json
     tensorboard/           TensorBoard event files
+    wandb_id               the W&B run id: every launch of this run logs to that one W&B run
     job.sbatch             the script `rlvr sbatch` writes
     .lock                  held (flock) by the `rlvr launch` that runs here; names its pid
 
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 RECIPE_FILE = "resolved_recipe.json"
+RECIPES_DIR = "recipes"  # launch-<n>.json per launch
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
@@ -49,11 +52,13 @@ SLURM_DIR = "slurm"
 ATTEMPT_FILE = "attempt.json"
 TRAINER_EXIT_FILE = "trainer_exit.json"
 TENSORBOARD_DIR = "tensorboard"
+WANDB_ID_FILE = "wandb_id"
 SBATCH_FILE = "job.sbatch"
 LOCK_FILE = ".lock"
 LATEST_FILE = "latest"  # in checkpoints/: the name of the newest complete step_N
 CHECKPOINT_META = "meta.json"  # written last into a step_N/: its presence means complete
 _STEP = re.compile(r"^step_(\d+)$")
+_LAUNCH = re.compile(r"^launch-(\d+)\.json$")
 
 DONE_STATES = ("finished", "failed", "stopped")
 """status.json states after which the run's trainer is gone."""
@@ -80,6 +85,7 @@ class RunDir:
     __slots__ = ("root",)
 
     recipe = _At(RECIPE_FILE)
+    recipes = _At(RECIPES_DIR)
     status = _At(STATUS_FILE)
     metrics = _At(METRICS_FILE)
     events = _At(EVENTS_FILE)
@@ -92,6 +98,7 @@ class RunDir:
     attempt = _At(SLURM_DIR, ATTEMPT_FILE)
     trainer_exit = _At(SLURM_DIR, TRAINER_EXIT_FILE)
     tensorboard = _At(TENSORBOARD_DIR)
+    wandb_id = _At(WANDB_ID_FILE)
     sbatch_script = _At(SBATCH_FILE)
 
     def __init__(self, root: str | Path):
@@ -137,6 +144,50 @@ class RunDir:
         """Write the resolved recipe the workers read; creates the directory."""
         write_atomic(self.recipe, text)
         return self.recipe
+
+    def keep_last_launch(self) -> tuple[str, Path] | None:
+        """The resolved recipe of this run's last launch and the recipes/ file that keeps it, kept
+        now if it is not yet (a run from before launches were kept, or one `rlvr sbatch` wrote);
+        None where no run has been (`rlvr plan` may write resolved_recipe.json into a new dir)."""
+        if not (self.is_run() or self._launches()):
+            return None
+        try:
+            text = self.recipe.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        kept = self.launch_recipes()
+        if kept and kept[-1].read_text(encoding="utf-8") == text:
+            return text, kept[-1]
+        return text, self.keep_launch_recipe(text)
+
+    def launched_at(self) -> float | None:
+        """When the last launch began (it kept its recipe then); None before any launch."""
+        done = self._launches()
+        try:
+            return done[-1][1].stat().st_mtime if done else None
+        except FileNotFoundError:
+            return None
+
+    def launch_recipe(self, n: int) -> Path:
+        """The resolved recipe launch `n` (1, 2, ...) of this run used."""
+        return self.recipes / f"launch-{n}.json"
+
+    def launch_recipes(self) -> list[Path]:
+        """Each launch's resolved recipe, oldest first."""
+        return [path for _, path in self._launches()]
+
+    def keep_launch_recipe(self, text: str) -> Path:
+        """Keep `text` as the next launch's recipe (resolved_recipe.json is only the current one)."""
+        done = self._launches()
+        path = self.launch_recipe(done[-1][0] + 1 if done else 1)
+        write_atomic(path, text)
+        return path
+
+    def _launches(self) -> list[tuple[int, Path]]:
+        if not self.recipes.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.recipes.iterdir() if (m := _LAUNCH.match(p.name))]
+        return sorted(found)
 
 
 class RunActive(RuntimeError):

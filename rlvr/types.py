@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CASE_TYPES = ("stdin_stdout", "assert", "pytest", "check_based", "text")
+GROUP_ENDS = ("trained", "stale", "filtered", "failed", "cancelled")
+"""How every group the rollout manager starts ends, exactly once (`groups/<end>` metrics): failed
+means fewer than two of its samples could be judged (README "Verdicts")."""
 
 
 @dataclass(slots=True)

@@ -33,11 +33,12 @@ def trainer_command(
     python: str = sys.executable,
     resume: str = "auto",
 ) -> list[str]:
-    """torchrun for one trainer node (static rendezvous: the first trainer node is master)."""
+    """torchrun for one trainer node (static rendezvous: the first trainer node is master), through
+    `rlvr.trainer.torchrun`: a worker's clean stop exits non-zero without torchrun's crash report."""
     return [
         python,
         "-m",
-        "torch.distributed.run",
+        "rlvr.trainer.torchrun",
         f"--nnodes={len(plan.trainer_nodes)}",
         f"--nproc-per-node={plan.trainer_procs_per_node}",
         f"--node-rank={node_rank}",

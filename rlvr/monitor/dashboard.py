@@ -5,7 +5,7 @@ running or finished run from any terminal that can read the directory. It render
 step progress bar with ETA, a per-domain reward table (latest, first, change, accuracy,
 response length), a tools table for domains that call tools (calls per episode, share of
 episodes calling, turns, errors, timeouts, latency), throughput and the step-time split,
-and the last warnings/errors.
+and the last warnings/errors. A resumed run says so in the header (`resumed from step_4`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from rich.table import Table
 from rich.text import Text
 
 from rlvr.monitor.metrics import JsonlTail, reward_domains
+from rlvr.monitor.progress import resumed_from
 from rlvr.rundir import DONE_STATES, RunDir, read_status
+from rlvr.types import GROUP_ENDS
 
 # The step's critical path: waiting for the rollout wave, training, pushing weights (their shares add
 # up to about the step). Generation and rewards run beside them, shown in the pipeline table.
 TIME_KEYS = {"wait": "wait_rollout", "train": "train", "sync": "sync"}
-GROUP_ENDS = ("trained", "stale", "filtered", "cancelled")  # as rlvr.controller counts them
 
 
 class RunView:
@@ -42,6 +43,8 @@ class RunView:
         self.events: list[dict[str, Any]] = []
         self.status: dict[str, Any] = {}
         self.step_times: list[float] = []
+        self.resumed: tuple[int, float] | None = None  # (step, when) of the last `resumed from` event
+        self.launched_at: float | None = None  # when this launch began (a launcher's view only)
 
     def refresh(self) -> None:
         for row in self.metrics_tail.read_new():
@@ -50,12 +53,33 @@ class RunView:
             self.last.update(row)
             if "time/step" in row:
                 self.step_times.append(row["time/step"])
-        self.events = (self.events + self.events_tail.read_new())[-5:]
+        new = self.events_tail.read_new()
+        for event in new:
+            resumed = resumed_from(event)
+            if resumed is not None:
+                self.resumed = (resumed[0], float(event.get("time") or 0))
+        self.events = (self.events + new)[-5:]
         self.status = read_status(self.run_dir) or self.status
+
+    def since_launch(self) -> None:
+        """A launcher's view: a status written before this launch (a resumed run's `stopped`) is
+        an earlier launch's word, so the run is not done until this launch's trainer says so."""
+        self.launched_at = RunDir(self.run_dir).launched_at()
+
+    def _stale(self) -> bool:
+        started = self.status.get("started_at")
+        return self.launched_at is not None and started is not None and float(started) < self.launched_at
 
     @property
     def done(self) -> bool:
-        return self.status.get("state") in DONE_STATES
+        return self.status.get("state") in DONE_STATES and not self._stale()
+
+    def resumed_step(self) -> int | None:
+        """The checkpoint step the current trainer resumed from (its event is newer than its start)."""
+        if self.resumed is None or self._stale():
+            return None
+        step, when = self.resumed
+        return step if when >= float(self.status.get("started_at") or 0) else None
 
     def domains(self) -> list[str]:
         return reward_domains(self.last)
@@ -71,13 +95,15 @@ class RunView:
     def _header(self) -> Panel:
         step = int(self.last.get("step") or self.status.get("step") or 0)
         total = int(self.status.get("max_steps", 0) or 1)
-        state = self.status.get("state", "waiting")
+        state = "starting" if self._stale() else self.status.get("state", "waiting")
         recent = self.step_times[-10:]
         eta = (sum(recent) / len(recent)) * (total - step) if recent and state == "running" else None
+        resumed = self.resumed_step()
         line = Text.assemble(
             (f"{self.status.get('name', self.run_dir.name)}  ", "bold"),
             (f"[{state}]  ", _state_style(state)),
             f"step {step}/{total}  ",
+            (f"resumed from step_{resumed}  ", "cyan") if resumed is not None else "",
             f"ETA {_duration(eta)}" if eta is not None else "",
         )
         bar = ProgressBar(total=total, completed=step, width=60)
@@ -162,9 +188,9 @@ class RunView:
 
     def _pipeline(self) -> Table:
         """The asynchronous side: how long a wave took, how idle generation was, how stale the
-        trained samples were, and where every started group ended (trained/stale/filtered/cancelled)."""
+        trained samples were, and where every started group ended (trained/stale/filtered/failed/cancelled)."""
         table = Table(title="Rollout pipeline", title_justify="left")
-        columns = ("wave s", "gen idle", "stale max", "stale mean", "partial", "groups t/s/f/c")
+        columns = ("wave s", "gen idle", "stale max", "stale mean", "partial", "groups t/s/filt/fail/c")
         for column in (*columns, "mismatch kl", "is weight"):
             table.add_column(column, justify="right")
         last = self.last
@@ -208,6 +234,8 @@ def watch(
     console = console or Console()
     view = RunView(run_dir)
     view.refresh()
+    if stop is not None:  # a launcher's: it says when the run is over; an old ending is not this one
+        view.since_launch()
     if once:
         console.print(view.render())
         return view

@@ -3,10 +3,14 @@
 `rlvr launch ... > log` (or under nohup, CI, a SLURM login-node script) has no terminal for the
 live dashboard; without this it would print the run directory and then nothing until it exits.
 Lines are plain text, no colour or control codes, flushed one by one so `tail -f log` shows them.
+A resumed run says so (`resumed from step_4 (PATH)`, from the trainer's own event) and then
+prints only the steps it runs: the rows an earlier launch logged are not printed again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +27,9 @@ def step_line(row: dict[str, Any], *, max_steps: int) -> str:
     rewards = [_reward_cell(row, name) for name in reward_domains(row)]
     if rewards:
         parts.append("reward " + " ".join(rewards))
-    dropped = sorted((k.split("/")[1], int(v)) for k, v in row.items() if k.startswith("data/") and k.endswith("/dropped"))
+    dropped = sorted(
+        (k.split("/")[1], int(v)) for k, v in row.items() if k.startswith("data/") and k.endswith("/dropped")
+    )
     if any(n for _, n in dropped):
         parts.append("skipped rows " + " ".join(f"{name} {n}" for name, n in dropped if n))
     evals = sorted(
@@ -46,15 +52,42 @@ def _reward_cell(row: dict[str, Any], name: str) -> str:
     return f"{cell} ({failed} failed)" if failed else cell
 
 
+_RESUMED = re.compile(r"^resumed from (?P<path>.+) at step (?P<step>\d+)$")  # rlvr.loop's event
+
+
+def resumed_from(event: dict[str, Any]) -> tuple[int, str] | None:
+    """(step, checkpoint path) when `event` is the trainer's `resumed from PATH at step N`."""
+    match = _RESUMED.match(str(event.get("message", "")))
+    return (int(match.group("step")), match.group("path")) if match else None
+
+
+def _tail_from_end(path: Path) -> JsonlTail:
+    """A tail that reads only what is appended from now on."""
+    tail = JsonlTail(path)
+    with contextlib.suppress(FileNotFoundError):
+        tail.offset = path.stat().st_size
+    return tail
+
+
 class PlainProgress:
-    """Emits a line per step as metrics.jsonl grows; `poll()` again after a stop prints the rest."""
+    """Emits a line per step as metrics.jsonl grows; `poll()` again after a stop prints the rest.
+
+    Rows and events already in the run directory when it is made belong to earlier launches:
+    it starts after them (make it before the trainer starts).
+    """
 
     def __init__(self, run_dir: str | Path, *, emit: Callable[[str], None]):
         self.run_dir = Path(run_dir)
         self.emit = emit
-        self._tail = JsonlTail(RunDir(self.run_dir).metrics)
+        paths = RunDir(self.run_dir)
+        self._tail = _tail_from_end(paths.metrics)
+        self._events = _tail_from_end(paths.events)
 
     def poll(self) -> None:
+        for event in self._events.read_new():  # before the rows: the trainer resumes, then logs
+            resumed = resumed_from(event)
+            if resumed is not None:
+                self.emit(f"resumed from step_{resumed[0]} ({resumed[1]})")
         rows = self._tail.read_new()
         if rows:
             max_steps = int((read_status(self.run_dir) or {}).get("max_steps") or 0)

@@ -26,20 +26,46 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    """Weights & Biases, when `monitor.wandb = true` and the package is installed."""
+    """Weights & Biases, when `monitor.wandb = true` and the package is installed.
+
+    One run directory is one W&B run: the first start draws a run id and keeps it in
+    RUN/wandb_id; every later start (a resume, a requeued SLURM job) passes that id with
+    `resume="allow"`, so the curves continue in the same W&B run instead of a new one each time.
+    """
 
     def __init__(self, *, project: str | None, name: str, config: dict[str, Any], run_dir: str | Path):
         try:
             import wandb  # pyright: ignore[reportMissingImports]
         except ImportError as exc:
             raise RuntimeError("monitor.wandb = true needs `pip install wandb`") from exc
-        self.run = wandb.init(project=project, name=name, config=config, dir=str(run_dir), resume="allow")
+        run_id = wandb_run_id(run_dir)
+        self.run = wandb.init(project=project, name=name, config=config, dir=str(run_dir), id=run_id, resume="allow")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
 
     def close(self) -> None:
         self.run.finish()
+
+
+def wandb_run_id(run_dir: str | Path) -> str:
+    """The W&B run id of this run directory, drawn and kept on its first start."""
+    import secrets
+    import string
+
+    from rlvr.rundir import RunDir, write_atomic
+
+    path = RunDir(run_dir).wandb_id
+    try:
+        kept = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        kept = ""
+    if kept:
+        return kept
+    alphabet = string.ascii_lowercase + string.digits  # what wandb's own ids are made of
+    run_id = "".join(secrets.choice(alphabet) for _ in range(8))
+    write_atomic(path, run_id + "\n")
+    return run_id
 
 
 def make_sinks(monitor_cfg: Any, *, run_dir: str | Path, name: str, config: dict[str, Any]) -> list[Any]:

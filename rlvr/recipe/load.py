@@ -228,8 +228,9 @@ def resolved_json(recipe: Recipe) -> str:
     return json.dumps(recipe.model_dump(mode="json"), indent=2, sort_keys=False)
 
 
-def changed_keys(old_json: str, new_json: str) -> list[str]:
-    """`key: old -> new` for each resolved value that differs (what a rewrite would change)."""
+def recipe_diff(old_json: str, new_json: str) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old, new) for each resolved value that differs, by key (None: unset there).
+    Lists are values: a changed file list is one key."""
 
     def flat(tree: Any, prefix: str = "") -> dict[str, Any]:
         if isinstance(tree, dict):
@@ -237,9 +238,26 @@ def changed_keys(old_json: str, new_json: str) -> list[str]:
         return {prefix.rstrip("."): tree}
 
     old, new = flat(json.loads(old_json)), flat(json.loads(new_json))
-    return [
-        f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)
-    ]
+    return [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+
+
+def changed_keys(old_json: str, new_json: str) -> list[str]:
+    """`key: old -> new` for each resolved value that differs (what a rewrite would change)."""
+    return [f"{k}: {old!r} -> {new!r}" for k, old, new in recipe_diff(old_json, new_json)]
+
+
+def diff_lines(old_json: str, new_json: str, *, limit: int = 10, width: int = 60) -> list[str]:
+    """`trainer.lr 0.0002 -> 0.0001` per changed key (values as JSON, which `--set` takes for
+    numbers, strings, booleans and lists), each cut to `width`; at most `limit` keys, then
+    `and N more`."""
+
+    def text(value: Any) -> str:
+        shown = "(unset)" if value is None else json.dumps(value)
+        return shown if len(shown) <= width else shown[: width - 3] + "..."
+
+    diff = recipe_diff(old_json, new_json)
+    lines = [f"{key} {text(old)} -> {text(new)}" for key, old, new in diff[:limit]]
+    return lines + ([f"and {len(diff) - limit} more"] if len(diff) > limit else [])
 
 
 def recipe_from_json(text: str) -> Recipe:

@@ -239,3 +239,56 @@ def test_ctrl_c_checkpoints_and_tears_everything_down(tmp_path: Path) -> None:
             break
         time.sleep(0.2)
     assert not [p for text in ours for p in processes_mentioning(text)]
+    trainer_log = (run_dir / "logs" / "trainer.log").read_text()
+    assert "Traceback" not in trainer_log and "ChildFailedError" not in trainer_log, trainer_log[-3000:]
+    assert "failed (exitcode" not in trainer_log  # a clean stop is not reported as a crash
+
+
+def test_a_resumed_launch_says_so_prints_only_its_steps_and_lists_recipe_changes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "quickstart"
+    first = subprocess.run(
+        command(tmp_path, "experiment.max_steps=1", "experiment.save_steps=1", "experiment.eval_steps=0"),
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = subprocess.run(
+        command(tmp_path, "experiment.max_steps=2", "experiment.save_steps=1", "experiment.eval_steps=0"),
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    lines = again.stdout.splitlines()
+    assert lines[:3] == [
+        f"run directory: {run_dir}",
+        "recipe changed since the last launch: experiment.max_steps 1 -> 2",
+        f"resumed from step_1 ({run_dir}/checkpoints/step_1)",
+    ], again.stdout
+    assert [line.split("  ")[0] for line in lines[3:-1]] == ["step 2/2"], again.stdout  # step 1 not replayed
+    assert lines[-1] == f"finished at 2/2; results in {run_dir}"
+    assert [p.name for p in sorted((run_dir / "recipes").iterdir())] == ["launch-1.json", "launch-2.json"]
+    assert json.loads((run_dir / "recipes" / "launch-1.json").read_text())["experiment"]["max_steps"] == 1
+    assert (run_dir / "recipes" / "launch-2.json").read_text() == (run_dir / "resolved_recipe.json").read_text()
+    assert "Traceback" not in (run_dir / "logs" / "trainer.log").read_text()
+
+
+def test_torchrun_wrapper_is_quiet_about_a_clean_stop_and_keeps_the_code(tmp_path: Path) -> None:
+    """`rlvr.trainer.torchrun` (the trainer command): a worker that exits with the loop's stop or
+    failure code leaves no torchrun traceback and the same code; any other failure reads as torchrun's."""
+    from rlvr.loop import FAILED_EXIT, PREEMPTED_EXIT
+    from rlvr.process import free_port
+    from rlvr.trainer.torchrun import QUIET_EXITS
+
+    assert {PREEMPTED_EXIT, FAILED_EXIT} == QUIET_EXITS
+    worker = tmp_path / "worker.py"
+    worker.write_text("import sys\nprint('worker ran', flush=True)\nsys.exit(int(sys.argv[1]))\n")
+    for code, quiet in ((PREEMPTED_EXIT, True), (FAILED_EXIT, True), (1, False)):
+        result = subprocess.run(
+            [sys.executable, "-m", "rlvr.trainer.torchrun", "--nproc-per-node=1", f"--master-port={free_port()}",
+             str(worker), str(code)],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+        out = result.stdout + result.stderr
+        assert "worker ran" in out
+        if quiet:
+            assert result.returncode == code and "Traceback" not in out and "failed (exitcode" not in out, out
+        else:
+            assert result.returncode == 1 and "ChildFailedError" in out and "exitcode  : 1" in out, out

@@ -22,13 +22,15 @@ def test_layout_names_on_disk_stay_put(tmp_path: Path) -> None:
         "recipe": paths.recipe, "status": paths.status, "metrics": paths.metrics, "events": paths.events,
         "checkpoints": paths.checkpoints, "server": paths.server(3), "judge": paths.judge,
         "log": paths.log("rollout-0"), "attempt": paths.attempt, "trainer_exit": paths.trainer_exit,
-        "tensorboard": paths.tensorboard, "sbatch": paths.sbatch_script,
+        "tensorboard": paths.tensorboard, "sbatch": paths.sbatch_script, "launch": paths.launch_recipe(2),
+        "wandb": paths.wandb_id,
     }  # fmt: skip
     want = {
         "recipe": "resolved_recipe.json", "status": "status.json", "metrics": "metrics.jsonl",
         "events": "events.jsonl", "checkpoints": "checkpoints", "server": "servers/3.json",
         "judge": "servers/judge.url", "log": "logs/rollout-0.log", "attempt": "slurm/attempt.json",
         "trainer_exit": "slurm/trainer_exit.json", "tensorboard": "tensorboard", "sbatch": "job.sbatch",
+        "launch": "recipes/launch-2.json", "wandb": "wandb_id",
     }  # fmt: skip
     assert {k: v.relative_to(tmp_path).as_posix() for k, v in got.items()} == want
     assert not any(tmp_path.iterdir())  # naming paths touches nothing
@@ -125,3 +127,86 @@ def test_find_checkpoint_resolves_what_a_user_names(tmp_path: Path) -> None:
     assert rundir.find_checkpoint(run) == s10
     assert rundir.run_of_checkpoint(s9).recipe == (run / "resolved_recipe.json").resolve()
     assert rundir.step_of(ckpts / "step_11.tmp") is None and rundir.step_of(s10) == 10
+
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.toml"
+
+
+def launch(monkeypatch: pytest.MonkeyPatch, out: Path, *sets: str, resume: str = "auto"):
+    """`rlvr launch` of the quickstart up to the point where it starts processes (stubbed here)."""
+    from typer.testing import CliRunner
+
+    import rlvr.cli as cli
+
+    monkeypatch.setattr(cli, "_launch_local", lambda resolved, **_: 0)
+    args = ["launch", str(QUICKSTART), "--no-dashboard", "--resume", resume]
+    for item in (f"experiment.output_dir={json.dumps(str(out))}", *sets):
+        args += ["--set", item]
+    return CliRunner().invoke(cli.app, args)
+
+
+def test_each_launch_keeps_its_recipe_and_a_rerun_says_what_changed(tmp_path: Path, monkeypatch) -> None:
+    run = RunDir(tmp_path / "quickstart")
+    first = launch(monkeypatch, tmp_path)
+    assert first.exit_code == 0, first.output
+    assert first.stdout == f"run directory: {run.root}\n"  # a new run: nothing to compare with
+    assert run.launch_recipes() == [run.launch_recipe(1)]
+    assert run.launch_recipe(1).read_text() == run.recipe.read_text()
+    write_json_atomic(run.status, {"state": "stopped", "step": 2, "max_steps": 100, "started_at": 1.0})
+
+    again = launch(monkeypatch, tmp_path, "trainer.lr=0.0001", "experiment.max_steps=120")
+    assert again.exit_code == 0, again.output
+    assert again.stdout.splitlines() == [
+        f"run directory: {run.root}",
+        "recipe changed since the last launch: experiment.max_steps 100 -> 120",
+        "recipe changed since the last launch: trainer.lr 0.0002 -> 0.0001",
+    ]
+    assert run.launch_recipes() == [run.launch_recipe(1), run.launch_recipe(2)]
+    assert json.loads(run.launch_recipe(1).read_text())["trainer"]["lr"] == 0.0002  # kept as it was
+    assert run.launch_recipe(2).read_text() == run.recipe.read_text()  # the workers read the current one
+    assert launch(monkeypatch, tmp_path, "trainer.lr=0.0001", "experiment.max_steps=120").stdout.count("\n") == 1
+
+    # A run from before launches were kept (or written by `rlvr sbatch`): its recipe is kept now,
+    # and a long list is cut short with where to read the rest.
+    old = json.loads(run.recipe.read_text())
+    old["experiment"]["seed"], old["rollout"]["n"] = 7, 2
+    old["trainer"] |= {k: 1 for k in ("lr", "warmup_steps", "grad_clip", "weight_decay", "micro_batch_size")}
+    old["algorithm"] |= {
+        "kl_coef": 0.5,
+        "clip_ratio_low": 0.1,
+        "clip_ratio_high": 0.1,
+        "ppo_epochs": 3,
+        "mini_batches": 3,
+    }
+    write_atomic(run.recipe, json.dumps(old, indent=2))
+    for path in run.launch_recipes():
+        path.unlink()
+    many = launch(monkeypatch, tmp_path)
+    lines = many.stdout.splitlines()
+    assert "recipe changed since the last launch: algorithm.kl_coef 0.5 -> 0.0" in lines
+    assert len(lines) == 1 + 11 and all(x.startswith("recipe changed since the last launch: ") for x in lines[1:])
+    assert lines[-1].startswith("recipe changed since the last launch: and ")
+    assert lines[-1].endswith(f" more (the last launch's recipe: {run.launch_recipe(1)})")
+    assert json.loads(run.launch_recipe(1).read_text()) == old and run.launch_recipes()[-1] == run.launch_recipe(2)
+
+
+def test_a_fresh_start_is_a_new_wandb_run(tmp_path: Path, monkeypatch) -> None:
+    run = RunDir(tmp_path / "quickstart")
+    write_atomic(run.wandb_id, "abc123\n")
+    assert launch(monkeypatch, tmp_path).exit_code == 0 and run.wandb_id.exists()  # a resume keeps it
+    assert launch(monkeypatch, tmp_path, resume="none").exit_code == 0
+    assert not run.wandb_id.exists()
+
+
+def test_nothing_to_do_once_the_steps_are_trained(tmp_path: Path, monkeypatch) -> None:
+    run = RunDir(tmp_path / "quickstart")
+    write_json_atomic(run.status, {"state": "finished", "step": 4, "max_steps": 4})
+    done = launch(monkeypatch, tmp_path, "experiment.max_steps=4")
+    assert done.exit_code == 0 and done.stdout == f"{run.root}: already finished at 4/4; nothing to do\n"
+    lower = launch(monkeypatch, tmp_path, "experiment.max_steps=2")  # not "finished at 4/2"
+    assert lower.stdout == f"{run.root}: already finished at step 4 (experiment.max_steps = 2); nothing to do\n"
+    write_json_atomic(run.status, {"state": "stopped", "step": 6, "max_steps": 8})
+    saved = _complete(run.checkpoints / "step_6")  # a stopped run, rerun with fewer steps than it has
+    past = launch(monkeypatch, tmp_path, "experiment.max_steps=5")
+    assert past.stdout == f"{run.root}: checkpoint {saved} is at step 6 (experiment.max_steps = 5); nothing to do\n"
+    assert launch(monkeypatch, tmp_path, "experiment.max_steps=8").stdout.startswith("run directory: ")

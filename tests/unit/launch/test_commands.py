@@ -28,7 +28,7 @@ def test_trainer_command_is_torchrun_with_static_rendezvous() -> None:
     plan = make_plan(recipe, master_port=29555)
     argv = trainer_command(plan, run_dir="/shared/runs/x", node_rank=1, master_addr="10.0.0.1", python="python")
     assert argv == [
-        "python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=8", "--node-rank=1",
+        "python", "-m", "rlvr.trainer.torchrun", "--nnodes=2", "--nproc-per-node=8", "--node-rank=1",
         "--master-addr=10.0.0.1", "--master-port=29555", "-m", "rlvr.worker", "--run-dir", "/shared/runs/x",
         "--resume", "auto",
     ]  # fmt: skip

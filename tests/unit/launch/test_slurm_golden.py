@@ -156,16 +156,30 @@ def test_sbatch_flag_dict():
         sbatch_flag_dict(["exclusive"])
 
 
-def test_node_local_paths_are_named_by_key(flagship):
-    from rlvr.launch.sbatch import node_local_paths
+def on_shared_disk(recipe):
+    """The recipe as if this checkout were on a shared disk: its data files are resolved into the
+    checkout, which a fresh clone into the system temp dir puts on a node-local path."""
+    from rlvr.recipe.load import recipe_from_json, resolved_json
 
-    assert node_local_paths(flagship, run_dir=RUN_DIR, python="/shared/venv/bin/python") == []
-    local = load_recipe(FLAGSHIP, ["cluster.nodes=4", 'model.path="/tmp/qwen"'])
+    return recipe_from_json(resolved_json(recipe).replace(json.dumps(str(ROOT))[1:-1], "/shared/rlvr"))
+
+
+def test_node_local_paths_are_named_by_key(flagship):
+    from rlvr.launch.sbatch import NODE_LOCAL, node_local_paths
+
+    shared = on_shared_disk(flagship)
+    assert node_local_paths(shared, run_dir=RUN_DIR, python="/shared/venv/bin/python") == []
+    local = on_shared_disk(load_recipe(FLAGSHIP, ["cluster.nodes=4", 'model.path="/tmp/qwen"']))
     warnings = node_local_paths(local, run_dir="/tmp/runs/x", python="/tmp/venv/bin/python")
-    assert any(w.startswith("model.path = /tmp/qwen is node-local (/tmp)") for w in warnings), warnings
-    assert any(w.startswith("run directory (experiment.output_dir) = /tmp/runs/x") for w in warnings)
-    assert any(w.startswith("--python = /tmp/venv/bin/python") for w in warnings)
-    assert not node_local_paths(flagship, run_dir="/tmpfs-shared/x", python="/shared/py")  # a prefix, not a folder
+    assert len(warnings) == 3, warnings
+    assert warnings[0].startswith("run directory (experiment.output_dir) = /tmp/runs/x is node-local (/tmp)")
+    assert warnings[1].startswith("--python = /tmp/venv/bin/python")
+    assert warnings[2].startswith("model.path = /tmp/qwen is node-local (/tmp)")
+    assert not node_local_paths(shared, run_dir="/tmpfs-shared/x", python="/shared/py")  # a prefix, not a folder
+    # the checkout's own data files are named exactly when the checkout itself is node-local
+    named = node_local_paths(flagship, run_dir=RUN_DIR, python="/shared/py")
+    in_temp = any(str(ROOT).startswith(root + "/") for root in NODE_LOCAL)
+    assert bool(named) == in_temp and all(w.startswith("domains.") for w in named), named
 
 
 def test_rlvr_sbatch_takes_the_nodes_python_and_warns_on_node_local_paths(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 from rlvr.cli import app
 from rlvr.monitor.dashboard import RunView, watch
 from rlvr.monitor.metrics import JsonlTail, RunRecorder
-from rlvr.rundir import read_status
+from rlvr.rundir import RunDir, read_status
 
 
 def record(run_dir: Path, steps: int = 3) -> RunRecorder:
@@ -35,7 +36,9 @@ def record(run_dir: Path, steps: int = 3) -> RunRecorder:
                 "groups/trained": 16.0 * step,
                 "groups/stale": 0.0,
                 "groups/filtered": 2.0,
+                "groups/failed": 1.0,
                 "groups/cancelled": 0.0,
+                "reward/code/failed": 3.0,
                 "throughput/tokens_per_s": 1234.0,
                 "kl": 0.001,
                 "bad": float("nan"),
@@ -50,9 +53,9 @@ def test_recorder_writes_jsonl_and_status(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert "bad" not in rows[0]  # non-finite values are dropped, not written as NaN
-    assert read_status(tmp_path)["state"] == "running"
+    assert (read_status(tmp_path) or {})["state"] == "running"
     recorder.close()
-    assert read_status(tmp_path)["state"] == "finished"
+    assert (read_status(tmp_path) or {})["state"] == "finished"
 
 
 def test_tail_keeps_partial_lines_for_later(tmp_path: Path) -> None:
@@ -78,7 +81,9 @@ def test_view_shows_domains_change_and_split(tmp_path: Path) -> None:
     assert "step 3/10" in text
     assert "+0.200" in text  # math reward went 0.1 -> 0.3
     assert "1.00 (50%)" in text  # the trainer waited half the step for its rollouts
-    assert "48/0/2/0" in text and "25%" in text  # group ends, generation idle share
+    assert "48/0/2/1/0" in text and "25%" in text  # group ends, generation idle share
+    code = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("code"))
+    assert " 3 " in code  # its failed verdicts in the domain table
     assert "sandbox: 3 timeouts" in text
 
 
@@ -132,3 +137,54 @@ def test_no_tools_table_without_tool_metrics(tmp_path: Path) -> None:
     console = Console(record=True, width=120)
     console.print(view.render())
     assert view.tool_domains() == [] and "calls/ep" not in console.export_text()
+
+
+def header(view: RunView) -> str:
+    console = Console(record=True, width=140)
+    console.print(view.render())
+    return console.export_text().splitlines()[1]
+
+
+def test_a_resumed_launch_waits_for_its_own_trainer_and_says_it_resumed(tmp_path: Path) -> None:
+    """The status an earlier launch left (`stopped`) is not this launch's end: the launcher's
+    dashboard must not close on it, and the header says where this launch's trainer resumed."""
+    earlier = record(tmp_path)  # steps 1-3, then stopped
+    earlier.close("stopped")
+    earlier.set_state("stopped", started_at=time.time() - 100)  # that trainer started a while ago
+    launched = time.time() - 50
+    os.utime(RunDir(tmp_path).keep_launch_recipe("{}"), (launched, launched))  # `rlvr launch` keeps its recipe
+
+    view = RunView(tmp_path)
+    view.refresh()
+    view.since_launch()
+    assert not view.done and "[starting]" in header(view) and "resumed" not in header(view)
+
+    calls = 0
+
+    def stop() -> bool:  # the local launcher's: has the trainer exited?
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the relaunched trainer starts, resumes from step_3 and trains step 4
+            trainer = RunRecorder(tmp_path, max_steps=10, name="demo")
+            trainer.event(f"resumed from {tmp_path}/checkpoints/step_3 at step 3", level="info")
+            trainer.log(4, {"reward/math/mean": 0.5})
+        return calls == 3
+
+    with open(os.devnull, "w") as sink:
+        watched = watch(tmp_path, console=Console(file=sink), refresh_s=0.01, stop=stop)
+    assert calls == 3  # it did not end on the earlier launch's `stopped`
+    assert watched.resumed_step() == 3
+    line = header(watched)
+    assert "[running]" in line and "step 4/10" in line and "resumed from step_3" in line, line
+
+
+def test_monitor_shows_the_last_resume_of_the_trainer_it_reads(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path, max_steps=10, name="demo")
+    recorder.event(f"resumed from {tmp_path}/checkpoints/step_2 at step 2", level="info")
+    recorder.log(3, {"reward/math/mean": 0.5})
+    view = RunView(tmp_path)
+    view.refresh()
+    assert "resumed from step_2" in header(view)
+    RunRecorder(tmp_path, max_steps=10, name="demo")  # a new trainer that started fresh
+    view.refresh()
+    assert view.resumed_step() is None and "resumed" not in header(view)

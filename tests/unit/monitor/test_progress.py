@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from rlvr.monitor.metrics import RunRecorder, mark_failed, mark_stopped
-from rlvr.monitor.progress import final_line, follow, step_line
+from rlvr.monitor.progress import PlainProgress, final_line, follow, resumed_from, step_line
 from rlvr.rundir import read_status
 
 
@@ -80,3 +80,37 @@ def test_mark_stopped_keeps_the_trainers_own_ending(tmp_path: Path) -> None:
 
 def test_final_line_of_a_run_stopped_before_its_trainer_wrote_anything(tmp_path: Path) -> None:
     assert final_line(tmp_path, code=130, max_steps=100) == "stopped at step 0/100: rerun the same command to resume"
+
+
+def test_a_resumed_run_says_so_and_prints_only_the_steps_it_runs(tmp_path: Path) -> None:
+    """The rows and events of earlier launches are not printed again as if they had just run."""
+    before = RunRecorder(tmp_path, max_steps=6)
+    for step in range(1, 6):  # step 5 was logged, then the run was killed before saving it
+        before.log(step, {"reward/a/mean": 0.5})
+    before.event(f"resumed from {tmp_path}/checkpoints/step_2 at step 2", level="info")  # an older resume
+    before.close("stopped")
+    printed: list[str] = []
+    progress = PlainProgress(tmp_path, emit=printed.append)  # the launcher makes it before the trainer starts
+    progress.poll()
+    assert printed == []
+    trainer = RunRecorder(tmp_path, max_steps=6)  # the relaunched trainer, as rlvr.loop's resume() says it
+    trainer.event(f"resumed from {tmp_path}/checkpoints/step_4 at step 4", level="info")
+    progress.poll()
+    trainer.log(5, {"reward/a/mean": 0.6})
+    trainer.log(6, {"reward/a/mean": 0.7})
+    trainer.close("finished")
+    progress.poll()
+    assert printed == [
+        f"resumed from step_4 ({tmp_path}/checkpoints/step_4)",
+        "step 5/6  reward a 0.600",
+        "step 6/6  reward a 0.700",
+    ]
+
+
+def test_the_resume_line_reads_the_event_the_loop_writes() -> None:
+    """`resumed_from` parses rlvr.loop's event; this pins the two together (loop.py is not imported:
+    torch)."""
+    loop_source = (Path(__file__).resolve().parents[3] / "rlvr" / "loop.py").read_text()
+    assert 'f"resumed from {path} at step {self.step}"' in loop_source
+    assert resumed_from({"message": "resumed from /r/checkpoints/step_12 at step 12"}) == (12, "/r/checkpoints/step_12")
+    assert resumed_from({"message": "checkpoint saved: step_12"}) is None
