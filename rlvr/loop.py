@@ -240,5 +240,6 @@ class RLLoop:
         np.random.set_state(extra["rng"]["numpy"])
         torch.set_rng_state(extra["rng"]["torch"])
         if self.recorder is not None:
+            self.recorder.set_state("starting", step=self.step)  # a stop before its first new step: not "step 0"
             self.recorder.event(f"resumed from {path} at step {self.step}", level="info")
         return True

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rlvr.loop import RLLoop
+    from rlvr.loop import FAILED_EXIT, RLLoop
     from rlvr.recipe.load import recipe_from_json
     from rlvr.recipe.plan import make_plan
     from rlvr.rendezvous import wait_for_judge, wait_for_servers
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             recorder.event(problem, level="error")
             recorder.close("failed", error=problem)
             print(f"error: {problem}", file=sys.stderr, flush=True)
-            return 2
+            return FAILED_EXIT  # a stop it reported itself: torchrun's wrapper keeps it quiet
     client = manager.engine if manager is not None else None
     sync = make_weight_sync(
         recipe.sync, model=actor.model, client=client, run_dir=args.run_dir, tokenizer=tokenizer,

@@ -196,7 +196,7 @@ def wait_and_watch(
     from rich.console import Console
 
     from rlvr.monitor.dashboard import watch
-    from rlvr.monitor.progress import follow
+    from rlvr.monitor.progress import PlainProgress
     from rlvr.rundir import DONE_STATES, read_status
 
     job_id = str(getattr(job, "job_id", job))
@@ -209,6 +209,8 @@ def wait_and_watch(
 
     def plain(line: str) -> None:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+    progress = PlainProgress(run_dir, emit=plain)  # one reader across requeues: each line said once
 
     def run_over(run_dir: Path) -> bool:
         return (read_status(run_dir) or {}).get("state") in DONE_STATES
@@ -228,7 +230,7 @@ def wait_and_watch(
                 if console.is_terminal:
                     watch(run_dir, console=console, stop=job_over)
                 else:  # a log file: one plain line per step, not the last frame of a live view
-                    follow(run_dir, stop=lambda: job_over() or run_over(run_dir), emit=plain)
+                    progress.follow(stop=lambda: job_over() or run_over(run_dir))
                 if run_over(run_dir):
                     status = read_status(run_dir) or {}
                     finished_run = status.get("started_at")
