@@ -99,7 +99,10 @@ def tool_messages(recipe, tokenizer, where) -> dict:
         if d.tools and d.tool_instructions:
             domain = d.model_copy(update={"search_url": d.search_url or "http://index.not.built"})
             try:
-                box = Toolbox.for_domain(domain, tokenizer=tokenizer, default_tokens=recipe.rollout.max_new_tokens)
+                box = Toolbox.for_domain(
+                    domain, tokenizer=tokenizer, default_tokens=recipe.rollout.max_new_tokens,
+                    chat_template=recipe.model.chat_template,
+                )  # fmt: skip
             except ToolConfigError as exc:
                 raise fail(where.error(("domains", name, "tools"), str(exc))) from None
             out[name] = lambda sample, box=box: box.prompt_messages(sample.messages)

@@ -18,7 +18,14 @@ breaks it, e.g. from an engine that came back with old weights.
 
 Every group started ends exactly once: trained, stale, filtered (including dynamic sampling's
 surplus), failed (fewer than two of its samples could be judged) or cancelled (in flight or
-buffered when the run stops); `groups/*` metrics count them.
+buffered when the run stops); `groups/*` metrics count them. The manager keeps every group it
+started until it ends (a group ended twice, or never started, raises).
+
+Which prompts a step draws follows from the seed and the verdicts on earlier groups, never from
+timing: wave s's quota and its refills come from the mixture at fixed places
+(`rlvr.data.mixture.WaveDraws`), so two runs, or a run and its resume from any checkpoint, draw the
+same prompts for every step. A wave's refills wait until every earlier wave's refills are final
+(usually long before: an earlier wave started earlier).
 
 A sample whose reward could not judge it (a *failed* verdict: `rlvr.rewards.base`) leaves its
 group before the filters and the advantages see it: the group's baseline comes from the judged
@@ -42,7 +49,7 @@ from typing import Any
 from rlvr.algorithms.advantages import RunningMoments
 from rlvr.algorithms.filters import keep_group, soft_overlong_penalty
 from rlvr.data.chat import encode_prompt, render_prompt
-from rlvr.data.mixture import MixtureSampler, hash_seed
+from rlvr.data.mixture import MixtureSampler, WaveDraws, hash_seed
 from rlvr.evaluation import evaluate_groups
 from rlvr.monitor.samples import sample_rows
 from rlvr.recipe.schema import Recipe
@@ -51,9 +58,7 @@ from rlvr.rewards.pool import RewardPool
 from rlvr.rollout.engine import RolloutEngine, SamplingParams
 from rlvr.rollout.episode import run_episode
 from rlvr.tools.session import Toolbox
-from rlvr.types import Completion, Group, RolloutBatch, Sample
-
-GROUP_ENDS = ("trained", "stale", "filtered", "failed", "cancelled")
+from rlvr.types import GROUP_ENDS, Completion, Group, RolloutBatch, Sample
 
 
 def merge_reward_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -125,20 +130,26 @@ class RolloutManager:
             seed=recipe.experiment.seed,
             shuffle=recipe.data.shuffle,
         )
+        self.draws = WaveDraws(self.mixture, ahead=self.max_staleness)
         self.domain_stats = {name: RunningMoments() for name, d in recipe.domains.items() if d.reward_norm == "domain"}
         # Domains with tools run multi-turn episodes (README "Tools"); a bad tool fails here, at start.
         self.toolboxes = {
-            name: Toolbox.for_domain(d, tokenizer=tokenizer, default_tokens=recipe.rollout.max_new_tokens)
+            name: Toolbox.for_domain(
+                d,
+                tokenizer=tokenizer,
+                default_tokens=recipe.rollout.max_new_tokens,
+                chat_template=recipe.model.chat_template,
+            )  # fmt: skip
             for name, d in recipe.domains.items()
             if d.tools
         }
         self._prompt_ids: dict[tuple[Any, ...], list[int]] = {}
         self.version = 0  # the weights the engines serve (trainer steps applied)
         self.counts: dict[str, int] = dict.fromkeys(("started", *GROUP_ENDS), 0)
-        self._open = 0  # groups started that have not ended
+        self._live: dict[int, Group] = {}  # groups started that have not ended, by id()
         self._waves: dict[int, Wave] = {}
         self._next_wave = 0
-        self._marks: dict[int, dict[str, Any]] = {}  # mixture state before wave s drew
+        self._refills_final: dict[int, asyncio.Event] = {}  # per wave: its refill draws are done
         self._active = 0  # episodes in flight
         self._idle_since: float | None = time.perf_counter()
         self._idle_s = 0.0
@@ -258,6 +269,7 @@ class RolloutManager:
                     partial=partial,
                     weights_ready=self._weights_ready.wait,
                     tools=box.session() if box is not None else None,
+                    tokenizer=self.tokenizer,  # the text of a continued response: decoded from all its ids
                 )
             finally:
                 self._episode_ended()
@@ -266,15 +278,22 @@ class RolloutManager:
 
     async def _group(self, sample: Sample, *, seed: int, scores: list[dict[str, float]]) -> Group:
         """Generate and score one group; scoring starts the moment its own n samples are done."""
-        self.counts["started"] += 1
-        self._open += 1
-        group = Group(sample=sample, completions=await self._episodes(sample, n=self.recipe.rollout.n, seed=seed))
+        group = Group(sample=sample, completions=[])
+        self._start(group)
+        group.completions = await self._episodes(sample, n=self.recipe.rollout.n, seed=seed)
         scores.append(await self.rewards.score_groups([group]))
         return group
 
-    def _end(self, kind: str, count: int = 1) -> None:
-        self.counts[kind] += count
-        self._open -= count
+    def _start(self, group: Group) -> None:
+        self.counts["started"] += 1
+        self._live[id(group)] = group
+
+    def _end(self, kind: str, groups: Sequence[Group]) -> None:
+        """`groups` end as `kind` (one of GROUP_ENDS); each must have started and not ended yet."""
+        for group in groups:
+            if self._live.pop(id(group), None) is None:
+                raise RuntimeError(f"a group of {group.sample.id} ended as {kind} but was not in flight")
+        self.counts[kind] += len(groups)
 
     def _judged_only(self, group: Group, tallies: dict[str, StepFailures]) -> bool:
         """Take the samples that could not be judged out of `group` (in place), counting them;
@@ -303,12 +322,27 @@ class RolloutManager:
         self._weights_ready.clear()
 
     def _admit(self, step: int) -> None:
-        self._marks[step] = self.mixture.state_dict()
-        wave = Wave(step=step, prompts=self.mixture.next_batch())
+        wave = Wave(step=step, prompts=self.draws.quota(step))
+        self._refills_final[step] = asyncio.Event()
         wave.task = self.loop.create_task(self._run_wave(wave))
         self._waves[step] = wave
 
     async def _run_wave(self, wave: Wave) -> None:
+        try:
+            await self._rounds(wave)
+        finally:
+            self.draws.finish(wave.step)
+            event = self._refills_final.get(wave.step)
+            if event is not None:
+                event.set()
+
+    async def _refill(self, step: int, domains: Sequence[str]) -> list[Sample]:
+        """One prompt per entry of `domains` for wave `step`, once every earlier wave's refills are final."""
+        for earlier in [event for s, event in self._refills_final.items() if s < step]:
+            await earlier.wait()
+        return [s for domain in domains for s in self.draws.refill(step, domain, 1)]
+
+    async def _rounds(self, wave: Wave) -> None:
         """Rounds of groups for one step: the first from the quota, then dynamic sampling's refills."""
         algo, per_step = self.recipe.algorithm, self.recipe.data.prompts_per_step
         pending, kept = wave.prompts, wave.kept
@@ -325,13 +359,17 @@ class RolloutManager:
                 wave.samples = sample_rows(
                     groups, per_domain=self.recipe.monitor.log_samples, step=wave.step + 1, prompt_text=self.prompt_text
                 )
-            judged = [g for g in groups if self._judged_only(g, wave.failures)]
-            self._end("failed", len(groups) - len(judged))
+            judged, failed = [], []
+            for g in groups:
+                (judged if self._judged_only(g, wave.failures) else failed).append(g)
+            self._end("failed", failed)
             if round_ == 0:
                 wave.metrics.update(merge_reward_metrics(scores))
                 wave.metrics.update(self._group_metrics(judged))
-            survivors = [g for g in judged if keep_group(self.shaped_rewards(g), cfg=algo)]
-            self._end("filtered", len(judged) - len(survivors))
+            survivors, dropped = [], []
+            for g in judged:
+                (survivors if keep_group(self.shaped_rewards(g), cfg=algo) else dropped).append(g)
+            self._end("filtered", dropped)
             kept += survivors
             missing = per_step - len(kept)
             if not algo.dynamic_sampling or missing <= 0:
@@ -339,9 +377,9 @@ class RolloutManager:
             # Refill from the domains whose groups were dropped, in proportion (DAPO's dynamic sampling).
             kept_ids = {id(g) for g in survivors}
             lost = [g.sample.domain for g in groups if id(g) not in kept_ids][:missing]
-            pending = [s for domain in lost for s in self.mixture.take(domain, 1)]
+            pending = await self._refill(wave.step, lost)
         if algo.dynamic_sampling and len(kept) > per_step:
-            self._end("filtered", len(kept) - per_step)
+            self._end("filtered", kept[per_step:])
             del kept[per_step:]
         wave.metrics["time/rollout"] = time.perf_counter() - wave.started_at
 
@@ -353,11 +391,14 @@ class RolloutManager:
         assert wave.task is not None
         await wave.task
         waited = time.perf_counter() - start
-        for old in [s for s in self._marks if s < step]:  # step's own stays: a stop before training it resumes it
-            del self._marks[old]
-        fresh = [g for g in wave.kept if all(step - c.oldest_version <= self.max_staleness for c in g.completions)]
-        self._end("stale", len(wave.kept) - len(fresh))
-        self._end("trained", len(fresh))
+        self.draws.forget(step)  # step's own mark stays: a stop before training it resumes it
+        for old in [s for s in self._refills_final if s < step]:
+            del self._refills_final[old]
+        fresh, stale = [], []
+        for g in wave.kept:
+            (fresh if all(step - c.oldest_version <= self.max_staleness for c in g.completions) else stale).append(g)
+        self._end("stale", stale)
+        self._end("trained", fresh)
         batch = self.build_batch(fresh)
         self._samples = wave.samples
         self._report(wave)
@@ -446,7 +487,7 @@ class RolloutManager:
             self._idle_since = now
         return {
             **{f"groups/{k}": float(v) for k, v in self.counts.items()},
-            "groups/in_flight": float(self._open),
+            "groups/in_flight": float(len(self._live)),
             "rollout/generation_idle_frac": min(idle / window, 1.0),
         }
 
@@ -521,19 +562,20 @@ class RolloutManager:
 
     # -- state --------------------------------------------------------------------------------------
     def state_dict(self, *, step: int) -> dict[str, Any]:
-        """What resumes at `step`: the mixture as it was before wave `step` drew (later waves are
-        in flight or buffered and are dropped on resume, then drawn again), and the reward stats."""
+        """What resumes at `step`: the mixture as it was before wave `step` drew, with the refills of
+        trained waves drawn after that (later waves are in flight or buffered and are dropped on
+        resume, then drawn again: `WaveDraws`), and the reward stats."""
         return self._call(self._state(step))
 
     async def _state(self, step: int) -> dict[str, Any]:
         return {
-            "mixture": self._marks.get(step) or self.mixture.state_dict(),
+            "mixture": self.draws.state_dict(step),
             "domain_stats": {k: v.state_dict() for k, v in self.domain_stats.items()},
             "counts": dict(self.counts),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.mixture.load_state_dict(state["mixture"])
+        self.draws.load_state_dict(state["mixture"])
         for name, stats in self.domain_stats.items():
             stats.load_state_dict(state["domain_stats"][name])
         self.counts.update({k: int(v) for k, v in state.get("counts", {}).items() if k in self.counts})
@@ -549,7 +591,7 @@ class RolloutManager:
                     wave.task.cancel()
             await asyncio.gather(*(w.task for w in self._waves.values() if w.task is not None), return_exceptions=True)
             self._waves.clear()
-            self._end("cancelled", self._open)
+            self._end("cancelled", list(self._live.values()))
             close = getattr(self.engine, "close", None)
             result = close() if close is not None else None
             if inspect.isawaitable(result):  # an HTTP client closes asynchronously, an in-process engine not

@@ -8,6 +8,8 @@ gives 5/2/1, 4/3/1, 5/2/1, 5/3/0, ... and after k steps each domain has had with
 
 Within a domain rows are visited in a seeded permutation per epoch. The whole state is a
 few integers and floats (`state_dict`), so a checkpoint resumes the exact same sequence.
+The rollout manager's waves draw through `WaveDraws`, which fixes where each step's dynamic
+sampling refills fall in that sequence, whatever the timing.
 """
 
 from __future__ import annotations
@@ -121,6 +123,107 @@ class MixtureSampler:
         self.quotas.credit = {name: float(state["credit"][name]) for name in self.names}
         for name, stream in self.streams.items():
             stream.load_state_dict(state["streams"][name])
+
+
+class WaveDraws:
+    """The mixture drawn by asynchronous waves: each wave's quota and its refills at fixed places in
+    the stream, so the prompts a step trains never depend on timing.
+
+    Wave s draws its quota Q(s) when admitted and its refills R(s) (dynamic sampling) as its rounds
+    need them. With up to k waves ahead of the trainer (k = `ahead`, `rollout.max_staleness`) the
+    domain streams always serve them in this order:
+
+        Q(0) .. Q(k), R(0), Q(k+1), R(1), Q(k+2), R(2), ...        (R(s) right before Q(s+k+1))
+
+    Q(s+k+1) is admitted only once wave s is trained, so its refills are final by then. A wave's
+    refills wait (the caller's part) until every earlier wave's are final, then draw the quotas up to
+    Q(s+k) ahead if they are not drawn yet (a quota depends on the stream's state only). With k = 0
+    this is Q(0), R(0), Q(1), R(1), ...: the synchronous loop's order. The quota schedule (each
+    domain's share over steps) and the one-permutation-per-epoch walk of each domain are
+    `MixtureSampler`'s, untouched: refills are drawn from the same walk, each row once per epoch.
+
+    `state_dict(step)` is the mixture before Q(step) plus the refill counts of the trained waves
+    whose draws come after it (waves step-k .. step-1): a resume skips them in their places, so it
+    draws exactly what the straight run drew.
+    """
+
+    def __init__(self, mixture: MixtureSampler, *, ahead: int):
+        self.mixture = mixture
+        self.ahead = ahead
+        self.next: int | None = None  # the next wave whose quota is drawn (set by the first draw)
+        self.quotas: dict[int, list[Sample]] = {}  # drawn ahead, not yet handed to their wave
+        self.marks: dict[int, dict[str, Any]] = {}  # the mixture before Q(s)
+        self.refills: dict[int, dict[str, int]] = {}  # per wave, its refill draws per domain
+        self.final: set[int] = set()  # waves whose refills are final
+        self.replay: dict[int, dict[str, int]] = {}  # from a resume: refill counts to skip before Q(key)
+
+    def quota(self, step: int) -> list[Sample]:
+        """Wave `step`'s quota (drawn now, or earlier by a refill)."""
+        self._draw_through(step)
+        self.refills.setdefault(step, {})
+        return self.quotas.pop(step)
+
+    def refill(self, step: int, domain: str, count: int) -> list[Sample]:
+        """`count` more prompts of `domain` for wave `step`, outside the quota. The caller has waited
+        until every earlier wave's refills are final (`finish`)."""
+        if any(s < step and s not in self.final for s in self.refills):
+            raise RuntimeError(f"wave {step} refills before an earlier wave's refills are final")
+        self._draw_through(step + self.ahead)
+        counts = self.refills.setdefault(step, {})
+        counts[domain] = counts.get(domain, 0) + count
+        return self.mixture.take(domain, count)
+
+    def finish(self, step: int) -> None:
+        """Wave `step` draws no more refills."""
+        self.refills.setdefault(step, {})
+        self.final.add(step)
+
+    def forget(self, before: int) -> None:
+        """Drop what no `state_dict(step)` with step >= `before` needs."""
+        for old in [s for s in self.marks if s < before]:
+            del self.marks[old]
+        for old in [s for s in self.refills if s < before - self.ahead]:
+            del self.refills[old]
+            self.final.discard(old)
+
+    def _draw_through(self, step: int) -> None:
+        if self.next is None:
+            self.next = step
+        while self.next <= step:
+            wave = self.next
+            before = wave - self.ahead - 1  # R(before) comes right before Q(wave)
+            if before in self.refills and before not in self.final:
+                raise RuntimeError(f"quota of wave {wave} drawn before wave {before}'s refills are final")
+            for domain, count in self.replay.pop(wave, {}).items():
+                self.mixture.take(domain, count)
+            self.marks[wave] = self.mixture.state_dict()
+            self.quotas[wave] = self.mixture.next_batch()
+            self.next += 1
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """What resumes at `step`: the mixture before Q(step), and the trained waves' refills after it."""
+        if step in self.marks:
+            mixture = self.marks[step]
+        elif self.next is None or step == self.next:
+            mixture = self.mixture.state_dict()
+        else:
+            raise ValueError(f"no mixture state for step {step} (quotas drawn up to {self.next})")
+        later = [(s + self.ahead + 1, c) for s, c in self.refills.items() if s < step < s + self.ahead + 1]
+        later += [(at, c) for at, c in self.replay.items() if at > step]
+        refills: dict[int, dict[str, int]] = {}
+        for at, counts in later:
+            for domain, count in counts.items():
+                refills.setdefault(at, {})[domain] = refills.get(at, {}).get(domain, 0) + count
+        return {**mixture, "refills": sorted(refills.items())}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.mixture.load_state_dict(state)
+        self.next = None
+        self.quotas.clear()
+        self.marks.clear()
+        self.refills.clear()
+        self.final.clear()
+        self.replay = {int(at): {str(d): int(n) for d, n in counts.items()} for at, counts in state.get("refills", [])}
 
 
 def hash_seed(seed: int, name: str) -> int:

@@ -36,7 +36,11 @@ def reward_domains(row: dict[str, Any]) -> list[str]:
     """The domains a metrics row scores, as named by the reward pool's `reward/<domain>/count`
     (a domain whose every sample failed has a count and no mean)."""
     return sorted(
-        {k.split("/")[1] for k in row if k.startswith("reward/") and k.count("/") == 2 and k.endswith(("/count", "/mean"))}
+        {
+            k.split("/")[1]
+            for k in row
+            if k.startswith("reward/") and k.count("/") == 2 and k.endswith(("/count", "/mean"))
+        }
     )
 
 

@@ -156,7 +156,9 @@ async def chat(
     raise RuntimeError(f"judge {url} failed after {max_retries + 1} attempts: {last_error}")
 
 
-async def check_judge(url: str, *, api_key: str | None = None, attempts: int = 3, timeout_s: float = 10.0) -> str | None:
+async def check_judge(
+    url: str, *, api_key: str | None = None, attempts: int = 3, timeout_s: float = 10.0
+) -> str | None:
     """None when the judge at `url` answers (`GET /v1/models`), else why not, in a few words.
 
     Run before step 1: a judge that is down would otherwise show up as a step of failed verdicts.

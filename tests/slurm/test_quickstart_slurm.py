@@ -64,3 +64,43 @@ def test_quickstart_on_two_slurm_nodes_matches_a_local_run(tmp_path: Path) -> No
     assert (remote_run / "servers" / "judge.url").exists()
     assert json.loads((remote_run / "status.json").read_text())["state"] == "finished"
     assert remote["reward/words/errors"] == 0  # the judge on node2 answered
+
+
+def test_the_real_worker_requeued_mid_run_resumes_once_per_step_with_its_weights(tmp_path: Path) -> None:
+    """`scontrol requeue` while the real quickstart trains on 2 nodes: the trainer saves at the end
+    of its step and the job comes back (SLURM_RESTART_COUNT 1); it resumes from that checkpoint,
+    logs every step exactly once, and its fresh rollout servers get the checkpoint's weights before
+    the first wave (k = 0 drops any group sampled by older weights as stale: there is none)."""
+    import time
+
+    steps = 6
+    out = tmp_path / "requeue"
+    sets = [f"experiment.output_dir={json.dumps(str(out))}", f"experiment.max_steps={steps}",
+            "experiment.eval_steps=0", "experiment.save_steps=0", "cluster.kind=slurm", "cluster.nodes=2",
+            'cluster.time="00:14:00"', f"rollout.sglang.port={free_port()}"]  # fmt: skip
+    command = [sys.executable, "-m", "rlvr.cli", "launch", "recipes/quickstart.toml", "--no-dashboard"]
+    command += [x for s in sets for x in ("--set", s)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RLVR_MASTER_PORT": str(free_port())}
+    env.pop("RLVR_WORKER_MODULE", None)
+    env.pop("RLVR_SERVER_MODULE", None)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = out / "quickstart"
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < 2:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the job never reached step 2"
+        time.sleep(0.5)
+    job_id = json.loads((run_dir / "slurm" / "attempt.json").read_text())["attempt"].split(".")[0]
+    subprocess.run(["scontrol", "requeue", str(job_id)], check=True, timeout=30)
+    stdout, stderr = proc.communicate(timeout=800)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # every step once, none replayed
+    events = [json.loads(line)["message"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    resumed = [m for m in events if m.startswith("resumed from ")]
+    assert len(resumed) == 1, events
+    at = int(resumed[0].rsplit(" at step ", 1)[1])
+    assert 2 <= at < steps
+    assert all(r.get("groups/stale", 0) == 0 for r in rows)  # no wave ran on weights older than its step
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"

@@ -208,7 +208,10 @@ def test_rewards_past_their_failure_budget_stop_with_a_checkpoint_and_the_rerun_
     broken.manager.rewards = BrokenAfter(groups=4)  # type: ignore[union-attr]  # step 1 has 4 groups
     metrics = run(broken, expect=FAILED_EXIT)
     assert [m["step"] for m in metrics] == [1]  # step 2 was not trained, nor logged as if it were
-    assert broken.failure == "reward toy could not judge 16 of 32 samples in steps 1-2: RuntimeError: reward backend unavailable"
+    assert (
+        broken.failure
+        == "reward toy could not judge 16 of 32 samples in steps 1-2: RuntimeError: reward backend unavailable"
+    )
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("step_*")) == ["step_1"]
     events = (tmp_path / "b" / "events.jsonl").read_text()
     assert "reward toy could not judge 16 of 16 samples in step 2 (not trained on)" in events
@@ -278,3 +281,52 @@ def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
     metrics = run(loop)
     assert [m["loss"] for m in metrics] == losses
     assert same_weights(weights(ref), weights(loop))
+
+
+def test_async_loop_recomputes_pi_old_for_stale_samples_and_corrects_with_it(tmp_path, model_dir):
+    """k = 1, what the correction is computed from: a step trained on samples of older weights gets
+    pi_old recomputed by the trainer's current weights, which differs from the engine's logprobs by
+    the update in between (while on an on-policy step the same weights give the engine's logprobs
+    back: only numerics differ), and the loss's importance weight and mismatch_kl are that gap."""
+    loop = make_loop(tmp_path, model_dir, steps=4, k=1, max_new_tokens=48)
+    assert loop.manager is not None
+    seen: list[tuple[Any, Any, Any]] = []  # per step: the rollout batch, the train batch, pi_current
+    rollouts: list[Any] = []
+    take, train_step = loop.manager.take, loop.actor.train_step
+
+    def _take(step: int) -> Any:
+        batch, metrics = take(step)
+        rollouts.append(batch)
+        return batch, metrics
+
+    def _train_step(batch: Any, **kw: Any) -> dict[str, float]:
+        with torch.no_grad():
+            current = loop.actor.compute_logprobs(batch)[0]  # the trainer's weights now, before the update
+        seen.append((rollouts[-1], batch, current))
+        return train_step(batch, **kw)
+
+    loop.manager.take, loop.actor.train_step = _take, _train_step  # type: ignore[method-assign]
+    metrics = run(loop)
+
+    def gaps(batch: Any, logprobs: torch.Tensor) -> list[float]:
+        mask = batch.response_mask.bool()
+        return [
+            (logprobs[i][mask[i]] - batch.rollout_logprobs[i][mask[i]]).abs().max().item() for i in range(len(mask))
+        ]
+
+    stale_steps = 0
+    for step, ((rollout, batch, current), m) in enumerate(zip(seen, metrics, strict=True)):
+        if not rollout.stale(step):  # on-policy: pi_old is the training forward's own, the engine's numbers
+            assert batch.old_logprobs is None and max(gaps(batch, current)) < 1e-4
+            assert m["mismatch_kl"] < 1e-6 and m["tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+            continue
+        stale_steps += 1
+        assert batch.old_logprobs is not None and torch.equal(batch.old_logprobs, current)  # recomputed, current
+        assert min(gap for gap, v in zip(gaps(batch, current), rollout.versions, strict=True) if v < step) > 1e-3
+        # The loss's correction is that gap: mismatch_kl = k3(pi_rollout || pi_old), the weight min(ratio, cap).
+        mask = batch.response_mask.bool()
+        gap = (current - batch.rollout_logprobs)[mask].double()
+        assert m["mismatch_kl"] > 1e-4
+        assert m["mismatch_kl"] == pytest.approx((torch.expm1(-gap) + gap).mean().item(), rel=1e-3)
+        assert m["tis_weight_mean"] == pytest.approx(gap.exp().clamp(max=2.0).mean().item(), rel=1e-4)
+    assert stale_steps >= 2 and not seen[0][0].stale(0)
