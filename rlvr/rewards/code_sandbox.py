@@ -148,7 +148,11 @@ def judge_events(
         load_error = load_error or event.get("load_error")
     total = max(job.total, len(results))
     passed = sum(ok for ok, _ in results.values())
-    sol_killed = solution_run is not None and solution_run.killed in ("timeout", "stdout_limit", "stderr_limit")
+    if solution_run is not None and solution_run.killed in ("stdout_limit", "stderr_limit"):
+        # Past the output cap is a 0 whatever the judge saw: the kill lands a moment after the cap
+        # is crossed, and a solution may finish answering the judge in that moment.
+        return 0, max(total, 1), _failure(solution_run, limits)
+    sol_killed = solution_run is not None and solution_run.killed == "timeout"
     if sol_killed and solution_run is not None and (passed < total or load_error):  # the cause, not the symptom
         return passed, max(total, 1), _failure(solution_run, limits)
     if load_error:

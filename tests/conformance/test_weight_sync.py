@@ -91,7 +91,7 @@ class TPServer:
     def handle(self, path: str, body: Any) -> Any:
         if path == "/server_info":
             return {"tp_size": self.tp_size, "dp_size": 1, "dtype": self.dtype}
-        if path in ("/pause_generation", "/continue_generation", "/flush_cache"):
+        if path in ("/health", "/pause_generation", "/continue_generation", "/flush_cache"):
             return {"message": "ok"}
         if path == "/begin_weight_update":
             if self.session:

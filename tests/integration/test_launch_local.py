@@ -176,26 +176,35 @@ def test_a_killed_server_in_fail_mode_stops_with_a_checkpoint_and_its_name(tmp_p
 def test_a_killed_server_in_continue_mode_is_restarted_and_rejoins_after_a_full_push(tmp_path: Path) -> None:
     """Two servers; rollout-1 is killed at step 2. Generation goes on with rollout-0, the launcher
     restarts rollout-1 on its port, and the weight sync holds it until a push has given it every
-    weight: `sync/engines` drops to 1, then is 2 again, and the run finishes."""
-    steps = 14
+    weight: `sync/engines` drops to 1, then is 2 again (however long the restart takes on a loaded
+    machine: the run is long and is stopped with Ctrl-C once that is seen), every step logged once."""
     proc = subprocess.Popen(
-        command(tmp_path, f"experiment.max_steps={steps}", "experiment.save_steps=0", "experiment.eval_steps=0",
+        command(tmp_path, "experiment.max_steps=400", "experiment.save_steps=0", "experiment.eval_steps=0",
                 "rollout.servers=2", "sync.on_engine_failure=continue"),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     run_dir = tmp_path / "quickstart"
     old = kill_server_after(run_dir, proc, step=2, server=1)
-    _, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 0, stderr[-3000:]
+
+    def engines() -> list[int]:
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        return [int(r["sync/engines"]) for r in rows]
+
+    deadline = time.monotonic() + 400
+    while not (1 in engines() and engines()[-1] == 2):  # dropped, then back after a full push
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, engines()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-3000:]
     assert (
         f"rollout-1 died with code -9: killed by SIGKILL (log: {run_dir}/logs/rollout-1.log); restarting it in 2 s "
         "(attempt 1 of 3); it serves again after the next full weight push"
     ) in stderr
-    assert "rollout-1 restarted (pid " in stderr and f"(pid {old})" not in stderr
+    assert "rollout-1 restarted (pid " in stderr and f"(pid {old})" not in stderr and "attempt 2" not in stderr
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, steps + 1))
-    engines = [int(r["sync/engines"]) for r in rows]
-    assert 1 in engines and engines[-1] == 2, engines  # dropped, then back after a full push
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     assert not processes_mentioning(str(tmp_path))
 
 
