@@ -70,11 +70,17 @@ def stated_error(run_dir: str | Path) -> str | None:
     """The trainer's own line when it stopped the run itself (status `failed` with an `error`, e.g.
     rewards past their failure budget or a judge that does not answer), with the checkpoint it
     saved on the way out; None when it did not say (a crash: then its log's root cause)."""
-    from rlvr.rundir import RunDir, latest_checkpoint, read_status
+    from rlvr.rundir import read_status
 
     status = read_status(run_dir) or {}
     if status.get("state") != "failed" or not status.get("error"):
         return None
+    return f"{status['error']}{checkpoint_note(run_dir)}"
+
+
+def checkpoint_note(run_dir: str | Path) -> str:
+    """What a failed run's line ends with: the checkpoint a rerun resumes from (nothing if none)."""
+    from rlvr.rundir import RunDir, latest_checkpoint
+
     saved = latest_checkpoint(RunDir(run_dir).checkpoints)
-    where = f" (checkpoint {saved.name} saved; rerun the same command to resume)" if saved else ""
-    return f"{status['error']}{where}"
+    return f" (checkpoint {saved.name} saved; rerun the same command to resume)" if saved else ""

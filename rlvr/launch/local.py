@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlvr.launch.commands import judge_command, prepare_servers, server_command, trainer_command
-from rlvr.launch.failure import root_cause, stated_error
+from rlvr.launch.failure import checkpoint_note, root_cause, stated_error
 from rlvr.launch.restarts import Restarts
 from rlvr.monitor.metrics import event_line, mark_stopped
 from rlvr.monitor.progress import PlainProgress
@@ -37,7 +37,7 @@ from rlvr.process import Child, Children, free_port
 from rlvr.recipe.plan import LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import ServerAddress, clear_servers, register_judge, register_server
-from rlvr.rundir import RunDir, latest_checkpoint
+from rlvr.rundir import RunDir
 
 DRAIN_TIMEOUT_S = 300.0  # a trainer told to stop after a child died: its step and checkpoint
 
@@ -185,9 +185,7 @@ class LocalLauncher:
         server, which it does with a checkpoint too) and saves; the line says what was kept."""
         if self.trainer is not None and self.trainer.running():
             self.stop_trainer(timeout_s=DRAIN_TIMEOUT_S)
-        saved = latest_checkpoint(self.paths.checkpoints)
-        where = f" (checkpoint {saved.name} saved; rerun the same command to resume)" if saved else ""
-        return LaunchError(f"{error}{where}")
+        return LaunchError(f"{error}{checkpoint_note(self.run_dir)}")
 
     def _say(self, message: str, *, level: str = "error") -> None:
         print(message, file=sys.stderr, flush=True)

@@ -28,7 +28,7 @@ from collections import Counter
 from typing import Any
 
 from rlvr.rewards.args import judge_mode, reject_unknown_args
-from rlvr.rewards.base import failed, zero
+from rlvr.rewards.base import describe_exception, failed, zero
 from rlvr.rewards.deadline import queued
 from rlvr.rewards.registry import register
 from rlvr.rewards.text import split_think
@@ -183,7 +183,7 @@ async def check_judge(
             except TimeoutError:
                 problem = f"no answer within {timeout_s:g} s"
             except aiohttp.ClientError as exc:
-                problem = " ".join(f"{type(exc).__name__}: {exc}".split())
+                problem = describe_exception(exc)
     return problem
 
 
