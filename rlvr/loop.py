@@ -225,10 +225,9 @@ class RLLoop:
 
     def resume(self, spec: str) -> bool:
         """`auto`: the latest complete checkpoint if any; `none`: start fresh; else a checkpoint path."""
-        if spec == "none":
-            return False
-        path = latest_checkpoint(self.checkpoint_root) if spec == "auto" else Path(spec)
+        path = None if spec == "none" else latest_checkpoint(self.checkpoint_root) if spec == "auto" else Path(spec)
         if path is None:
+            self._rewind(0)
             return False
         extra = load_checkpoint(path, self.parts())
         self.step = self.saved_step = int(extra["step"])
@@ -242,4 +241,12 @@ class RLLoop:
         if self.recorder is not None:
             self.recorder.set_state("starting", step=self.step)  # a stop before its first new step: not "step 0"
             self.recorder.event(f"resumed from {path} at step {self.step}", level="info")
+        self._rewind(self.step)
         return True
+
+    def _rewind(self, step: int) -> None:
+        """The steps an earlier attempt logged after `step` run again: log each once."""
+        if self.recorder is not None and (dropped := self.recorder.rewind(step)):
+            self.recorder.event(
+                f"{dropped} step(s) logged after step {step} were lost with the last attempt; they run again"
+            )

@@ -70,6 +70,32 @@ class RunRecorder:
         self._samples: Any = None  # opened on the first episodes (log_samples = 0: no file)
         write_json_atomic(self.paths.status, self.status)
 
+    def rewind(self, step: int) -> int:
+        """Forget the steps logged after `step` (a resume from `step`, or a fresh start at 0): they
+        run again, and metrics.jsonl/samples.jsonl must log every step once. A killed attempt logs
+        steps past its last checkpoint; without this a rerun would append them a second time.
+        Returns how many metrics rows were dropped. (TensorBoard keeps its points: it draws the
+        rerun's over them.)"""
+        dropped = 0
+        for path, handle in ((self.paths.metrics, "_metrics"), (self.paths.samples, "_samples")):
+            if not path.exists():
+                continue
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+            kept = [line for line in lines if _row_step(line) <= step]
+            if len(kept) == len(lines):
+                continue
+            if path == self.paths.metrics:
+                dropped = len(lines) - len(kept)
+            opened = getattr(self, handle)
+            if opened is not None:
+                opened.close()
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, path)  # a kill mid-rewrite leaves the old file or the new one, whole
+            if opened is not None:
+                setattr(self, handle, path.open("a", encoding="utf-8"))
+        return dropped
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(float(v))}
         self._metrics.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
@@ -105,6 +131,14 @@ class RunRecorder:
         self._events.close()
         if self._samples is not None:
             self._samples.close()
+
+
+def _row_step(line: str) -> float:
+    """A jsonl row's step; a torn last line (the kill landed mid-write) counts as past every step."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 def mark_failed(run_dir: str | Path, message: str, **fields: Any) -> None:

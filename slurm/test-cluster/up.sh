@@ -8,7 +8,7 @@
 #   SLURM_CI_DIR=/tmp/slurm-ci  state, spool and logs
 # Pitfalls handled (each cost a debugging session): DefMemPerCPU or jobs run one at a time;
 # AuthInfo=cred_expire=10 and fast scheduler intervals or a requeued job waits minutes;
-# KillWait=5; ReturnToService=1; SlurmdTimeout=10. Only SLURMD_NODENAME tells nodes apart.
+# KillWait=30 (as on real clusters: the trainer finishes its step and saves before SIGKILL); ReturnToService=1; SlurmdTimeout=10. Only SLURMD_NODENAME tells nodes apart.
 # Stop with down.sh. Idempotent: a running cluster is stopped first.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -48,7 +48,7 @@ DefMemPerCPU=1024
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2,bf_interval=1
 SlurmdTimeout=10
-KillWait=5
+KillWait=30
 MinJobAge=3600
 ReturnToService=1
 StateSaveLocation=$D/state
