@@ -146,8 +146,7 @@ class RLLoop:
             return {**metrics, "train/skipped": 1.0}
         t0 = time.perf_counter()
         batch = prepare_batch(
-            rollout, actor=self.actor, critic=self.critic, algorithm=self.recipe.algorithm,
-            version=self.step, kl_coef=self.kl.value, pad_id=self.pad_id,
+            rollout, actor=self.actor, critic=self.critic, algorithm=self.recipe.algorithm, kl_coef=self.kl.value, pad_id=self.pad_id,
         )  # fmt: skip
         train = self.actor.train_step(batch, kl_coef=self.kl.value)
         if self.critic is not None:

@@ -270,7 +270,7 @@ def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
                 lost = [g.sample.domain for g in groups if g not in survivors][:missing]
                 pending = [s for d in lost for s in manager.mixture.take(d, 1)]
             rollout = manager.build_batch(kept[: rec.data.prompts_per_step])
-            batch = prepare_batch(rollout, actor=ref.actor, critic=None, algorithm=rec.algorithm, version=step,
+            batch = prepare_batch(rollout, actor=ref.actor, critic=None, algorithm=rec.algorithm,
                                   kl_coef=0.0, pad_id=0)  # fmt: skip
             losses.append(ref.actor.train_step(batch)["loss"])
             ref.sync.push(version=step + 1)
@@ -283,11 +283,12 @@ def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
     assert same_weights(weights(ref), weights(loop))
 
 
-def test_async_loop_recomputes_pi_old_for_stale_samples_and_corrects_with_it(tmp_path, model_dir):
-    """k = 1, what the correction is computed from: a step trained on samples of older weights gets
-    pi_old recomputed by the trainer's current weights, which differs from the engine's logprobs by
-    the update in between (while on an on-policy step the same weights give the engine's logprobs
-    back: only numerics differ), and the loss's importance weight and mismatch_kl are that gap."""
+def test_async_loop_takes_pi_old_from_the_training_forward_and_corrects_stale_samples_with_it(tmp_path, model_dir):
+    """k = 1, what the correction is computed from: a step trained on samples of older weights takes
+    pi_old from the training forward (the trainer's current weights, no extra forward), which differs
+    from the engine's logprobs by the update in between (while on an on-policy step the same weights
+    give the engine's logprobs back: only numerics differ), and the loss's importance weight and
+    mismatch_kl are that gap."""
     loop = make_loop(tmp_path, model_dir, steps=4, k=1, max_new_tokens=48)
     assert loop.manager is not None
     seen: list[tuple[Any, Any, Any]] = []  # per step: the rollout batch, the train batch, pi_current
@@ -321,7 +322,7 @@ def test_async_loop_recomputes_pi_old_for_stale_samples_and_corrects_with_it(tmp
             assert m["mismatch_kl"] < 1e-6 and m["tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
             continue
         stale_steps += 1
-        assert batch.old_logprobs is not None and torch.equal(batch.old_logprobs, current)  # recomputed, current
+        assert batch.old_logprobs is None  # one update per batch: the training forward's own, not a forward more
         assert min(gap for gap, v in zip(gaps(batch, current), rollout.versions, strict=True) if v < step) > 1e-3
         # The loss's correction is that gap: mismatch_kl = k3(pi_rollout || pi_old), the weight min(ratio, cap).
         mask = batch.response_mask.bool()
