@@ -34,8 +34,10 @@ SetOpt = Annotated[
 def fail(message: str) -> typer.Exit:
     """Print one red line to stderr; the caller raises the returned Exit(2)."""
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}", markup=True)
+    # escape: a message naming a recipe table (`[judge]`) must print it, not read it as markup
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", markup=True)
     return typer.Exit(code=2)
 
 
@@ -397,7 +399,7 @@ def eval_(
     """Score a model or checkpoint on held-out rows with the reward registry.
 
     A checkpoint is exported once to ~/.cache/rlvr/exports (reused by later evals). Rows judged by
-    llm_judge use the recipe's [judge], started here as launch starts it, or judge_url / RLVR_JUDGE_URL.
+    llm_judge use the recipe's \\[judge], started here as launch starts it, or judge_url / RLVR_JUDGE_URL.
 
     Example: rlvr eval runs/quickstart --data recipes/quickstart/data/math_eval.jsonl
     """

@@ -66,7 +66,12 @@ class Locator:
         return None
 
     def __call__(self, loc: tuple[str, ...]) -> str:
-        """`--set KEY` or `file:line` (or just `file`) for an error about `loc`."""
+        """`--set KEY` or `file:line` (or just `file`) for an error about `loc`. An error about a
+        whole table (a check across its keys) names every `--set` inside it: the last one alone
+        may be unrelated (`cluster.gpus_per_node` for a trainer_nodes/nodes clash)."""
+        inside = list(dict.fromkeys(".".join(k) for k in self.overridden if len(k) > len(loc) and k[: len(loc)] == loc))
+        if len(inside) > 1:
+            return "--set " + ", ".join(inside)
         key = self.override(loc)
         if key is not None:
             return f"--set {key}"
@@ -119,10 +124,25 @@ def format_validation_error(exc: ValidationError, where: Locator) -> str:
         message = "required key is missing"
     elif "input" in first and first["type"] not in ("model_type",):
         message = f"{message} (got {first['input']!r})"
-        if isinstance(first["input"], str) and first["type"] in ("float_type", "int_type", "bool_type"):
-            message += "; write it without quotes"
+        if isinstance(first["input"], str):
+            message += _quoting_hint(first["input"], first["type"])
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return where.error(loc, message + more)
+
+
+def _quoting_hint(text: str, kind: str) -> str:
+    """`"4"` for an int: the value is right but quoted. `=4` or `yes`: the value itself is wrong, and
+    "without quotes" would send the user looking for quotes they never wrote."""
+    if kind == "bool_type":
+        return "; write it without quotes" if text in ("true", "false") else "; write true or false"
+    parse = {"int_type": int, "float_type": float}.get(kind)
+    if parse is None:
+        return ""
+    try:
+        parse(text)
+    except ValueError:
+        return ""
+    return "; write it without quotes"
 
 
 def _dotted(loc: tuple[str, ...]) -> str:

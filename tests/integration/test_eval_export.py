@@ -118,7 +118,9 @@ def test_eval_of_judge_rows_without_a_judge_stops_before_scoring(tmp_path: Path,
     model = ROOT / "recipes" / "quickstart" / "policy"
     result = CliRunner().invoke(app, ["eval", str(model), "--data", str(rows), "--reward", "llm_judge"])
     assert result.exit_code == 2, result.output
-    assert "rows tagged words are scored by llm_judge but no judge is set" in " ".join(result.stderr.split())
+    message = " ".join(result.stderr.split())
+    assert "rows tagged words are scored by llm_judge but no judge is set" in message
+    assert "or use a recipe with a [judge] table" in message  # a recipe table, not rich markup
     result = CliRunner().invoke(
         app, ["eval", str(model), "--data", str(rows), "--reward", "math_rule", "--args", '{"timout_s": 1}']
     )

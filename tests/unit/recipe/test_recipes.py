@@ -236,7 +236,28 @@ OVERRIDE_CASES = {
     ),
     "reward arg": (["domains.math.reward_args.format_weight=2"], "--set domains.math.reward_args.format_weight:"),
     "more ranks": (["trainer.ranks=4096"], "--set trainer.ranks: 4096 trainer ranks but this machine has"),
+    "quoted number": (
+        ['rollout.n="4"'],
+        "--set rollout.n: Input should be a valid integer (got '4'); write it without quotes",
+    ),
+    "not a bool": (["monitor.tensorboard=yes"], "(got 'yes'); write true or false"),
+    "a table's check": (
+        ["cluster.kind=slurm", "cluster.gpus_per_node=8"],
+        "--set cluster.kind, cluster.gpus_per_node: cluster: trainer_nodes (1) must be less than nodes (1)",
+    ),
 }
+
+
+def test_a_wrong_value_written_without_quotes_is_not_told_to_drop_quotes(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["validate", str(write_recipe(tmp_path)), "--set", "rollout.n==4"])
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.stderr.split())
+    assert "(got '=4')" in message and "quotes" not in message, message
+
+
+def test_help_naming_a_recipe_table_prints_its_brackets() -> None:
+    help_text = " ".join(runner.invoke(app, ["eval", "--help"]).output.split())
+    assert "the recipe's [judge]" in help_text
 
 
 @pytest.mark.parametrize("case", OVERRIDE_CASES, ids=list(OVERRIDE_CASES))
