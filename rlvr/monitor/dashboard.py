@@ -10,6 +10,8 @@ and the last warnings/errors. A resumed run says so in the header (`resumed from
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -186,25 +188,40 @@ class RunView:
         )
         return table
 
+    def asynchronous(self) -> bool:
+        """Whether the run's recipe overlaps generation with training (max_staleness > 0); an
+        unreadable recipe counts as asynchronous (show everything rather than hide it)."""
+        try:
+            recipe = json.loads(RunDir(self.run_dir).recipe.read_text())
+            return int(recipe["rollout"]["max_staleness"]) > 0
+        except (OSError, ValueError, KeyError, TypeError):
+            return True
+
     def _pipeline(self) -> Table:
-        """The asynchronous side: how long a wave took, how idle generation was, how stale the
-        trained samples were, and where every started group ended (trained/stale/filtered/failed/cancelled)."""
-        table = Table(title="Rollout pipeline", title_justify="left")
-        columns = ("wave s", "gen idle", "stale max", "stale mean", "partial", "groups t/s/filt/fail/c")
-        for column in (*columns, "mismatch kl", "is weight"):
-            table.add_column(column, justify="right")
+        """Where every started group ended (trained/stale/filtered/failed/cancelled) and how long
+        the step's wave took; asynchronous runs add how idle generation was, how stale the trained
+        samples were and the off-policy correction. A synchronous run leaves those out: its
+        generation waits for training by design, and "gen idle 92%" would read as a fault."""
         last = self.last
         counts = "/".join(f"{int(last[f'groups/{k}'])}" if f"groups/{k}" in last else "-" for k in GROUP_ENDS)
-        table.add_row(
-            _num(last.get("time/rollout"), digits=2),
-            _pct(last.get("rollout/generation_idle_frac")),
-            _num(last.get("rollout/staleness_max"), digits=0),
-            _num(last.get("rollout/staleness_mean"), digits=2),
-            _pct(last.get("rollout/partial_frac")),
-            counts,
-            _num(last.get("mismatch_kl"), digits=4),
-            _num(last.get("tis_weight_mean")),
-        )
+        cells = {"wave s": _num(last.get("time/rollout"), digits=2)}
+        if self.asynchronous():
+            cells |= {
+                "gen idle": _pct(last.get("rollout/generation_idle_frac")),
+                "stale max": _num(last.get("rollout/staleness_max"), digits=0),
+                "stale mean": _num(last.get("rollout/staleness_mean"), digits=2),
+                "partial": _pct(last.get("rollout/partial_frac")),
+            }
+        cells["groups t/s/filt/fail/c"] = counts
+        if self.asynchronous():
+            cells |= {
+                "mismatch kl": _num(last.get("mismatch_kl"), digits=4),
+                "is weight": _num(last.get("tis_weight_mean")),
+            }
+        table = Table(title="Rollout pipeline" if self.asynchronous() else "Rollout", title_justify="left")
+        for column in cells:
+            table.add_column(column, justify="right")
+        table.add_row(*cells.values())
         return table
 
     def _events(self) -> Panel:
@@ -231,14 +248,17 @@ def watch(
     """Render until the run ends (or `stop()` says so); `once` prints one snapshot."""
     from rich.live import Live
 
-    console = console or Console()
     view = RunView(run_dir)
     view.refresh()
     if stop is not None:  # a launcher's: it says when the run is over; an old ending is not this one
         view.since_launch()
     if once:
-        console.print(view.render())
+        snapshot = view.render()
+        # A file or a pipe has no width: rich assumes 80 and cuts cells (`clip_fr…`); size it to the widest table.
+        console = console or Console(width=None if sys.stdout.isatty() else _natural_width(snapshot))
+        console.print(snapshot)
         return view
+    console = console or Console()
     with Live(view.render(), console=console, refresh_per_second=4, transient=False) as live:
         while True:
             view.refresh()
@@ -247,6 +267,13 @@ def watch(
                 break
             time.sleep(refresh_s)
     return view
+
+
+def _natural_width(group: Group) -> int:
+    """The width at which no table of `group` cuts a cell (at least 80 columns)."""
+    wide = Console(width=1000)
+    tables = [r for r in group.renderables if isinstance(r, Table)]
+    return max([80, *(wide.measure(t).maximum for t in tables)])
 
 
 def _num(value: float | None, *, digits: int = 3) -> str:

@@ -8,8 +8,10 @@ read the same files, so nobody needs a socket to the job:
   `reward/<domain>/mean|accuracy|count|failed|timeouts|...` from the reward pool, `response_len/<domain>`,
   `eval/reward/<domain>/mean`, `time/step|wait_rollout|train|sync` (the step's critical path),
   `time/rollout` (the step's wave, generated beside training when asynchronous), `groups/*`,
-  `rollout/staleness_*`, `throughput/tokens_per_s`, and the trainer's `loss`, `kl`, `entropy`,
-  `clip_frac`, `mismatch_kl`, `tis_weight_mean`, ...);
+  `rollout/staleness_*`, `throughput/tokens_per_s` (generated response tokens per second of the
+  whole step: the run's speed), and the trainer's `loss`, `kl`, `entropy`, `clip_frac`,
+  `mismatch_kl`, `tis_weight_mean`, `tokens_per_s` (prompt and response tokens the trainer
+  processed per second of `time/train` only: the trainer's speed, always the larger), ...);
 - `events.jsonl`: warnings and errors worth showing (`time`, `level`, `message`);
 - `samples.jsonl`: `monitor.log_samples` completions per domain each step (`step`, `domain`,
   `id`, `prompt`, `completion`, `reward`, `verdict`, `reason`, `ground_truth`, `finish_reason`), to
@@ -74,26 +76,28 @@ class RunRecorder:
         """Forget the steps logged after `step` (a resume from `step`, or a fresh start at 0): they
         run again, and metrics.jsonl/samples.jsonl must log every step once. A killed attempt logs
         steps past its last checkpoint; without this a rerun would append them a second time.
+        Rows are in step order, so what stays is a prefix: the file is truncated in place (same
+        inode, one syscall), and a reader tailing it (`JsonlTail`) sees it shrink and carries on.
         Returns how many metrics rows were dropped. (TensorBoard keeps its points: it draws the
         rerun's over them.)"""
         dropped = 0
-        for path, handle in ((self.paths.metrics, "_metrics"), (self.paths.samples, "_samples")):
+        for path, handle in ((self.paths.metrics, self._metrics), (self.paths.samples, self._samples)):
             if not path.exists():
                 continue
-            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-            kept = [line for line in lines if _row_step(line) <= step]
-            if len(kept) == len(lines):
+            if handle is not None:
+                handle.flush()
+            with path.open("rb") as f:
+                data = f.read()
+            keep = 0
+            for line in data.splitlines(keepends=True):
+                if _row_step(line) > step:
+                    break
+                keep += len(line)
+            if keep == len(data):
                 continue
             if path == self.paths.metrics:
-                dropped = len(lines) - len(kept)
-            opened = getattr(self, handle)
-            if opened is not None:
-                opened.close()
-            tmp = path.with_suffix(path.suffix + ".tmp")
-            tmp.write_text("".join(kept), encoding="utf-8")
-            os.replace(tmp, path)  # a kill mid-rewrite leaves the old file or the new one, whole
-            if opened is not None:
-                setattr(self, handle, path.open("a", encoding="utf-8"))
+                dropped = data.count(b"\n", keep) + (0 if data.endswith(b"\n") else 1)
+            os.truncate(path, keep)  # the handles append: they write at the new end
         return dropped
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -133,7 +137,7 @@ class RunRecorder:
             self._samples.close()
 
 
-def _row_step(line: str) -> float:
+def _row_step(line: bytes | str) -> float:
     """A jsonl row's step; a torn last line (the kill landed mid-write) counts as past every step."""
     try:
         return float(json.loads(line)["step"])
@@ -170,28 +174,50 @@ def mark_stopped(run_dir: str | Path) -> None:
 
 
 class JsonlTail:
-    """Incrementally reads new complete lines of a growing JSONL file (the dashboard's feed)."""
+    """Incrementally reads new complete lines of a growing JSONL file (the dashboard's feed).
+
+    The file may also be rewound (`RunRecorder.rewind` cuts the steps a resumed run does again)
+    and then grow past where this reader was before it looks again: so it remembers each line it
+    delivered (where it ends and a hash) and, when the last one is no longer where it was, carries
+    on after the longest prefix of them the file still holds."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.offset = 0
-        self._partial = ""
+        self.offset = 0  # the end of the last complete line delivered
+        self._lines: list[tuple[int, int]] = []  # (end offset, hash) of each line delivered
 
     def read_new(self) -> list[dict[str, Any]]:
         try:
-            with self.path.open(encoding="utf-8") as handle:
+            with self.path.open("rb") as handle:
+                if self._lines and not self._holds(handle, len(self._lines) - 1):
+                    self._resync(handle)
                 handle.seek(self.offset)
                 chunk = handle.read()
-                self.offset = handle.tell()
         except FileNotFoundError:
             return []
-        lines = (self._partial + chunk).split("\n")
-        self._partial = lines.pop()  # an unfinished last line waits for the next read
         out = []
-        for line in lines:
+        for line in chunk.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break  # an unfinished last line waits for the next read
+            self.offset += len(line)
+            self._lines.append((self.offset, hash(line)))
             if line.strip():
                 try:
                     out.append(json.loads(line))
                 except json.JSONDecodeError:
                     continue
         return out
+
+    def _holds(self, handle: Any, i: int) -> bool:
+        """Whether delivered line i is still in the file where it was."""
+        start = self._lines[i - 1][0] if i else 0
+        end, digest = self._lines[i]
+        handle.seek(start)
+        return hash(handle.read(end - start)) == digest
+
+    def _resync(self, handle: Any) -> None:
+        kept = 0
+        while kept < len(self._lines) and self._holds(handle, kept):
+            kept += 1
+        del self._lines[kept:]
+        self.offset = self._lines[-1][0] if self._lines else 0

@@ -9,7 +9,6 @@ prints only the steps it runs: the rows an earlier launch logged are not printed
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -20,9 +19,11 @@ from rlvr.monitor.metrics import JsonlTail, reward_domains
 from rlvr.rundir import RunDir, read_status
 
 
-def step_line(row: dict[str, Any], *, max_steps: int) -> str:
+def step_line(row: dict[str, Any], *, max_steps: int, wall_s: float | None = None) -> str:
     """`step 3/100  reward math 0.41 code 0.25 (3 failed)  kl 0.0012  4.1 s/step` — what a log
-    reader scans for; samples a reward could not judge and rows skipped as too long are said."""
+    reader scans for; samples a reward could not judge and rows skipped as too long are said.
+    `wall_s`: the time since the previous step's row, which is what s/step means to a reader
+    (`time/step` leaves out the previous step's logging and checkpoint); without it, `time/step`."""
     parts = [f"step {int(row.get('step', 0))}/{max_steps}"]
     rewards = [_reward_cell(row, name) for name in reward_domains(row)]
     if rewards:
@@ -41,7 +42,7 @@ def step_line(row: dict[str, Any], *, max_steps: int) -> str:
         if key in row:
             parts.append(f"{label} {row[key]:.{digits}f}")
     if "time/step" in row:
-        parts.append(f"{row['time/step']:.1f} s/step")
+        parts.append(f"{wall_s if wall_s is not None else row['time/step']:.1f} s/step")
     return "  ".join(parts)
 
 
@@ -62,10 +63,10 @@ def resumed_from(event: dict[str, Any]) -> tuple[int, str] | None:
 
 
 def _tail_from_end(path: Path) -> JsonlTail:
-    """A tail that reads only what is appended from now on."""
+    """A tail that delivers only what is appended from now on (it reads what is there, and
+    remembers it: a rewind of those rows is then told from new ones)."""
     tail = JsonlTail(path)
-    with contextlib.suppress(FileNotFoundError):
-        tail.offset = path.stat().st_size
+    tail.read_new()
     return tail
 
 
@@ -82,6 +83,7 @@ class PlainProgress:
         paths = RunDir(self.run_dir)
         self._tail = _tail_from_end(paths.metrics)
         self._events = _tail_from_end(paths.events)
+        self._last_time: float | None = None  # the previous row's `time` (this launch's rows only)
 
     def poll(self) -> None:
         for event in self._events.read_new():  # before the rows: the trainer resumes, then logs
@@ -92,7 +94,10 @@ class PlainProgress:
         if rows:
             max_steps = int((read_status(self.run_dir) or {}).get("max_steps") or 0)
             for row in rows:
-                self.emit(step_line(row, max_steps=max_steps))
+                now = row.get("time")
+                wall = now - self._last_time if now is not None and self._last_time is not None else None
+                self._last_time = now
+                self.emit(step_line(row, max_steps=max_steps, wall_s=wall))
 
     def follow(self, *, stop: Callable[[], bool], poll_s: float = 1.0) -> None:
         """Until `stop()`; the rows written meanwhile are emitted before returning."""

@@ -188,3 +188,30 @@ def test_monitor_shows_the_last_resume_of_the_trainer_it_reads(tmp_path: Path) -
     RunRecorder(tmp_path, max_steps=10, name="demo")  # a new trainer that started fresh
     view.refresh()
     assert view.resumed_step() is None and "resumed" not in header(view)
+
+
+def write_recipe_json(run_dir: Path, *, max_staleness: int) -> None:
+    RunDir(run_dir).recipe.write_text(json.dumps({"rollout": {"max_staleness": max_staleness}}))
+
+
+def test_a_synchronous_run_shows_no_pipeline_idle_or_staleness(tmp_path: Path) -> None:
+    """Generation waits for training by design when k = 0: "gen idle 25%" would read as a fault."""
+    record(tmp_path).close()
+    texts = {}
+    for k in (0, 1):
+        write_recipe_json(tmp_path, max_staleness=k)
+        view = RunView(tmp_path)
+        view.refresh()
+        console = Console(record=True, width=200)
+        console.print(view.render())
+        texts[k] = console.export_text()
+    assert "48/0/2/1/0" in texts[0] and "gen idle" not in texts[0] and "stale max" not in texts[0]
+    assert "Rollout pipeline" in texts[1] and "gen idle" in texts[1] and "25%" in texts[1]
+
+
+def test_monitor_once_into_a_file_cuts_no_cell(tmp_path: Path) -> None:
+    record(tmp_path).close()
+    write_recipe_json(tmp_path, max_staleness=1)
+    result = CliRunner().invoke(app, ["monitor", str(tmp_path), "--once"])  # stdout is not a terminal
+    assert result.exit_code == 0
+    assert "…" not in result.stdout and "clip_frac" in result.stdout and "mismatch kl" in result.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from rlvr.monitor.metrics import RunRecorder, mark_failed, mark_stopped
@@ -96,6 +97,7 @@ def test_a_resumed_run_says_so_and_prints_only_the_steps_it_runs(tmp_path: Path)
     trainer = RunRecorder(tmp_path, max_steps=6)  # the relaunched trainer, as rlvr.loop's resume() says it
     trainer.event(f"resumed from {tmp_path}/checkpoints/step_4 at step 4", level="info")
     progress.poll()
+    assert trainer.rewind(4) == 1  # step 5 runs again: logged once
     trainer.log(5, {"reward/a/mean": 0.6})
     trainer.log(6, {"reward/a/mean": 0.7})
     trainer.close("finished")
@@ -114,3 +116,18 @@ def test_the_resume_line_reads_the_event_the_loop_writes() -> None:
     assert 'f"resumed from {path} at step {self.step}"' in loop_source
     assert resumed_from({"message": "resumed from /r/checkpoints/step_12 at step 12"}) == (12, "/r/checkpoints/step_12")
     assert resumed_from({"message": "checkpoint saved: step_12"}) is None
+
+
+def test_the_step_line_says_the_wall_time_between_steps(tmp_path: Path) -> None:
+    """`time/step` leaves out the previous step's logging and checkpoint: a reader's s/step is the
+    time from one step's line to the next."""
+    recorder = RunRecorder(tmp_path, max_steps=3)
+    printed: list[str] = []
+    progress = PlainProgress(tmp_path, emit=printed.append)
+    recorder.log(1, {"time/step": 0.1})
+    progress.poll()
+    time.sleep(0.5)
+    recorder.log(2, {"time/step": 0.1})
+    progress.poll()
+    assert printed[0].endswith("0.1 s/step")  # the first: nothing to measure from
+    assert float(printed[1].split()[-2]) >= 0.5, printed

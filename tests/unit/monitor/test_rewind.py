@@ -38,3 +38,19 @@ def test_rewind_to_zero_empties_and_nothing_to_drop_is_zero(tmp_path: Path) -> N
     rec.log(1, {"loss": 2.0})
     rec.close()
     assert [json.loads(x)["loss"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [2.0]
+
+
+def test_a_tail_carries_on_after_a_rewind_that_the_file_outgrew_before_it_looked(tmp_path: Path) -> None:
+    from rlvr.monitor.metrics import JsonlTail
+
+    first = RunRecorder(tmp_path, max_steps=9)
+    for step in (1, 2, 3, 4, 5):
+        first.log(step, {"loss": 1.0})
+    tail = JsonlTail(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in tail.read_new()] == [1, 2, 3, 4, 5]
+    again = RunRecorder(tmp_path, max_steps=9)
+    assert again.rewind(3) == 2
+    for step in (4, 5, 6, 7):  # the file is longer than before by the time the tail reads again
+        again.log(step, {"loss": 0.5})
+    assert [(r["step"], r["loss"]) for r in tail.read_new()] == [(4, 0.5), (5, 0.5), (6, 0.5), (7, 0.5)]
+    assert tail.read_new() == []
