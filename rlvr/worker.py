@@ -29,11 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr.recipe.plan import make_plan
     from rlvr.rendezvous import wait_for_judge, wait_for_servers
     from rlvr.rollout.clients import sync_pause_mode
+    from rlvr.rollout.commands import quiet_loading_bars
     from rlvr.sync import make_weight_sync
     from rlvr.trainer import dist as d
     from rlvr.trainer.actor import Actor
     from rlvr.trainer.model import load_tokenizer
 
+    quiet_loading_bars()  # transformers' "Loading weights" bar in trainer.log says nothing
     recipe = recipe_from_json(RunDir(args.run_dir).recipe.read_text())
     exp, algo = recipe.experiment, recipe.algorithm
     torch.manual_seed(exp.seed)
