@@ -69,7 +69,7 @@ def tokenizer_problem(recipe: Recipe) -> Problem | None:
     if not Path(folder).is_dir():
         if tokenizer is None or (recipe.cluster.kind == "slurm" and Path(tokenizer).is_absolute()):
             return None  # model_problem speaks for model.path; a SLURM path may live on the nodes
-        return key, f"no tokenizer folder at {tokenizer}"
+        return key, f"no tokenizer folder at {tokenizer} (a relative path starts at the recipe's folder)"
     problem = usable_tokenizer_problem(folder, model_folder=recipe.model.path, trust=recipe.model.trust_remote_code)
     if problem and tokenizer is None and not has_tokenizer_files(folder):
         problem += "; copy them from the base model, or set model.tokenizer to a folder that has them"

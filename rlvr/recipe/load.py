@@ -218,10 +218,10 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, where: Loca
                 loc = ("domains", name, "search_corpus")
                 raise RecipeError(where.error(loc, f"no such corpus file {str(corpus)!r}"))
             domain.search_corpus = str(corpus)
-    if recipe.model.path and not Path(recipe.model.path).is_absolute():
-        candidate = (base / recipe.model.path).resolve()
-        if candidate.exists():
-            recipe.model.path = str(candidate)
+    for key in ("path", "tokenizer"):  # relative to the recipe file, as data files are (a hub-style id stays)
+        value = getattr(recipe.model, key)
+        if value and not Path(value).is_absolute() and (candidate := (base / value).resolve()).exists():
+            setattr(recipe.model, key, str(candidate))
     config_json = Path(recipe.model.path or "") / "config.json"
     if recipe.model.path and config_json.exists():
         try:

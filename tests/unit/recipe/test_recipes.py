@@ -158,7 +158,7 @@ BAD_CASES = {
     ),
     "missing tokenizer folder": (
         MINIMAL.replace("config = {{ hidden_size = 32 }}", 'config = {{ hidden_size = 32 }}\ntokenizer = "tok"'),
-        "recipe.toml:8: model.tokenizer: no tokenizer folder at tok",
+        "recipe.toml:8: model.tokenizer: no tokenizer folder at tok (a relative path starts at the recipe's folder)",
     ),
     "more ranks than the machine": (
         MINIMAL + '\n[trainer]\nranks = 4096\nstrategy = "fsdp2"\n',
@@ -392,3 +392,16 @@ def test_help_names_values_plainly_and_shows_examples_and_version() -> None:
         assert "Example:" in text, command
     assert "KEY=VALUE" in rlvr("launch", "--help")
     assert rlvr("--version").startswith("rlvr ")
+
+
+def test_a_relative_tokenizer_folder_starts_at_the_recipes_folder(tmp_path: Path, monkeypatch) -> None:
+    """As model.path and data files: validating from another directory finds the same folder."""
+    path = write_recipe(
+        tmp_path,
+        MINIMAL.replace("config = {{ hidden_size = 32 }}", 'config = {{ hidden_size = 32 }}\ntokenizer = "tok"'),
+    )
+    (tmp_path / "tok").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert load_recipe(path).model.tokenizer == str((tmp_path / "tok").resolve())
