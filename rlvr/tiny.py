@@ -65,7 +65,7 @@ def build_char_tokenizer():
     for ch in CHARS:
         vocab.setdefault(ch, len(vocab))
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # pyright: ignore[reportAttributeAccessIssue]
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # pyright: ignore[reportAttributeAccessIssue]  # "." skips "\n"
     core.decoder = decoders.Fuse()  # pyright: ignore[reportAttributeAccessIssue]
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=PAD, eos_token=EOS, bos_token=BOS, unk_token="<unk>"
