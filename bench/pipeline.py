@@ -52,7 +52,11 @@ class TimedEngine:
         return max(1, min(self.max_tokens, int(self.rng.lognormvariate(4.0, 0.9))))
 
     async def generate(self, requests: list[Any]) -> list[Completion]:
+        """A group's n-sample request decodes its n samples side by side, each its own length."""
         (request,) = requests
+        return list(await asyncio.gather(*(self._sample(request) for _ in range(request.n))))
+
+    async def _sample(self, request: Any) -> Completion:
         target = min(self.length(), request.params.max_new_tokens)
         abort = asyncio.Event()
         self.in_flight.add(abort)
@@ -66,8 +70,8 @@ class TimedEngine:
                 done, finish = target, "stop"
         finally:
             self.in_flight.discard(abort)
-        return [Completion(text="", token_ids=[5] * done, logprobs=[-1.0] * done, finish_reason=finish,
-                           prompt_token_ids=list(request.input_ids), policy_version=self.version)]  # fmt: skip
+        return Completion(text="", token_ids=[5] * done, logprobs=[-1.0] * done, finish_reason=finish,
+                          prompt_token_ids=list(request.input_ids), policy_version=self.version)  # fmt: skip
 
     def push(self, version: int) -> None:
         for event in self.in_flight:

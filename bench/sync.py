@@ -2,6 +2,8 @@
 
     python bench/sync.py                         # ~70M-param Qwen3 (hidden 768, 8 layers), fp32
     python bench/sync.py --hidden 512 --layers 8 --bucket-mb 64 --repeats 5
+    python bench/sync.py --size-gb 1.4 --repeats 3   # real sizes: layers chosen to reach 1.4 GB
+    python bench/sync.py --size-gb 6 --repeats 2     # needs ~4x that in free RAM (trainer + server + copies)
 
 Two processes: this one (trainer rank 0, one trainer rank: the FSDP2 gather is not what
 is measured; its model keeps its weights in one arena, as the single-process trainer
@@ -95,7 +97,17 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--bucket-mb", type=float, default=256)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--size-gb", type=float, default=None, help="pick --layers so the fp32 weights are about this many GB"
+    )
     parser.add_argument("--wire-format", default="flattened_bucket", choices=["flattened_bucket", "per_tensor"])
+    parser.add_argument(
+        "--trainer",
+        default="none",
+        choices=["none", "fsdp2"],
+        help="the trainer's strategy: `none` keeps the weights in one arena; `fsdp2` shards them "
+        "(one rank, as the quickstart does), so each push gathers and packs every tensor",
+    )
     parser.add_argument("--serve", nargs=2, metavar=("MODEL_DIR", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -115,10 +127,22 @@ def main() -> None:
     from rlvr.weight_arena import build_weight_arena
 
     torch.set_num_threads(1)
+    if args.size_gb:  # a Qwen3 layer (heads 8, kv 4, MLP 4x): 4 h^2 attention + 12 h^2 MLP params, fp32
+        per_layer = (2 * args.hidden**2 + 2 * args.hidden * args.hidden // 2 + 12 * args.hidden**2) * 4
+        args.layers = max(1, round(args.size_gb * 1e9 / per_layer))
     tmp = Path(tempfile.mkdtemp(prefix="rlvr-bench-sync-"))
     model_dir = build_tiny_model_dir(tmp / "model", hidden_size=args.hidden, layers=args.layers, heads=8, kv_heads=4)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    build_weight_arena(model)  # what the single-process trainer (strategy "none") does to its model
+    if args.trainer == "fsdp2":
+        from rlvr.trainer.model import shard_model
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        model = shard_model(model, strategy="fsdp2", device=torch.device("cpu"))
+        arena = None
+    else:
+        arena = build_weight_arena(model)  # what the single-process trainer (strategy "none") does to its model
     params = sum(p.numel() for p in model.parameters())
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -139,7 +163,10 @@ def main() -> None:
         sync_times, transfer_times, raw_times, fresh_times, floor_times = [], [], [], [], []
         # The same bytes: the weights themselves, flat. (A never-written `torch.empty` buffer
         # would send the kernel's shared zero page from cache and flatter the baseline.)
-        raw = torch.cat([t.reshape(-1).view(torch.uint8) for _, t in iter_full_weights(model)])
+        # The arena is those bytes in that order already: no second host copy at large sizes.
+        raw = arena if arena is not None and arena.numel() == nbytes else None
+        if raw is None:
+            raw = torch.cat([t.reshape(-1).view(torch.uint8) for _, t in iter_full_weights(model)])
         assert raw.numel() == nbytes
         options = dist.BroadcastOptions()
         options.rootRank = 0
@@ -183,7 +210,8 @@ def main() -> None:
         gb = nbytes / 1e9
         best_sync, best_transfer, best_raw = min(sync_times), min(transfer_times), min(raw_times)
         print(
-            f"model: {params / 1e6:.1f}M params, fp32, {gb * 1e3:.0f} MB, buckets of {args.bucket_mb:g} MB, {args.wire_format} wire"
+            f"model: {params / 1e6:.1f}M params, fp32, {gb * 1e3:.0f} MB, buckets of {args.bucket_mb:g} MB, "
+            f"{args.wire_format} wire, trainer strategy {args.trainer}"
         )
         print(f"raw gloo broadcast (same bytes, same processes): {gb / best_raw:.2f} GB/s ({best_raw * 1e3:.0f} ms)")
         best_fresh = min(fresh_times)
@@ -195,6 +223,8 @@ def main() -> None:
             f"sync transfer only (buckets, no pause/resume):  {gb / best_transfer:.2f} GB/s ({best_transfer * 1e3:.0f} ms)"
         )
         print(f"ratio end to end / raw: {best_raw / best_sync:.0%}   transfer / raw: {best_raw / best_transfer:.0%}")
+        paired = sorted(r / s for r, s in zip(raw_times, sync_times, strict=True))  # each repeat with its own baseline
+        print(f"ratio end to end / raw per repeat: {paired[0]:.0%}..{paired[-1]:.0%} over {len(paired)}")
         print(
             f"ratio end to end / per-tensor floor: {best_floor / best_sync:.0%}   floor / raw: {best_raw / best_floor:.0%}"
         )

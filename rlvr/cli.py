@@ -66,6 +66,10 @@ def load_checked(path: Path, overrides: list[str] | None, *, check_data: bool = 
     problem = check_rewards(recipe) or (machine_problems(recipe) if check_machine else None)
     if problem:
         raise fail(where.error(*problem))
+    from rlvr.recipe.staleness import staleness_warnings
+
+    for warning in staleness_warnings(recipe):  # what asynchronous rollout asks of the lr
+        typer.echo(f"warning: {warning}", err=True)
     if not check_data:
         return recipe, None
     from rlvr.data.prompt_fit import check_data as check_rows

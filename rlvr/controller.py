@@ -42,6 +42,7 @@ import dataclasses
 import inspect
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +57,7 @@ from rlvr.recipe.schema import Recipe
 from rlvr.rewards.budget import FailureBudget, StepFailures
 from rlvr.rewards.pool import RewardPool
 from rlvr.rollout.engine import RolloutEngine, SamplingParams
-from rlvr.rollout.episode import run_episode
+from rlvr.rollout.episode import run_group
 from rlvr.tools.session import Toolbox
 from rlvr.types import GROUP_ENDS, Completion, Group, RolloutBatch, Sample
 
@@ -143,7 +144,13 @@ class RolloutManager:
             for name, d in recipe.domains.items()
             if d.tools
         }
-        self._prompt_ids: dict[tuple[Any, ...], list[int]] = {}
+        # Prompt token ids as an LRU sized to what is in flight: every round of the k + 1 waves
+        # admitted, the wave being taken, and the largest eval domain (never every prompt ever drawn).
+        rounds = recipe.data.prompts_per_step * (recipe.algorithm.max_refill_rounds + 1)
+        self._prompt_capacity = rounds * (self.max_staleness + 2) + max(map(len, evals.values()), default=0)
+        self._prompt_ids: OrderedDict[tuple[Any, ...], list[int]] = OrderedDict()
+        self._prompt_lock = threading.Lock()  # the cache: the event loop and the tokenizing thread share it
+        self._tokenizer_lock = threading.Lock()  # a HF fast tokenizer used by two threads at once can raise
         self.version = 0  # the weights the engines serve (trainer steps applied)
         self.counts: dict[str, int] = dict.fromkeys(("started", *GROUP_ENDS), 0)
         self._live: dict[int, Group] = {}  # groups started that have not ended, by id()
@@ -204,13 +211,29 @@ class RolloutManager:
 
     # -- prompts -> episodes -> groups -----------------------------------------------------------
     def prompt_ids(self, sample: Sample) -> list[int]:
+        """The prompt's token ids: from the LRU when this step already asked (`_tokenize` fills it off
+        the event loop before a round's episodes start), else tokenized here. Any thread."""
         # Keyed by the messages too: a train row and an eval row may share an id.
         key = (sample.domain, sample.id, tuple((m["role"], m["content"]) for m in sample.messages))
-        if key not in self._prompt_ids:
-            self._prompt_ids[key] = encode_prompt(
+        with self._prompt_lock:
+            ids = self._prompt_ids.get(key)
+            if ids is not None:
+                self._prompt_ids.move_to_end(key)
+                return ids
+        with self._tokenizer_lock:
+            ids = encode_prompt(
                 self._model_messages(sample), tokenizer=self.tokenizer, template=self.recipe.model.chat_template
             )
-        return self._prompt_ids[key]
+        with self._prompt_lock:
+            self._prompt_ids[key] = ids
+            while len(self._prompt_ids) > self._prompt_capacity:
+                self._prompt_ids.popitem(last=False)
+        return ids
+
+    async def _tokenize(self, samples: Sequence[Sample]) -> None:
+        """Tokenize a round's prompts on a worker thread: 128 chat templates and encodings (x k + 1
+        waves) on the event loop would hold every episode, reward and weight-push call behind them."""
+        await asyncio.to_thread(lambda: [self.prompt_ids(s) for s in samples])
 
     def prompt_text(self, sample: Sample) -> str:
         """The prompt as the model sees it (tool instructions included), as text."""
@@ -251,30 +274,29 @@ class RolloutManager:
     async def _episodes(
         self, sample: Sample, *, n: int, seed: int | None, temperature: float | None = None
     ) -> list[Completion]:
-        """n episodes of one prompt; sample j is seeded `seed + j` (as SGLang-style n-sampling).
-        `temperature` overrides the recipe's (evaluation)."""
-        params = self.sampling(seed=None)
+        """n episodes of one prompt as one group (`run_group`: every request on one server, one
+        n-sample request without tools); sample j is seeded `seed + j` (as SGLang-style
+        n-sampling). `temperature` overrides the recipe's (evaluation)."""
+        params = self.sampling(seed=seed)
         if temperature is not None:
             params = dataclasses.replace(params, temperature=temperature)
-        partial = self.recipe.rollout.partial
         box = self.toolboxes.get(sample.domain)
-
-        async def one(j: int) -> Completion:
+        for _ in range(n):
             self._episode_started()
-            try:
-                return await run_episode(
-                    self.engine,
-                    prompt_ids=self.prompt_ids(sample),
-                    params=dataclasses.replace(params, seed=None if seed is None else seed + j),
-                    partial=partial,
-                    weights_ready=self._weights_ready.wait,
-                    tools=box.session() if box is not None else None,
-                    tokenizer=self.tokenizer,  # the text of a continued response: decoded from all its ids
-                )
-            finally:
+        try:
+            return await run_group(
+                self.engine,
+                prompt_ids=self.prompt_ids(sample),
+                params=params,
+                n=n,
+                partial=self.recipe.rollout.partial,
+                weights_ready=self._weights_ready.wait,
+                tools=[box.session() for _ in range(n)] if box is not None else None,
+                tokenizer=self.tokenizer,  # the text of a continued response: decoded from all its ids
+            )
+        finally:
+            for _ in range(n):
                 self._episode_ended()
-
-        return list(await asyncio.gather(*(one(j) for j in range(n))))
 
     async def _group(self, sample: Sample, *, seed: int, scores: list[dict[str, float]]) -> Group:
         """Generate and score one group; scoring starts the moment its own n samples are done."""
@@ -349,6 +371,7 @@ class RolloutManager:
         for round_ in range(algo.max_refill_rounds + 1):
             base = self.recipe.experiment.seed * 100_003 + wave.step * 16 + round_
             scores: list[dict[str, float]] = []
+            await self._tokenize(pending)  # off the loop; `fits` and the episodes then read the cache
             groups = await asyncio.gather(
                 *(
                     self._group(s, seed=hash_seed(base, f"{s.id}:{i}"), scores=scores)
@@ -463,7 +486,7 @@ class RolloutManager:
                 for c in group.completions
             ]
             batch.add_group(group, rewards, masks, group_id)
-        return batch
+        return batch.pack()  # flat arrays: what is broadcast and laid out, never rows of Python numbers
 
     # -- metrics ----------------------------------------------------------------------------------
     def _episode_started(self) -> None:

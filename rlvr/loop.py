@@ -29,7 +29,7 @@ import random
 import signal
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ from rlvr.recipe.schema import Recipe
 from rlvr.rollout.engine import RolloutError
 from rlvr.rundir import RunDir, latest_checkpoint, step_dir
 from rlvr.sync.base import SyncError, WeightSync
+from rlvr.sync.colocate import colocation_for
 from rlvr.trainer import dist as d
 from rlvr.trainer.actor import Actor
 from rlvr.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -96,6 +97,8 @@ class RLLoop:
         self.saved_step: int | None = None  # the step of the checkpoint this run saved or resumed
         self.stop = StopFlag()
         self.failure: str | None = None  # why the run stopped itself (the same line on every rank)
+        # rollout.colocate: the engines sleep while this trainer trains (rlvr/sync/colocate.py)
+        self.colocation = colocation_for(recipe, client=manager.engine if manager is not None else None)
 
     # -- the step --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -136,8 +139,13 @@ class RLLoop:
                 failure = self.manager.stop_reason
             except RolloutError as exc:  # every server dead, retries spent: no batch for this step
                 failure = f"rollout failed in step {self.step + 1}: {exc}"
+        if self.colocation is not None:  # the engines free the shared GPUs for this step
+            try:
+                self.colocation.release()
+            except SyncError as exc:
+                failure = failure or str(exc)
         if d.is_dist():
-            rollout, failure = cast(tuple[RolloutBatch, str | None], d.broadcast_object((rollout, failure)))
+            rollout, failure = d.broadcast_rollout(rollout, failure)  # flat arrays, one buffer
         if failure is not None:
             self.failure = failure
             return metrics
@@ -156,7 +164,7 @@ class RLLoop:
         metrics.update(train)
         metrics["kl_coef"] = float(self.kl.value)
         metrics["time/train"] = time.perf_counter() - t0
-        tokens = sum(len(r) for r in rollout.responses)
+        tokens = rollout.num_tokens
         metrics["throughput/tokens_per_s"] = tokens / max(
             metrics.get("time/wait_rollout", 0.0) + metrics["time/train"], 1e-9
         )
@@ -167,6 +175,8 @@ class RLLoop:
         aborted episodes meanwhile, then admits what the staleness bound allows. A push that
         raises leaves the gate closed: the outcome decides, not a `finally`."""
         t0 = time.perf_counter()
+        if self.colocation is not None:  # engines awake before the push (a failure raises SyncError)
+            self.colocation.resume()
         if self.manager is not None:
             self.manager.pause()
         metrics = dict(self.sync.push(version=self.step) or {}) if self.sync is not None else {}

@@ -45,6 +45,38 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         pass
 
 
+OPEN_FILES_CAP = 1 << 20
+"""Where an unlimited hard limit is capped: Linux's default `fs.nr_open`, above which the kernel
+refuses any RLIMIT_NOFILE."""
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit; the soft limit it ends with.
+
+    Why: rank 0 holds a socket per in-flight rollout request and judge connection, a pipe or
+    two per sandbox, and the engines' servers one socket per client; the common soft default
+    of 1024 runs out at a big recipe's shape ("Too many open files"), while the hard limit
+    (often 2^20 or more) is there for the asking. An unlimited hard limit is capped at
+    `OPEN_FILES_CAP` (and then at 10240, macOS's OPEN_MAX) where the kernel refuses more. A
+    platform without `resource` keeps its limit (returns -1). Children inherit the raised limit.
+    """
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = OPEN_FILES_CAP if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft >= target:
+        return soft
+    for value in (target, min(target, OPEN_FILES_CAP), min(target, 10240)):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (value, hard))
+            return value
+        except (ValueError, OSError):
+            continue
+    return soft
+
+
 def _child_setup(death_signal: int, ignored: tuple[int, ...]) -> None:
     """Runs in the child between fork and exec. Ignored signals stay ignored through exec (a
     child that installs its own handler still gets them)."""

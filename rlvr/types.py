@@ -110,42 +110,188 @@ class Group:
         return [r.score for r in self.rewards]
 
 
+TOKEN_ROWS = ("prompts", "responses", "rollout_logprobs", "loss_masks")
+"""RolloutBatch's per-token fields: rows of numbers, one per sequence."""
+
+
 @dataclass
 class RolloutBatch:
-    """What every trainer rank needs from a step's rollouts (picklable, no torch).
+    """What every trainer rank needs from a step's rollouts: flat arrays, no torch, no per-token objects.
 
     `versions[i]` is the oldest weight version that sampled any token of sequence i: the
     trainer recomputes pi_old when one is older than its own weights (off-policy correction).
     `loss_masks[i]` is one number for the whole response, or one per token when the response
-    holds tool output (0 there): `TrainBatch.from_sequences` takes either.
+    holds tool output (0 there).
+
+    Two forms. While it is built, the per-token fields are rows: lists that `add_group` (or a
+    test, appending to `batch.prompts` etc. of an empty batch) fills, holding the completions' own
+    lists without copying them. `pack()` turns them into flat numpy arrays plus offsets
+    (`arrays()`: token ids int32, logprobs and masks float32, per token; rewards, group ids,
+    versions per sequence): the form that is broadcast to every rank as one buffer
+    (`rlvr.trainer.dist.broadcast_rollout`) and laid out by `TrainBatch.from_rollout` without a
+    per-token Python loop. At the flagship's shape (1024 samples, up to 4k tokens) rows of
+    Python numbers are ~10^7 objects to pickle and rebuild on every rank; the arrays are a few
+    memcpys. On a packed batch `prompts`, `responses`, `rollout_logprobs` and `loss_masks` are
+    lists made on demand (tests, logging): reading them is not free, writing to them changes nothing.
+    numpy is imported only when a batch is packed or read, so this module stays instant to import.
     """
 
-    prompts: list[list[int]] = field(default_factory=list)
-    responses: list[list[int]] = field(default_factory=list)
-    rollout_logprobs: list[list[float]] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
-    loss_masks: list[float | list[float]] = field(default_factory=list)
     group_ids: list[int] = field(default_factory=list)
     domains: list[str] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    _rows: dict[str, list[Any]] = field(default_factory=lambda: {name: [] for name in TOKEN_ROWS}, repr=False)
+    _arrays: dict[str, Any] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
-        return len(self.responses)
+        return len(self.rewards)
 
+    # -- rows (views once packed) -------------------------------------------------------------
+    @property
+    def prompts(self) -> list[list[int]]:
+        return self._row_view("prompts")
+
+    @property
+    def responses(self) -> list[list[int]]:
+        return self._row_view("responses")
+
+    @property
+    def rollout_logprobs(self) -> list[list[float]]:
+        return self._row_view("rollout_logprobs")
+
+    @property
+    def loss_masks(self) -> list[float | list[float]]:
+        return self._row_view("loss_masks")
+
+    def _row_view(self, name: str) -> list[Any]:
+        if self._arrays is None:
+            return self._rows[name]
+        a = self._arrays
+        if name == "loss_masks":
+            per_token = self._row_view_of(a["loss_mask"], a["response_offsets"])
+            scalars = a["row_mask"].tolist()  # NaN: the row has one mask value per token
+            return [row if m != m else m for row, m in zip(per_token, scalars, strict=True)]
+        values, offsets = {
+            "prompts": (a["prompt_ids"], a["prompt_offsets"]),
+            "responses": (a["response_ids"], a["response_offsets"]),
+            "rollout_logprobs": (a["logprobs"], a["response_offsets"]),
+        }[name]
+        return self._row_view_of(values, offsets)
+
+    @staticmethod
+    def _row_view_of(values: Any, offsets: Any) -> list[Any]:
+        import numpy as np
+
+        return [part.tolist() for part in np.split(values, offsets[1:-1])] if len(offsets) > 1 else []
+
+    # -- building -------------------------------------------------------------------------------
     def add_group(self, group: Group, rewards: Sequence[float], masks: Sequence[float], group_id: int) -> None:
+        if self._arrays is not None:
+            raise RuntimeError("add_group on a packed RolloutBatch: add every group before pack()")
+        rows = self._rows
         for completion, reward, mask in zip(group.completions, rewards, masks, strict=True):
-            self.prompts.append(list(completion.prompt_token_ids))
-            self.responses.append(list(completion.token_ids))
-            self.rollout_logprobs.append(list(completion.logprobs))
-            self.rewards.append(float(reward))
+            rows["prompts"].append(completion.prompt_token_ids)
+            rows["responses"].append(completion.token_ids)
+            rows["rollout_logprobs"].append(completion.logprobs)
             if completion.loss_mask:
-                self.loss_masks.append([float(mask) * m for m in completion.loss_mask])
+                rows["loss_masks"].append([float(mask) * m for m in completion.loss_mask])
             else:
-                self.loss_masks.append(float(mask))
+                rows["loss_masks"].append(float(mask))
+            self.rewards.append(float(reward))
             self.group_ids.append(group_id)
             self.domains.append(group.sample.domain)
             self.versions.append(completion.oldest_version)
 
+    def pack(self) -> RolloutBatch:
+        """Rows -> flat arrays, in place (see the class docstring); returns the batch."""
+        if self._arrays is None:
+            self._arrays = self._pack_rows()
+            self._rows = {name: [] for name in TOKEN_ROWS}
+        return self
+
+    def arrays(self) -> dict[str, Any]:
+        """The flat numpy arrays (a row-form batch is packed into new ones each call, not in place):
+        `prompt_ids`/`prompt_offsets`, `response_ids`/`response_offsets` (row i is
+        `ids[offsets[i]:offsets[i + 1]]`), `logprobs` and `loss_mask` per response token,
+        `row_mask` (a row's one loss-mask number, NaN where it has one per token), and `rewards`,
+        `group_ids`, `versions` per sequence."""
+        if self._arrays is not None:
+            return self._arrays
+        return self._pack_rows()
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, Any], *, domains: Sequence[str]) -> RolloutBatch:
+        """A packed batch from `arrays()`'s output (what a broadcast delivers)."""
+        return cls(
+            rewards=arrays["rewards"].tolist(),
+            group_ids=arrays["group_ids"].tolist(),
+            domains=list(domains),
+            versions=arrays["versions"].tolist(),
+            _arrays=dict(arrays),
+        )
+
+    def _pack_rows(self) -> dict[str, Any]:
+        import numpy as np
+
+        rows, n = self._rows, len(self.rewards)
+        for name in TOKEN_ROWS:
+            if len(rows[name]) != n:
+                raise ValueError(f"RolloutBatch has {n} rewards but {len(rows[name])} rows of {name}")
+        rlens = np.fromiter((len(r) for r in rows["responses"]), dtype=np.int64, count=n)
+        response_offsets = row_offsets(rlens)
+        row_mask = np.full(n, np.nan, dtype=np.float32)
+        token_masks = []
+        for i, (mask, rlen) in enumerate(zip(rows["loss_masks"], rlens.tolist(), strict=True)):
+            if isinstance(mask, int | float):
+                row_mask[i] = mask
+            elif len(mask) != rlen:
+                raise ValueError(f"row {i}: {len(mask)} loss-mask values for a {rlen}-token response")
+            else:
+                token_masks.append((i, mask))
+        loss_mask = np.repeat(np.nan_to_num(row_mask, nan=0.0), rlens)
+        for i, mask in token_masks:
+            loss_mask[response_offsets[i] : response_offsets[i + 1]] = mask
+        logprobs = flat_rows(rows["rollout_logprobs"], np.float32)
+        if len(logprobs) != len(loss_mask) or any(
+            len(lp) != rlen for lp, rlen in zip(rows["rollout_logprobs"], rlens.tolist(), strict=True)
+        ):
+            raise ValueError("every response needs one rollout logprob per token")
+        return {
+            "prompt_ids": flat_rows(rows["prompts"], np.int32),
+            "prompt_offsets": row_offsets(np.fromiter((len(p) for p in rows["prompts"]), dtype=np.int64, count=n)),
+            "response_ids": flat_rows(rows["responses"], np.int32),
+            "response_offsets": response_offsets,
+            "logprobs": logprobs,
+            "loss_mask": loss_mask,
+            "row_mask": row_mask,
+            "rewards": np.asarray(self.rewards, dtype=np.float64).reshape(n),
+            "group_ids": np.asarray(self.group_ids, dtype=np.int64).reshape(n),
+            "versions": np.asarray(self.versions, dtype=np.int64).reshape(n),
+        }
+
+    @property
+    def num_tokens(self) -> int:
+        """Response tokens in the batch (what throughput counts)."""
+        if self._arrays is not None:
+            return int(self._arrays["response_offsets"][-1])
+        return sum(len(r) for r in self._rows["responses"])
+
     def stale(self, version: int) -> bool:
         """Whether any sequence was (partly) sampled by weights older than `version`."""
         return any(v < version for v in self.versions)
+
+
+def row_offsets(lengths: Any) -> Any:
+    import numpy as np
+
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def flat_rows(rows: Sequence[Sequence[float]], dtype: Any) -> Any:
+    """Rows of Python numbers -> one flat array, converted in C (no per-number Python step)."""
+    import numpy as np
+
+    parts = [np.asarray(row, dtype=dtype) for row in rows if len(row)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)

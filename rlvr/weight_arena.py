@@ -12,19 +12,34 @@ Only `.data` moves: parameters keep their identity, so ties, module references a
 optimizer built afterwards all hold. Used for unsharded models (the rollout engine, the
 single-process trainer); FSDP2 shards are left alone (their full tensors are gathered anew
 for every sync anyway).
+
+`read_safetensors_into` fills tensors straight from safetensors files with `readinto` (no
+mmap, no intermediate copy): a transformers model loads its weights lazily from an mmap of
+the file, and copying them into the arena from there maps every page of the file into the
+process next to the arena (peak RSS twice the weights, measured 3.15 GB for 1.43 GB of fp32
+weights). Reading the file into the arena instead keeps the peak at the arena itself.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import struct
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 
-def build_weight_arena(model: Any) -> Any:
+def build_weight_arena(model: Any, *, files: Iterable[str | Path] = ()) -> Any:
     """Move `model`'s weights into one uint8 tensor (returned); None, and nothing moved, when a
-    dtype would land misaligned (mixed element sizes) or a weight is a DTensor shard."""
+    dtype would land misaligned (mixed element sizes) or a weight is a DTensor shard.
+
+    `files`: the safetensors files the model was loaded from; every weight found there (same
+    name and shape) is read from the file into the arena rather than copied from the model's
+    (lazily mapped) tensor, see the module docstring."""
     import torch
 
     entries: list[Any] = []
@@ -43,15 +58,102 @@ def build_weight_arena(model: Any) -> Any:
             return None
         size += tensor.numel() * tensor.element_size()
     arena = torch.empty(size, dtype=torch.uint8, device=device)
+    views: list[Any] = []
     offset = 0
+    for tensor in entries:
+        nbytes = tensor.numel() * tensor.element_size()
+        views.append(arena[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape))
+        offset += nbytes
+    by_id = {id(t): v for t, v in zip(entries, views, strict=True)}
+    targets = {name: by_id[id(t)] for name, t in model.state_dict(keep_vars=True).items()}
+    loaded = read_safetensors_into(files, targets) if device.type == "cpu" else set()
+    done = {id(targets[name]) for name in loaded}
     with torch.no_grad():
-        for tensor in entries:
-            nbytes = tensor.numel() * tensor.element_size()
-            view = arena[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
-            view.copy_(tensor.detach())
-            tensor.data = view
-            offset += nbytes
+        for tensor, view in zip(entries, views, strict=True):
+            if id(view) not in done:
+                view.copy_(tensor.detach())
+            tensor.data = view  # the old (mapped) storage goes as soon as no tensor holds it
     return arena
+
+
+SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def safetensors_header(path: str | Path) -> tuple[dict[str, Any], int]:
+    """(name -> {"dtype", "shape", "data_offsets"}, byte offset of the data) of one file."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return header, 8 + length
+
+
+def read_safetensors_into(files: Iterable[str | Path], targets: dict[str, Any]) -> set[str]:
+    """Fill `targets` (name -> contiguous CPU tensor) from safetensors files; returns the names filled.
+
+    A tensor stored in the target's dtype is read straight into the target's bytes; another
+    dtype is read into a buffer of its own size and cast (one tensor's worth, never the
+    model's). Names not in `targets` are skipped; a shape mismatch is a ValueError raised
+    before anything is read. Tied aliases (one tensor under two names) are filled once.
+    """
+    import torch
+
+    plan: list[tuple[Path, int, int, str, Any]] = []
+    filled: set[str] = set()
+    seen: set[int] = set()
+    for path in files:
+        header, base = safetensors_header(path)
+        for name, info in header.items():
+            target = targets.get(name)
+            if target is None:
+                continue
+            if tuple(info["shape"]) != tuple(target.shape):
+                raise ValueError(
+                    f"{path}: {name} has shape {tuple(info['shape'])}, the model's is {tuple(target.shape)}"
+                )
+            filled.add(name)
+            if id(target) in seen:
+                continue
+            seen.add(id(target))
+            start, end = info["data_offsets"]
+            plan.append((Path(path), base + start, end - start, SAFETENSORS_DTYPES[info["dtype"]], target))
+    handles: dict[Path, Any] = {}
+    try:
+        with torch.no_grad():
+            for path, offset, nbytes, dtype_name, target in plan:
+                f = handles.get(path) or handles.setdefault(path, open(path, "rb"))  # noqa: SIM115
+                f.seek(offset)
+                dtype = getattr(torch, dtype_name)
+                same = dtype == target.dtype and target.is_contiguous()
+                buffer = target if same else torch.empty(target.shape, dtype=dtype)
+                raw = buffer.view(-1).view(torch.uint8) if buffer.numel() else buffer.view(torch.uint8)
+                if raw.numel() != nbytes or nbytes != math.prod(target.shape) * dtype.itemsize:
+                    raise ValueError(f"{path}: a tensor of {nbytes} bytes does not fit its header's dtype and shape")
+                array: Any = raw.numpy()
+                view = memoryview(array).cast("B")
+                got = 0
+                while got < nbytes:
+                    n = f.readinto(view[got:])
+                    if not n:
+                        raise ValueError(f"{path}: truncated ({got} of {nbytes} bytes)")
+                    got += n
+                if not same:
+                    target.copy_(buffer)
+    finally:
+        for f in handles.values():
+            f.close()
+    return filled
 
 
 def back_to_back_bytes(tensors: list[Any]) -> Any:

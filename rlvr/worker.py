@@ -16,6 +16,9 @@ from rlvr.rundir import RunDir
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rlvr.process import raise_open_files_limit
+
+    raise_open_files_limit()  # rank 0 holds a socket per in-flight request, a pipe per sandbox
     parser = argparse.ArgumentParser(prog="rlvr.worker")
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--resume", default="auto", help="auto (latest checkpoint), none, or a checkpoint path")
@@ -122,14 +125,20 @@ def build_manager(recipe, *, tokenizer, urls):
     from rlvr.controller import RolloutManager
     from rlvr.data.sources import load_recipe_domains
     from rlvr.rewards.pool import RewardPool
+    from rlvr.rewards.workers import reward_workers
     from rlvr.rollout.clients import make_client
 
     train, _ = load_recipe_domains(recipe)
     evals, _ = load_recipe_domains(recipe, eval_files=True)
     client = make_client(recipe.rollout, urls)
+    # Sized from this process's cores, the trainer ranks beside it (torchrun's LOCAL_WORLD_SIZE) and
+    # whether any domain's reward uses the pool at all: `reward_workers` says why.
+    workers = reward_workers(
+        [d.reward for d in recipe.domains.values()], trainer_ranks_on_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    )
     rewards = RewardPool.from_domains(
         {name: (d.reward, d.reward_args) for name, d in recipe.domains.items()},
-        max_workers=max(1, (os.cpu_count() or 2) // 2),
+        max_workers=workers or None,
         call_timeout_s=recipe.rewards.call_timeout_s,
     )
     return RolloutManager(recipe, train=train, evals=evals, tokenizer=tokenizer, engine=client, rewards=rewards)

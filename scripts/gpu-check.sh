@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks CI cannot run, as one script (budget: under 8 minutes on one node):
 # the embedded engine on CUDA in bf16, an FSDP2 step on NCCL, and the NCCL weight-update
-# group between two processes (needs two GPUs; skipped with a reason on one). Prints the
+# group between two processes (needs two GPUs; skipped with a reason on one), and `rlvr plan`'s
+# memory estimate (activations with and without checkpointing, the embedded KV cache) against
+# torch.cuda.max_memory_allocated within 15% (tests/gpu/test_memory_estimate.py). Prints the
 # GPU, each test's outcome and duration, and the numbers the tests print.
 #
 #   bash scripts/gpu-check.sh            # from the repository root, in the project's venv

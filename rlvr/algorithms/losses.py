@@ -211,9 +211,12 @@ def compute_policy_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """The actor's loss for one (micro-)batch and its metrics; dispatches on ``cfg.policy_loss``.
 
-    All inputs are [B, T]. ``logprobs`` carry the gradient; ``old_logprobs`` are the trainer's
-    recomputed log-probs of the policy that sampled (pi_old); ``rollout_logprobs`` the rollout
-    engine's own (vLLM/SGLang numerics differ from the trainer's). The per-token loss is
+    All inputs are [B, T]. ``logprobs`` carry the gradient; ``old_logprobs`` are pi_old, the
+    trainer's log-probs at its weights when the step began (decoupled PPO's proximal policy: with
+    one update per batch, the training forward's own, detached, so the ratio is 1 and the clip
+    cannot bind; the clip acts from the second mini-batch or epoch on); ``rollout_logprobs`` the
+    rollout engine's own, of the weights that sampled (older ones when asynchronous; vLLM/SGLang
+    numerics differ from the trainer's too). The per-token loss is
 
         policy term (ppo_clip | gspo | cispo | topr | vanilla | tis)
           * sg(min(pi_old / pi_rollout, tis_cap))   if cfg.tis_cap > 0 and rollout_logprobs given
@@ -223,7 +226,10 @@ def compute_policy_loss(
     aggregated by ``cfg.loss_agg`` with the global denominators (see the module docstring).
     The rollout correction is Yao et al. 2025 ("Your efficient RL framework secretly brings
     you off-policy RL training"): the sampler's distribution differs from the trainer's, and
-    truncated IS on that gap removes the bias. ``kl_coef`` overrides ``cfg.kl_coef`` (an
+    truncated IS on that gap removes the bias; for stale samples it is AReaL's decoupled PPO
+    (Fu et al. 2025, eq. 5: weight pi_prox / pi_behav times the ratio clipped against pi_prox),
+    with the weight truncated at the cap where AReaL's code drops the token
+    (tests/unit/algorithms/test_off_policy.py). ``kl_coef`` overrides ``cfg.kl_coef`` (an
     adaptive controller passes its value). ``importance_level = "sequence"`` makes every
     ratio-based loss use GSPO's sequence ratio; ``policy_loss = "gspo"`` is PPO clip with it.
 
@@ -270,7 +276,11 @@ def compute_policy_loss(
         # Clamped log-ratio: finite weights at any gap, exactly 1 (log 0) on masked tokens.
         gap = token_log_ratio(old_logprobs.detach(), rollout_logprobs.detach(), mask)
         # k3 estimate of KL(pi_rollout || pi_old): how far the sampler (numerics, stale weights) is off.
-        metrics["mismatch_kl"] = _mean(torch.expm1(-gap) + gap, valid)  # k3; expm1: no cancellation near 0
+        # The tokens were sampled by pi_rollout, so with r = pi_old / pi_rollout = exp(gap) the
+        # estimator is (r - 1) - log r (Schulman's k3 with the sampler in the denominator). The
+        # mirrored form, 1/r - 1 + log r, is not a KL estimate under these samples: a few tokens the
+        # update made much less likely dominate it (quickstart, k = 1, step 6: 1.7 where this reads 0.019).
+        metrics["mismatch_kl"] = _mean(torch.expm1(gap) - gap, valid)  # expm1: no cancellation near 0
         if tis_cap > 0:
             raw = torch.exp(gap)
             weight = raw.clamp(max=tis_cap)

@@ -94,6 +94,10 @@ def server_command(
     command = [python, "-m", "rlvr.cli", "serve", str(model_path), "--host", host, "--port", str(spec.port)]
     command += ["--max-batch", str(recipe.rollout.max_batch)]
     command += ["--dtype", "float32" if not spec.gpus else recipe.model.dtype]
+    # The KV cache holds what a step can make, not the engine's default 2048 tokens a sequence.
+    command += ["--max-seq-len", str(longest_sequence(recipe))]
+    if recipe.rollout.kv_cache_gb is not None:
+        command += ["--kv-cache-gb", str(recipe.rollout.kv_cache_gb)]
     if recipe.rollout.api_key:
         command += ["--api-key", recipe.rollout.api_key]
     return command
@@ -111,9 +115,16 @@ def prepare_servers(recipe: Recipe) -> None:
 def vllm_max_model_len(recipe: Recipe) -> int:
     """`rollout.vllm.max_model_len`, else the longest sequence a step can make (prompt limit plus
     the longest response or tool episode), capped at the model's `max_position_embeddings`
-    (vLLM refuses a longer context; each sequence's KV cache is sized by it)."""
+    (vLLM refuses a longer context; each sequence's KV cache is sized by it). The embedded
+    server's `--max-seq-len` is the same number (its KV cache is sized by it too)."""
     if recipe.rollout.vllm.max_model_len:
         return recipe.rollout.vllm.max_model_len
+    return longest_sequence(recipe)
+
+
+def longest_sequence(recipe: Recipe) -> int:
+    """The longest sequence a step can make: the prompt limit plus the longest response or tool
+    episode, capped at the model's `max_position_embeddings` when it is known."""
     episodes = [d.max_episode_tokens or 0 for d in recipe.domains.values()]
     longest = recipe.data.max_prompt_tokens + max([recipe.rollout.max_new_tokens, *episodes])
     limit = max_positions(recipe.model.path)

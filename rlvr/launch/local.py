@@ -15,6 +15,11 @@ its /health answers (the trainer waits for that), shows the dashboard, and super
   every child down.
 
 Each child runs in its own process group so nothing is left behind.
+
+GPUs (`rlvr.recipe.plan`): each child gets its own as CUDA_VISIBLE_DEVICES, the trainer's ranks
+theirs in rank order (torchrun's `cuda:LOCAL_RANK` is then the plan's GPU), each server its
+block; colocated servers get the trainer's GPUs and are started with their engine's flag for
+giving memory back (vLLM `--enable-sleep-mode`, SGLang `--enable-memory-saver`).
 """
 
 from __future__ import annotations
@@ -28,13 +33,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlvr.launch.commands import judge_command, prepare_servers, server_command, trainer_command
+from rlvr.launch.commands import (
+    SERVER_MODULE_ENV,
+    judge_command,
+    prepare_servers,
+    server_command,
+    trainer_command,
+)
 from rlvr.launch.failure import checkpoint_note, root_cause, stated_error
 from rlvr.launch.restarts import Restarts
 from rlvr.monitor.metrics import event_line, mark_stopped
 from rlvr.monitor.progress import PlainProgress
 from rlvr.process import Child, Children, free_port
-from rlvr.recipe.plan import LaunchPlan, ServerSpec, make_plan
+from rlvr.recipe.plan import PLAN_GPUS_ENV, LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import ServerAddress, clear_servers, register_judge, register_server
 from rlvr.rundir import RunDir
@@ -94,6 +105,24 @@ def served_judge(recipe: Recipe, *, log: Path, timeout_s: float = 300.0) -> Iter
         children.kill_all(grace_s=10)
 
 
+def gpu_env(gpus: list[int], *, parent: str | None = None) -> dict[str, str]:
+    """A child's CUDA_VISIBLE_DEVICES (nothing on a CPU run: the child inherits the machine's).
+
+    The plan numbers the GPUs this launcher sees; started with CUDA_VISIBLE_DEVICES=4,5,6,7 its
+    GPU 0 is the machine's 4, so a child's list is taken from the launcher's own."""
+    if not gpus:
+        return {}
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES") if parent is None else parent
+    names = [part.strip() for part in (parent or "").split(",") if part.strip()]
+    ids = [names[i] if i < len(names) else str(i) for i in gpus]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
+
+
+def colocate_flags(engine: str) -> list[str]:
+    """What a server needs to give its GPU memory back while a colocated trainer trains."""
+    return {"vllm": ["--enable-sleep-mode"], "sglang": ["--enable-memory-saver"]}.get(engine, [])
+
+
 class LocalLauncher:
     def __init__(self, recipe: Recipe, *, run_dir: Path, resume: str = "auto", env: dict[str, str] | None = None):
         self.recipe = recipe
@@ -102,6 +131,7 @@ class LocalLauncher:
         self.plan: LaunchPlan = make_plan(recipe, master_port=free_port())
         # SIGTERM (not SIGKILL) when the launcher dies: torchrun then stops its workers
         env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        env[PLAN_GPUS_ENV] = str(self.plan.gpus_per_node)  # children see only their GPUs: same plan
         self.children = Children(env={**os.environ, **env}, death_signal=signal.SIGTERM)
         self.paths = RunDir(run_dir)
         self.paths.logs.mkdir(parents=True, exist_ok=True)
@@ -124,7 +154,8 @@ class LocalLauncher:
         judge = self._start_judge() if self.recipe.judge is not None else None
         servers = [self._start_server(spec) for spec in self.plan.servers]
         self.servers = [child for child, _ in servers]
-        self.trainer = self._spawn("trainer", trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume))
+        command = trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume)
+        self.trainer = self._spawn("trainer", command, env=gpu_env(self.plan.trainer_gpus))
         if judge is not None:
             wait_healthy(*judge, timeout_s=server_timeout_s)
             register_judge(self.run_dir, judge[1])  # the worker exports it as RLVR_JUDGE_URL
@@ -136,8 +167,10 @@ class LocalLauncher:
         """Local servers take free ports: two runs on one machine must not collide."""
         port = free_port()
         spec = ServerSpec(index=spec.index, node=spec.node, port=port, gpus=spec.gpus, engine=spec.engine)
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.gpus))} if spec.gpus else {}
+        env = gpu_env(spec.gpus)
         name, command = f"rollout-{spec.index}", server_command(self.recipe, spec)
+        if self.plan.colocate and not os.environ.get(SERVER_MODULE_ENV):
+            command += colocate_flags(spec.engine)
         self._launch[name] = (command, env)  # a restart reuses the port: its URL is the one registered
         return self._spawn(name, command, env=env), f"http://127.0.0.1:{port}"
 

@@ -32,6 +32,9 @@ def print_plan(
     if any(d.tools for d in recipe.domains.values()):
         tables.append(tools_table(recipe))
     tables += [algorithm_table(recipe), cluster_table(recipe, plan)]
+    memory = memory_table(recipe, plan)
+    if memory is not None:
+        tables.append(memory)
     widen_for_files(console, tables)
     console.rule(f"[bold]{exp.name}[/]")
     console.print(
@@ -60,12 +63,13 @@ def domain_table(recipe: Recipe, data: DataCheck | None) -> Table:
     """One row per domain: its reward and share, the rows it loaded, skipped and loses to the prompt
     limit (`too long`), and the first steps' quotas. The caption says how prompts were counted."""
     schedule = QuotaSchedule(recipe.data.domain_interleave_probs, prompts_per_step=recipe.data.prompts_per_step)
-    steps = [schedule.next() for _ in range(QUOTA_STEPS)]
+    shown = min(QUOTA_STEPS, recipe.experiment.max_steps)  # a 3-step run has no step 4 to show
+    steps = [schedule.next() for _ in range(shown)]
     table = Table(title="Task mix (prompts per step)", title_justify="left")
     numeric = ("prob", "rows", "skipped", "too long", "longest", "mean")
     for column in ("domain", "tags", "reward", "prob", "rows", "skipped", "too long", "longest"):
         table.add_column(column, justify="right" if column in numeric else "left", no_wrap=True)
-    table.add_column(f"quota steps 1-{QUOTA_STEPS}", no_wrap=True)
+    table.add_column("quota step 1" if shown == 1 else f"quota steps 1-{shown}", no_wrap=True)
     table.add_column("mean", justify="right", no_wrap=True)
     reports = data.reports if data else {}
     fits = data.fits if data else {}
@@ -129,6 +133,8 @@ def cluster_table(recipe: Recipe, plan: LaunchPlan) -> Table:
     for column in ("role", "node", "processes / GPUs", "port"):
         table.add_column(column)
     device = f"{plan.gpus_per_node} GPU(s)" if plan.gpus_per_node else "CPU"
+    if plan.trainer_gpus:  # a local run names its GPUs: the trainer's are not the servers' (unless colocated)
+        device = f"GPUs {_gpus(plan.trainer_gpus)}"
     for node in plan.trainer_nodes:
         table.add_row(
             f"trainer ({recipe.trainer.strategy}, {recipe.model.impl})",
@@ -138,13 +144,45 @@ def cluster_table(recipe: Recipe, plan: LaunchPlan) -> Table:
         )
     engine = _engine_label(recipe)
     for server in plan.servers:
-        gpus = f"GPUs {','.join(map(str, server.gpus))}" if server.gpus else "CPU"
+        gpus = f"GPUs {_gpus(server.gpus)}" if server.gpus else "CPU"
+        if plan.colocate:
+            gpus += " (colocated: sleeps while the trainer trains)"
         table.add_row(f"rollout {server.index} ({engine})", _node(plan, server.node), gpus, str(server.port))
     table.caption = (
         f"trainer world size {plan.trainer_world_size} (dp {plan.dp_size} x tp {plan.tp_size}) · "
         f"{len(plan.servers)} rollout server(s) · "
         f"sync {recipe.sync.method}, {recipe.sync.bucket_mb} MB buckets · {_rollout_mode(recipe)}"
     )
+    return table
+
+
+def _gpus(gpus: list[int]) -> str:
+    return ",".join(map(str, gpus))
+
+
+def memory_table(recipe: Recipe, plan: LaunchPlan) -> Table | None:
+    """Per GPU of each role: what it holds at its peak (`rlvr.recipe.memory`), against the GPU's
+    memory; `~` marks estimates (activations, KV cache at a memory fraction), the rest is exact."""
+    from rlvr.recipe.memory import estimate, gib
+
+    est = estimate(recipe, plan)
+    if est.skipped:
+        return None
+    gpu = f"{gib(est.gpu_bytes)} GiB per GPU ({est.gpu_source})" if est.gpu_bytes else "GPU memory unknown"
+    table = Table(title=f"Memory per GPU (estimate; {gpu})", title_justify="left")
+    for column in ("GPU(s)", "role", "holds", "GiB"):
+        table.add_column(column, justify="right" if column == "GiB" else "left", no_wrap=column != "holds")
+    for load in est.loads:
+        first = True
+        for term in load.terms:
+            size = ("" if term.exact else "~") + gib(term.bytes)
+            table.add_row(_gpus(load.gpus) if first else "", load.role if first else "", term.name, size)
+            first = False
+        fits = ""
+        if est.gpu_bytes:
+            fits = " (fits)" if load.total <= est.gpu_bytes and load.shortfall is None else " (does NOT fit)"
+        table.add_row("", "", f"[bold]total[/]{fits}" + (f" · {load.note}" if load.note else ""), gib(load.total))
+    table.caption = "exact: parameters, gradients, optimizer states, weights; ~: activations and KV cache"
     return table
 
 

@@ -32,9 +32,39 @@ def machine_problems(recipe: Recipe) -> Problem | None:
         or tokenizer_problem(recipe)
         or judge_problem(recipe)
         or ranks_problem(recipe)
+        or split_problem(recipe)
         or sglang_problem(recipe)
         or vllm_problem(recipe)
+        or memory_problem(recipe)
     )
+
+
+def split_problem(recipe: Recipe) -> Problem | None:
+    """A local run's trainer ranks and rollout servers must fit this machine's GPUs
+    (`rlvr.recipe.plan.check_local_split`: side by side, or each within them when colocated)."""
+    from rlvr.recipe.plan import PlanError, check_local_split, local_gpus
+
+    gpus = local_gpus(recipe) if recipe.cluster.kind == "local" else 0
+    if not gpus:
+        return None
+    try:
+        check_local_split(recipe, gpus=gpus)
+    except PlanError as exc:
+        return ("rollout", "colocate" if recipe.rollout.colocate else "servers"), str(exc)
+    return None
+
+
+def memory_problem(recipe: Recipe) -> Problem | None:
+    """The plan's per-GPU memory estimate (`rlvr.recipe.memory`) must fit a GPU: the line names
+    the largest part of the load that does not fit and the key that shrinks it."""
+    from rlvr.recipe.memory import estimate
+    from rlvr.recipe.plan import PlanError, make_plan
+
+    try:
+        plan = make_plan(recipe)
+    except PlanError:
+        return None  # split_problem, or `plan`'s own error, speaks for it
+    return estimate(recipe, plan).problem()
 
 
 def model_problem(recipe: Recipe) -> Problem | None:

@@ -3,13 +3,21 @@
 On SLURM the first `cluster.trainer_nodes` nodes run trainer ranks (one per GPU, torchrun
 rendezvous on the first node) and the remaining nodes run rollout servers (one SGLang
 server per `tp_size * dp_size` GPUs, or one embedded server per GPU / per CPU node).
-Locally, `trainer.ranks` processes and `rollout.servers` embedded servers share this host.
+
+Locally, `trainer.ranks` processes and `rollout.servers` servers share this host and its GPUs
+(`cluster.gpus_per_node`, default the visible ones): split, the trainer takes GPUs 0..ranks-1
+and each server the next `rollout.gpus_per_server`; colocated (`rollout.colocate`), the servers
+lie on the trainer's GPUs from GPU 0 and sleep while it trains. Each child is started with its
+GPUs as CUDA_VISIBLE_DEVICES (`rlvr.launch.local`), so a plan that does not fit is refused here,
+before any process starts, not as an out-of-memory or a device-ordinal error minutes later.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 
+from rlvr.recipe.checks import visible_gpus
 from rlvr.recipe.schema import Recipe
 
 
@@ -34,6 +42,8 @@ class LaunchPlan:
     servers: list[ServerSpec]
     master_port: int
     tp_size: int = 1  # trainer tensor-parallel group size (consecutive ranks, within a node)
+    trainer_gpus: list[int] = field(default_factory=list)  # local: the GPUs of the trainer's ranks, in rank order
+    colocate: bool = False  # local: servers share the trainer's GPUs (rollout.colocate)
 
     @property
     def trainer_world_size(self) -> int:
@@ -58,20 +68,7 @@ class PlanError(ValueError):
 def make_plan(recipe: Recipe, *, master_port: int = 29500) -> LaunchPlan:
     cluster, rollout = recipe.cluster, recipe.rollout
     if cluster.kind == "local":
-        servers = [
-            ServerSpec(index=i, node=0, port=rollout.base_port + i, engine=rollout.engine)
-            for i in range(rollout.servers)
-        ]
-        return LaunchPlan(
-            kind="local",
-            nodes=1,
-            gpus_per_node=cluster.gpus_per_node,
-            trainer_nodes=[0],
-            trainer_procs_per_node=recipe.trainer.ranks,
-            servers=servers,
-            master_port=master_port,
-            tp_size=recipe.trainer.tp_size,
-        )
+        return _local_plan(recipe, master_port=master_port)
     gpus = cluster.gpus_per_node
     per_server = rollout.gpus_per_server
     if gpus and per_server > gpus:
@@ -102,3 +99,76 @@ def make_plan(recipe: Recipe, *, master_port: int = 29500) -> LaunchPlan:
         master_port=master_port,
         tp_size=recipe.trainer.tp_size,
     )
+
+
+PLAN_GPUS_ENV = "RLVR_PLAN_GPUS"
+"""Set by the local launcher for its children: the GPU count it divided. A trainer rank sees only
+its own GPUs (CUDA_VISIBLE_DEVICES), yet recomputes the launcher's plan (how many servers to wait for)."""
+
+
+def local_gpus(recipe: Recipe) -> int:
+    """The GPUs a local run divides: `cluster.gpus_per_node`, else the launcher's count (in its
+    children), else the ones this machine shows."""
+    return recipe.cluster.gpus_per_node or int(os.environ.get(PLAN_GPUS_ENV) or 0) or visible_gpus()
+
+
+def _local_plan(recipe: Recipe, *, master_port: int) -> LaunchPlan:
+    rollout, ranks = recipe.rollout, recipe.trainer.ranks
+    gpus, per_server, colocate = local_gpus(recipe), rollout.gpus_per_server, rollout.colocate
+    trainer_gpus: list[int] = []
+    server_gpus: list[list[int]] = [[] for _ in range(rollout.servers)]
+    if gpus:
+        check_local_split(recipe, gpus=gpus)
+        trainer_gpus = list(range(ranks))
+        first = 0 if colocate else ranks
+        server_gpus = [
+            list(range(first + i * per_server, first + (i + 1) * per_server)) for i in range(rollout.servers)
+        ]
+    servers = [
+        ServerSpec(index=i, node=0, port=rollout.base_port + i, gpus=server_gpus[i], engine=rollout.engine)
+        for i in range(rollout.servers)
+    ]
+    return LaunchPlan(
+        kind="local",
+        nodes=1,
+        gpus_per_node=gpus,
+        trainer_nodes=[0],
+        trainer_procs_per_node=ranks,
+        servers=servers,
+        master_port=master_port,
+        tp_size=recipe.trainer.tp_size,
+        trainer_gpus=trainer_gpus,
+        colocate=colocate and bool(gpus),
+    )
+
+
+def server_gpus_key(recipe: Recipe) -> str:
+    """The recipe keys that set one server's GPU count, as a user would write them."""
+    engine = recipe.rollout.engine
+    if engine == "sglang":
+        return "rollout.sglang.tp_size x dp_size"
+    return "rollout.vllm.tp_size" if engine == "vllm" else "1"
+
+
+def check_local_split(recipe: Recipe, *, gpus: int) -> None:
+    """Raise PlanError, in one line naming the keys, when the trainer and the servers do not fit
+    `gpus` GPUs: side by side (split), or each within them (colocated)."""
+    rollout, ranks = recipe.rollout, recipe.trainer.ranks
+    per_server = rollout.gpus_per_server
+    served = rollout.servers * per_server
+    source = "cluster.gpus_per_node" if recipe.cluster.gpus_per_node else "the visible GPUs"
+    servers = (
+        f"rollout.servers x {server_gpus_key(recipe)} = {rollout.servers} x {per_server}"
+        if rollout.engine != "embedded"
+        else f"rollout.servers (1 GPU each) = {rollout.servers}"
+    )
+    if rollout.colocate:
+        for what, need in ((f"trainer.ranks = {ranks}", ranks), (servers, served)):
+            if need > gpus:
+                raise PlanError(f"{what} GPUs, but {source} = {gpus} (colocated: each must fit them)")
+        return
+    if ranks + served > gpus:
+        raise PlanError(
+            f"trainer.ranks = {ranks} plus {servers} = {ranks + served} GPUs, but {source} = {gpus}; "
+            "lower them, or set rollout.colocate = true to share the GPUs"
+        )

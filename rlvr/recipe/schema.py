@@ -222,6 +222,19 @@ class RolloutConfig(Section):
     """Rollout servers on a local run (on SLURM, one per rollout node / tp group)."""
     max_batch: int = Field(default=64, ge=1)
     """Embedded engine: sequences decoded together."""
+    max_inflight_per_server: int | None = Field(default=None, ge=1)
+    """Samples the rollout client sends to one server at once (an n-sample request counts n); the
+    rest wait in the client, outside the request timeout. Why a bound: a step's episodes (k + 1
+    waves plus evaluation) would otherwise all be in flight at once, thousands of sockets piling
+    into the engines' queues. Unset: the engine's batch capacity with room to queue, 2 x
+    `max_batch` for the embedded engine (one batch decoding, one waiting to refill a freed slot
+    without a round trip), 1024 per SGLang (x `sglang.dp_size`) or vLLM server (above the few
+    hundred long sequences a GPU's KV memory decodes at once, so the engine always has work)."""
+    kv_cache_gb: float | None = Field(default=None, gt=0)
+    """Embedded engine: most GB its KV cache may take. The cache holds `max_batch` sequences of the
+    recipe's longest (`data.max_prompt_tokens` + `max_new_tokens`, or a domain's
+    `max_episode_tokens`); a budget that holds fewer sequences lowers the batch to what fits. None:
+    no budget (max_batch sequences)."""
     max_staleness: int = Field(default=0, ge=0)
     """Asynchronous rollout: step s trains on groups whose every token was sampled by weights at
     most this many versions old, and step s's prompts start generating as soon as version s - k is
@@ -229,6 +242,11 @@ class RolloutConfig(Section):
     partial: bool = True
     """When a weight update interrupts a sample, continue it from its tokens so far under the new
     weights (partial rollout); false restarts it from the prompt."""
+    colocate: bool = False
+    """Local runs: trainer ranks and rollout servers share the same GPUs. The engines free their
+    memory while the trainer trains (vLLM sleep, SGLang memory release, the embedded engine drops
+    its KV cache) and take it back, with the new weights pushed, to generate. Synchronous only
+    (max_staleness = 0)."""
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
     """SGLang server settings (used when engine = "sglang")."""
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
@@ -439,7 +457,12 @@ class ClusterConfig(Section):
     nodes: int = Field(default=1, ge=1)
     """SLURM nodes to allocate."""
     gpus_per_node: int = Field(default=0, ge=0)
-    """GPUs per node (0: CPU-only nodes)."""
+    """GPUs per node (0: CPU-only nodes). On a local run 0 means the GPUs this machine shows
+    (CUDA_VISIBLE_DEVICES, else all; none: CPU), split between the trainer's `trainer.ranks` and
+    `rollout.servers` x each server's GPUs, or shared by both with `rollout.colocate`."""
+    gpu_memory_gb: float | None = Field(default=None, gt=0)
+    """Memory of one GPU in GiB (e.g. 80 for an 80 GB H100), for `rlvr plan`'s per-GPU estimate and
+    `validate`'s fit check. Default: what nvidia-smi reports on this machine (none: no fit check)."""
     trainer_nodes: int = Field(default=1, ge=1)
     """The first this many nodes run trainer ranks; the rest run rollout servers."""
     cpus_per_task: int | None = Field(default=None, ge=1)
@@ -583,6 +606,7 @@ class Recipe(Section):
                 "its own engine)",
             )
         self._sglang_sync_checks()
+        self._colocate_checks()
         self._vllm_checks()
         self._check_model_impl()
         if self.model.config is not None:
@@ -641,6 +665,23 @@ class Recipe(Section):
                 ("sync", "method"),
                 f"{self.sync.method!r} with rollout.sglang.dp_size = {dp}: SGLang updates weights over a group "
                 'only with dp_size = 1; set sync.method = "disk" (or dp_size = 1 and more servers)',
+            )
+
+    def _colocate_checks(self) -> None:
+        """Shared GPUs hold either the trainer's step or the engines' generation, never both: the
+        loop must alternate (k = 0), and the sharing happens on one machine."""
+        if not self.rollout.colocate:
+            return
+        if self.rollout.max_staleness:
+            raise _at(
+                ("rollout", "max_staleness"),
+                f"{self.rollout.max_staleness} with rollout.colocate = true: colocated engines sleep while the "
+                "trainer trains, so generation cannot overlap training; set max_staleness = 0 or colocate = false",
+            )
+        if self.cluster.kind != "local":
+            raise _at(
+                ("rollout", "colocate"),
+                "needs cluster.kind = 'local' (on SLURM trainer and rollout nodes are apart); set colocate = false",
             )
 
     def _vllm_checks(self) -> None:

@@ -25,6 +25,7 @@ passed), `timeout_s` (per run, default 10), `memory_mb` (default 512), `max_proc
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import weakref
@@ -39,6 +40,7 @@ from rlvr.rewards.deadline import queued
 from rlvr.rewards.registry import register
 from rlvr.rewards.sandbox import SANDBOX_FAILURES, Limits, RunResult
 from rlvr.rewards.text import last_code_block, split_think
+from rlvr.rewards.workers import node_cpus
 from rlvr.types import Completion, RewardResult, Sample
 
 RUNNER = "_rlvr_run.py"
@@ -61,7 +63,10 @@ class Job:
     needs_pytest: bool = False
 
 
+@functools.cache
 def _harness(name: str) -> str:
+    """A harness file's text, read once per process: every sample's jobs carry it, and a file read
+    per sample would be blocking I/O on the rollout manager's event loop."""
     return resources.files("rlvr.rewards.sandbox").joinpath(name).read_text()
 
 
@@ -170,7 +175,7 @@ def judge_events(
 def _semaphore() -> asyncio.Semaphore:
     loop = asyncio.get_running_loop()
     if loop not in _semaphores:
-        _semaphores[loop] = asyncio.Semaphore(os.cpu_count() or 1)
+        _semaphores[loop] = asyncio.Semaphore(node_cpus())  # the cores this process may use, not the node's
     return _semaphores[loop]
 
 

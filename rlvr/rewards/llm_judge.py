@@ -6,6 +6,12 @@ to [0, 1]. Parsing is forgiving (last YES/NO, "Score: 7", "7/10", **bold**). 5xx
 connection errors are retried with exponential backoff; concurrency is capped per judge URL
 so a big batch cannot flood the judge (the wait for a slot is not part of the pool's deadline).
 
+One HTTP session per judge URL and event loop, kept for the loop's life: its connections stay
+open across calls instead of a TCP (and TLS) handshake per verdict, and the per-URL cap bounds
+them. A session belongs to its loop: under `asyncio.run` (rlvr eval, tests) it closes with the
+loop (an async generator that loop shuts down holds it); a loop run by hand (the rollout
+manager's thread) closes them through `close_sessions()`, which the reward pool's close calls.
+
 Verdicts: a judge that times out, answers 5xx/429 or cannot be reached after its retries, or
 refuses the credentials (401/403/404), could not judge: *failed*, kept out of training and
 counted. What the response can bring about is a 0: an answer the judge's parser cannot read,
@@ -21,10 +27,12 @@ holding the key), `template` ("reference" | "rubric" | custom text with {prompt}
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import weakref
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 from rlvr.rewards.args import judge_mode, reject_unknown_args
@@ -66,6 +74,9 @@ Think briefly, then end with a line of the form: Score: N"""
 _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = (
     weakref.WeakKeyDictionary()
 )
+# Per loop: its sessions by judge URL, and the async generator whose `finally` closes them.
+_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = weakref.WeakKeyDictionary()
+_closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 _YES_NO = re.compile(r"\b(YES|NO)\b", re.IGNORECASE)
 _SCORE_PATTERNS = (
     re.compile(r"score\s*[:=]?\s*\**\s*(\d+(?:\.\d+)?)\s*\**\s*(?:/\s*10)?", re.IGNORECASE),
@@ -111,6 +122,70 @@ def _semaphore(url: str, limit: int) -> asyncio.Semaphore:
     return per_loop[url]
 
 
+async def _hold_sessions(loop: asyncio.AbstractEventLoop, sessions: dict[str, Any]) -> AsyncIterator[None]:
+    """Suspended for the loop's life; the loop's shutdown (or `close_sessions`) runs its finally,
+    which also forgets the loop (the generator references it, so an entry left behind would
+    keep a finished loop alive)."""
+    try:
+        yield
+    finally:
+        _closers.pop(loop, None)
+        if _sessions.get(loop) is sessions:
+            del _sessions[loop]
+        for session in list(sessions.values()):
+            await session.close()
+        sessions.clear()
+
+
+async def _session(url: str) -> Any:
+    """This loop's one session for the judge at `url` (keep-alive; the per-URL cap bounds its
+    connections, so the connector itself sets none)."""
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    sessions = _sessions.get(loop)
+    if sessions is None:
+        sessions = _sessions[loop] = {}
+        closer = _closers[loop] = _hold_sessions(loop, sessions)
+        await anext(closer)  # started on this loop, so its shutdown_asyncgens closes it
+    session = sessions.get(url)
+    if session is None or session.closed:
+        session = sessions[url] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    return session
+
+
+def close_sessions() -> None:
+    """Close every judge session of every event loop (safe to call twice, from any thread).
+
+    A loop that is stopped (the rollout manager's, after its thread ends) runs the close itself;
+    one running on another thread gets it scheduled and waited for; on the calling thread's own
+    running loop it is scheduled (use `aclose_sessions` there to wait)."""
+    for loop, closer in list(_closers.items()):
+        if loop.is_closed():
+            _closers.pop(loop, None)
+            _sessions.pop(loop, None)
+            continue
+        if not loop.is_running():
+            loop.run_until_complete(closer.aclose())
+            continue
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.create_task(closer.aclose())
+        else:
+            with contextlib.suppress(TimeoutError, RuntimeError):
+                asyncio.run_coroutine_threadsafe(closer.aclose(), loop).result(timeout=10)
+
+
+async def aclose_sessions() -> None:
+    """Close this loop's judge sessions and wait for it."""
+    closer = _closers.get(asyncio.get_running_loop())
+    if closer is not None:
+        await closer.aclose()
+
+
 async def chat(
     url: str,
     messages: list[dict[str, str]],
@@ -132,27 +207,27 @@ async def chat(
     endpoint = url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1") else "/v1") + "/chat/completions"
     last_error = ""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        for attempt in range(max_retries + 1):
-            if attempt:
-                JUDGE_METRICS["retries"] += 1
-                await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
-            JUDGE_METRICS["requests"] += 1
-            try:
-                async with session.post(endpoint, json=body, headers=headers) as response:
-                    if response.status >= 500 or response.status == 429:
-                        last_error = f"HTTP {response.status}"
-                        continue
-                    if response.status in CONTENT_STATUSES:
-                        raise JudgeRefused(f"HTTP {response.status}: {(await response.text())[:200]}")
-                    if response.status >= 400:
-                        raise RuntimeError(f"judge returned HTTP {response.status}: {(await response.text())[:200]}")
-                    payload = await response.json(content_type=None)
-                    return payload["choices"][0]["message"]["content"] or ""
-            except TimeoutError as exc:
-                raise JudgeTimeout(f"no answer within {timeout_s}s") from exc
-            except aiohttp.ClientConnectionError as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
+    session = await _session(url)
+    for attempt in range(max_retries + 1):
+        if attempt:
+            JUDGE_METRICS["retries"] += 1
+            await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+        JUDGE_METRICS["requests"] += 1
+        try:
+            async with session.post(endpoint, json=body, headers=headers, timeout=timeout) as response:
+                if response.status >= 500 or response.status == 429:
+                    last_error = f"HTTP {response.status}"
+                    continue
+                if response.status in CONTENT_STATUSES:
+                    raise JudgeRefused(f"HTTP {response.status}: {(await response.text())[:200]}")
+                if response.status >= 400:
+                    raise RuntimeError(f"judge returned HTTP {response.status}: {(await response.text())[:200]}")
+                payload = await response.json(content_type=None)
+                return payload["choices"][0]["message"]["content"] or ""
+        except TimeoutError as exc:
+            raise JudgeTimeout(f"no answer within {timeout_s}s") from exc
+        except aiohttp.ClientConnectionError as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
     raise RuntimeError(f"judge {url} failed after {max_retries + 1} attempts: {last_error}")
 
 

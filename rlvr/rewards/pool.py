@@ -3,7 +3,7 @@
 Each domain has one reward (a name from the registry plus its `reward_args`). All calls of a
 step run as asyncio tasks at once; the rewards themselves decide where the work happens:
 math_rule sends sympy work to the shared process pool (sized by `max_workers`), code_sandbox
-runs sandbox subprocesses bounded by a cpu-count semaphore, llm_judge is HTTP with a
+runs sandbox subprocesses bounded by a per-core semaphore, llm_judge is HTTP with a
 per-URL semaphore. The pool adds an overall per-call deadline on the reward's own time (the
 queue for those limits does not count: `rewards/deadline.py`); a call that overruns it, raises,
 or returns something that is not a number is a *failed* verdict (`rewards/base.py`), never a 0.
@@ -132,10 +132,16 @@ class RewardPool:
         return metrics
 
     def close(self) -> None:
-        """Stop the worker processes this pool's rewards started (safe to call twice)."""
+        """Stop the worker processes this pool's rewards started, and close the judge's HTTP
+        sessions (one per judge URL and event loop, kept for the run) — safe to call twice."""
+        import sys
+
         from rlvr.rewards.workers import close_shared_pools
 
         close_shared_pools()
+        judge = sys.modules.get("rlvr.rewards.llm_judge")  # loaded only when a domain judges
+        if judge is not None:
+            judge.close_sessions()
 
     async def __aenter__(self) -> RewardPool:
         return self

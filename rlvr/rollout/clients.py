@@ -17,14 +17,33 @@ if TYPE_CHECKING:
     from rlvr.rollout.vllm import VLLMClient
 
 
+SERVER_INFLIGHT = 1024
+"""Samples in flight per SGLang or vLLM server (per data-parallel replica) when the recipe sets
+none: above what one such server decodes at once at RL lengths (its batch is bounded by KV
+memory, a few hundred multi-thousand-token sequences per GPU), so its scheduler always has
+work queued, while a step's thousands of episodes do not all open sockets to it."""
+
+
+def max_inflight_per_server(rollout: RolloutConfig) -> int:
+    """`rollout.max_inflight_per_server`, else the engine's batch capacity with room to queue:
+    2 x `max_batch` for `rlvr serve` (one batch decoding and one waiting, so a freed slot refills
+    without a round trip), `SERVER_INFLIGHT` x dp replicas for SGLang and vLLM."""
+    if rollout.max_inflight_per_server is not None:
+        return rollout.max_inflight_per_server
+    if rollout.engine == "embedded":
+        return 2 * rollout.max_batch
+    return SERVER_INFLIGHT * (rollout.sglang.dp_size if rollout.engine == "sglang" else 1)
+
+
 def make_client(rollout: RolloutConfig, urls: Sequence[str]) -> SGLangClient | VLLMClient:
+    inflight = max_inflight_per_server(rollout)
     if rollout.engine == "vllm":
         from rlvr.rollout.vllm import VLLMClient
 
-        return VLLMClient(urls, api_key=rollout.api_key, timeout_s=rollout.timeout_s)
+        return VLLMClient(urls, api_key=rollout.api_key, timeout_s=rollout.timeout_s, max_inflight_per_server=inflight)
     from rlvr.rollout.sglang import SGLangClient
 
-    return SGLangClient(urls, api_key=rollout.api_key, timeout_s=rollout.timeout_s)
+    return SGLangClient(urls, api_key=rollout.api_key, timeout_s=rollout.timeout_s, max_inflight_per_server=inflight)
 
 
 def sync_pause_mode(rollout: RolloutConfig) -> str:

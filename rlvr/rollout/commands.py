@@ -35,6 +35,10 @@ def serve(
         str | None, typer.Option(help="cpu or cuda[:i] (default: cuda when available).", metavar="DEVICE")
     ] = None,
     max_seq_len: Annotated[int, typer.Option(help="KV cache length per sequence (prompt + response).")] = 2048,
+    kv_cache_gb: Annotated[
+        float | None,
+        typer.Option(help="Most GB the KV cache may take; fewer than --max-batch sequences if it must.", metavar="GB"),
+    ] = None,
     weight_version: Annotated[
         str, typer.Option(help="Initial weight version reported in meta_info.", metavar="VERSION")
     ] = "0",
@@ -55,6 +59,8 @@ def serve(
     for name, value in (("--max-batch", max_batch), ("--max-seq-len", max_seq_len)):
         if value < 1:
             _fail(f"{name} {value}: must be at least 1")
+    if kv_cache_gb is not None and not kv_cache_gb > 0:
+        _fail(f"--kv-cache-gb {kv_cache_gb}: must be a positive number of GB")
     from rlvr.rollout.server import bind
 
     try:
@@ -63,19 +69,24 @@ def serve(
         _fail(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); pick another or --port 0")
     bound = sock.getsockname()[1]
     typer.echo(f"rlvr serve: loading {model_path}; will listen on http://{host}:{bound}")
-    from rlvr.rollout.embedded import EmbeddedEngine
+    from rlvr.rollout.embedded import EmbeddedEngine, KVBudgetError
     from rlvr.rollout.server import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_loading_bars()
-    engine = EmbeddedEngine(
-        model_path,
-        max_batch=max_batch,
-        dtype=dtype,
-        device=device,
-        max_seq_len=max_seq_len,
-        weight_version=weight_version,
-    )
+    try:
+        engine = EmbeddedEngine(
+            model_path,
+            max_batch=max_batch,
+            dtype=dtype,
+            device=device,
+            max_seq_len=max_seq_len,
+            weight_version=weight_version,
+            kv_cache_bytes=None if kv_cache_gb is None else int(kv_cache_gb * 1e9),
+        )
+    except KVBudgetError as exc:
+        _fail(f"--kv-cache-gb {kv_cache_gb}: {exc}")
+        raise
     typer.echo(f"rlvr serve: ready on http://{host}:{bound} (OpenAI base_url http://{host}:{bound}/v1)")
     try:
         run_server(engine, sock=sock, api_key=api_key)

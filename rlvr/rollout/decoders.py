@@ -184,6 +184,23 @@ class _Layer:
             )
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A CPU tensor of zeros backed by an anonymous mapping: the kernel hands out zero pages on
+    first write, so untouched positions cost no RAM (`torch.zeros` writes, hence commits, every
+    page at once). Unmapped when the last view of it goes."""
+    import math
+    import mmap
+
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
+
+
 def _eps(norm: nn.Module) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
@@ -245,10 +262,44 @@ class StaticKVDecoder:
         sin = sin[0].to(self.dtype)
         signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # rotate_half's sign folded in
         self.rope_table = torch.stack([cos[0].to(self.dtype), signed_sin], dim=1)  # [max_len, 2, head_dim]
-        shape = (len(self.layers), max_slots, self.kv_heads, max_len, self.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.k_cache = self.v_cache = torch.empty(0, dtype=self.dtype, device=self.device)
+        self.allocate_kv()
         self._slot_index = torch.arange(max_slots, device=self.device)
+
+    # -- the KV cache -----------------------------------------------------------------------
+
+    @property
+    def kv_shape(self) -> tuple[int, ...]:
+        return (len(self.layers), self.max_slots, self.kv_heads, self.max_len, self.head_dim)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes the K and V caches hold now (0 while released)."""
+        return sum(t.numel() * t.element_size() for t in (self.k_cache, self.v_cache))
+
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes of the oneDNN packed weight copies held now (a cache; see the module docstring)."""
+        return sum(lin.packed.numel() * lin.packed.element_size() for lin in self._linears() if lin.packed is not None)
+
+    def allocate_kv(self) -> None:
+        """(Re)allocate the K and V caches, `max_slots x max_len` tokens each (no-op if held).
+
+        Zeros, not `empty`: the padded prefill reads stale positions it then masks, and
+        uninitialised memory may hold NaNs, which a mask does not cancel (0 * NaN). On CPU
+        the zeros are an anonymous mapping (`_lazy_zeros`), so the cache takes RAM only for
+        the positions sequences have written, not for every slot at full length."""
+        if self.k_cache.numel():
+            return
+        make = _lazy_zeros if self.device.type == "cpu" else _zeros
+        self.k_cache = make(self.kv_shape, self.dtype, self.device)
+        self.v_cache = make(self.kv_shape, self.dtype, self.device)
+
+    def release_kv(self) -> int:
+        """Free the K and V caches (every cached sequence is lost); returns the bytes freed."""
+        freed = self.kv_cache_bytes
+        self.k_cache = self.v_cache = torch.empty(0, dtype=self.dtype, device=self.device)
+        return freed
 
     # -- shared per-layer pieces ------------------------------------------------------------
 
@@ -457,6 +508,16 @@ class RecomputeDecoder:
         )
         last = torch.tensor([len(s) - 1 for s in seqs], device=self.device)
         return out.logits[torch.arange(len(seqs), device=self.device), last]
+
+    kv_cache_bytes = 0  # no cache: each step recomputes every sequence
+    packed_bytes = 0
+
+    def allocate_kv(self) -> None:
+        """No cache to allocate."""
+
+    def release_kv(self) -> int:
+        """No cache to free."""
+        return 0
 
     def invalidate(self) -> None:
         """Nothing derived from weights is cached here."""

@@ -70,6 +70,57 @@ class _Seq:
 SMALL_HIDDEN = 256
 
 
+def kv_bytes_per_token(config: Any, dtype: Any) -> int:
+    """Bytes of K and V one token takes in the fast path's cache (every layer)."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return 2 * int(config.num_hidden_layers) * kv_heads * head_dim * dtype.itemsize
+
+
+class KVBudgetError(ValueError):
+    """The KV cache budget cannot hold one sequence of the engine's length."""
+
+
+def kv_cache_plan(config: Any, *, dtype: Any, max_batch: int, max_len: int, budget_bytes: int | None) -> int:
+    """Sequences the KV cache holds: `max_batch`, or fewer when `budget_bytes` cannot hold
+    `max_batch` sequences of `max_len` tokens. Why a budget: the cache is preallocated, so its
+    size is paid whether or not the batch fills it; a recipe sizes it to what it needs."""
+    if budget_bytes is None:
+        return max_batch
+    per_sequence = kv_bytes_per_token(config, dtype) * max_len
+    fits = budget_bytes // per_sequence
+    if fits < 1:
+        raise KVBudgetError(
+            f"KV cache budget {budget_bytes / 1e9:.3g} GB holds no sequence of {max_len} tokens "
+            f"({per_sequence / 1e9:.3g} GB each); raise the budget or shorten the sequences"
+        )
+    return int(min(max_batch, fits))
+
+
+def _unique_tensors(model: Any) -> list[Any]:
+    seen: set[int] = set()
+    out = []
+    for tensor in model.state_dict(keep_vars=True).values():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out.append(tensor)
+    return out
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.1f} MB"
+
+
+def _rss_bytes() -> int:
+    """This process's resident set (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _default_threads(model: Any, device: str, available: int) -> int:
     """Intra-op threads for the engine's worker thread.
 
@@ -102,7 +153,12 @@ class EmbeddedEngine:
         fast: bool = True,
         max_prefill_tokens: int = 8192,
         threads: int | None = None,
+        kv_cache_bytes: int | None = None,
     ):
+        """`max_seq_len`: tokens per sequence (prompt + response) the KV cache holds, capped at the
+        model's `max_position_embeddings`; `max_batch`: sequences decoded together. The KV cache is
+        `max_batch x max_seq_len` tokens, or fewer sequences when `kv_cache_bytes` (a budget)
+        cannot hold that many; `max_batch` then becomes what it holds (see `kv_cache_plan`)."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -113,17 +169,28 @@ class EmbeddedEngine:
         self.tokenizer: Any = AutoTokenizer.from_pretrained(self.model_path)
         model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, dtype))
         self.model = model.to(self.device).eval().requires_grad_(False)
-        self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
         positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or (max_seq_len or 2048)
         self.max_len = min(positions, max_seq_len) if max_seq_len else positions
+        self.max_batch = kv_cache_plan(
+            self.model.config,
+            dtype=getattr(torch, dtype),
+            max_batch=max_batch,
+            max_len=self.max_len,
+            budget_bytes=kv_cache_bytes,
+        )
         if original_logprobs is None:
             original_logprobs = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in ("1", "true")
         self.original_logprobs = original_logprobs
         self.weight_version = str(weight_version)
         self.eos_ids = self._eos_ids()
-        self._weight_arena = build_weight_arena(self.model)  # flattened buckets land in place
+        # Flattened buckets land in place. The weights are read from the files into the arena:
+        # the model's own tensors are a lazy mmap of them, and copying from there would map the
+        # whole file next to the arena (see rlvr.weight_arena).
+        files = sorted(Path(self.model_path).glob("*.safetensors")) if self.device == "cpu" else []
+        self._weight_arena = build_weight_arena(self.model, files=files)
         self.backend = self._make_backend(fast)
+        log.info("%s", self.memory_report())
 
         self._lock = threading.RLock()  # held for one step; control calls take it between steps
         self._wakeup = threading.Condition(threading.Lock())
@@ -162,6 +229,25 @@ class EmbeddedEngine:
         if fast:
             log.warning("embedded engine: generic (slow) HF path: %s", why)
         return RecomputeDecoder(self.model, max_slots=self.max_batch, max_len=self.max_len)
+
+    def memory_report(self) -> str:
+        """One line: what this engine holds (weights, KV cache, packed weight copies, the rest)."""
+        weights = sum(t.numel() * t.element_size() for t in _unique_tensors(self.model))
+        kv = int(getattr(self.backend, "kv_cache_bytes", 0))
+        packed = int(getattr(self.backend, "packed_bytes", 0))
+        slots = int(getattr(self.backend, "max_slots", self.max_batch)) if kv else 0
+        # On CPU the cache's pages are committed as positions are written (decoders._lazy_zeros):
+        # what it holds now is inside the process RSS, hence inside "other".
+        lazy = self.device == "cpu"
+        line = (
+            f"embedded engine holds: weights {_mb(weights)} ({str(self.model.dtype).removeprefix('torch.')}); "
+            f"KV cache {slots * self.max_len if kv else 0} tokens = {slots} sequences x {self.max_len} tokens, "
+            f"{_mb(kv)}{' at most, committed as written' if lazy else ''}; packed weight copies {_mb(packed)}"
+        )
+        rss = _rss_bytes()
+        if rss and lazy:
+            line += f"; other {_mb(max(0, rss - weights - packed))} (process RSS {_mb(rss)})"
+        return line
 
     @property
     def vocab_size(self) -> int:
@@ -538,16 +624,41 @@ class EmbeddedEngine:
                 self.weight_version = str(version)
 
     def update_weights_from_disk_sync(self, path: str | Path, *, version: str | None = None) -> None:
-        """Load every *.safetensors file of a HF folder (same architecture) into the running model."""
+        """Load every *.safetensors file of a HF folder (same architecture) into the running model.
+
+        On CPU each tensor is read from the file straight into its live parameter (a cast goes
+        through one tensor-sized buffer), so a push costs no host copy of the model; names and
+        shapes are checked from the files' headers before any weight changes.
+        """
+        import torch
         from safetensors.torch import load_file
+
+        from rlvr.weight_arena import read_safetensors_into, safetensors_header
 
         files = sorted(Path(path).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no *.safetensors files in {path}")
-        tensors: dict[str, Any] = {}
-        for file in files:
-            tensors.update(load_file(str(file)))
-        self.load_state_dict(tensors, version=version)
+        if self.device != "cpu":
+            tensors: dict[str, Any] = {}
+            for file in files:
+                tensors.update(load_file(str(file)))
+            self.load_state_dict(tensors, version=version)
+            return
+        params = self._weight_table()
+        headers = [safetensors_header(file)[0] for file in files]
+        unknown = [name for header in headers for name in header if name not in params]
+        if unknown:
+            raise KeyError(f"unknown parameter names: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+        for header in headers:
+            for name, info in header.items():
+                if tuple(info["shape"]) != tuple(params[name].shape):
+                    raise ValueError(f"{name}: shape {tuple(info['shape'])} != model's {tuple(params[name].shape)}")
+        with self._lock, torch.no_grad():
+            self.backend.invalidate()
+            read_safetensors_into(files, {name: param.detach() for name, param in params.items()})
+            self.backend.refresh(start=not self._paused)
+            if version is not None:
+                self.weight_version = str(version)
 
     def init_weights_update_group_sync(
         self,
@@ -809,3 +920,27 @@ class EmbeddedEngine:
     @property
     def worker_alive(self) -> bool:
         return self._thread.is_alive() and self._error is None
+
+    # -- colocation (rollout.colocate): the trainer on this GPU trains while the cache is gone --
+
+    def release_kv_cache(self) -> None:
+        """Abort what runs, stay paused, and free the KV cache (the decoder and its buffers) for
+        the trainer that shares this GPU; the weights stay, and the next push replaces them."""
+        self.pause_sync("abort")
+        with self._lock:
+            if self.backend is not None:
+                self.backend.wait_packed()  # no packer thread left writing into what is dropped
+                self._fast_backend = type(self.backend).__name__ != "RecomputeDecoder"
+                released: Any = None  # typed Any: the rest of the class calls the backend unchecked
+                self.backend = released
+        if str(self.device).startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()  # cached blocks are memory the trainer cannot use
+
+    def resume_kv_cache(self) -> None:
+        """Allocate the KV cache again (the same way as at start) and continue generating."""
+        with self._lock:
+            if self.backend is None:
+                self.backend = self._make_backend(getattr(self, "_fast_backend", True))
+        self.resume_sync()

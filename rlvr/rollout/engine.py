@@ -1,7 +1,7 @@
 """The rollout contract: what the loop and the weight sync may ask of any generation engine.
 
-Two engines implement it: `EmbeddedEngine` (torch, in-process, any machine) and
-`SGLangClient` (HTTP to SGLang servers or to `rlvr serve`, which speaks the same routes).
+Three engines implement it: `EmbeddedEngine` (torch, in-process, any machine), `SGLangClient`
+(HTTP to SGLang servers or to `rlvr serve`, which speaks the same routes) and `VLLMClient`.
 The loop only sees this Protocol, so a CPU laptop run and a multi-node SGLang run share
 every line above the rollout layer.
 
@@ -87,12 +87,18 @@ class SamplingParams:
 
 @dataclass(slots=True)
 class GenerateRequest:
-    """One prompt (token ids) and how many completions to sample for it (the GRPO group size)."""
+    """One prompt (token ids) and how many completions to sample for it (the GRPO group size).
+
+    `affinity`: requests with the same key go to the same server while it is live (one GRPO
+    group's n-sample request and its samples' continuations), so the prompt's KV is reused
+    there; an HTTP client routes by it (`rlvr.rollout.http`), an in-process engine ignores it.
+    """
 
     input_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     n: int = 1
     rid: str | None = None
+    affinity: str | None = None
 
 
 class RolloutError(RuntimeError):

@@ -20,6 +20,16 @@ logprob 0; an abort mid-turn continues that turn like a single-turn episode. A t
 EOS (or a `stop_token_ids` token) rather than on a stop string ends the episode: the model said
 it is done, so nothing is sampled past its EOS, whatever the turn's text looks like.
 
+A group (`run_group`): the n episodes of one prompt, every request of them with one affinity
+key, so an HTTP client sends them all to one server (`rlvr.rollout.http`), where the prompt's KV
+is computed once and reused. Without tools the group starts as ONE n-sample request (sample j
+seeded seed + j, as each episode would seed its own first request), which every engine
+prefills once: the embedded engine shares the prefill across the n samples, SGLang and vLLM
+compute the prompt once for the request. Each sample then goes on alone only if it has to: one
+that came back aborted continues (or restarts) from its own tokens, with the seed its own
+episode's next request would have used, so the group path samples exactly what n separate
+episodes sample. With tools every episode runs on its own from the start (its turns diverge).
+
 Text across requests: a response made by several requests (partial rollout) gets its text by
 decoding *all* its ids at once, never by joining each request's text -- a multi-byte character
 or a SentencePiece word split at an abort would come out as U+FFFD or without its space. Each
@@ -36,7 +46,9 @@ the text is the requests' texts joined and stop strings are not checked across s
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -46,6 +58,8 @@ from rlvr.types import Completion
 
 # Each weight update an episode spans aborts it once; far more means an engine aborts in a loop.
 MAX_ABORTS = 64
+
+_GROUP_KEYS = itertools.count()  # affinity keys: unique per process, which is all a client needs
 
 
 async def _no_wait() -> None:
@@ -144,6 +158,8 @@ async def run_episode(
     weights_ready: Callable[[], Awaitable[object]] = _no_wait,
     tools: ToolSession | None = None,
     tokenizer: Any = None,
+    affinity: str | None = None,
+    first: Completion | None = None,
 ) -> Completion:
     """Generate one response to `prompt_ids`, continuing across aborts (see the module docstring).
 
@@ -152,6 +168,9 @@ async def run_episode(
     the token budget is the session's (model and tool tokens together) and
     `params.max_new_tokens` is unused. `tokenizer` (anything with HF's
     `decode(ids, skip_special_tokens=...)`) decodes a response made by several requests.
+    `affinity` travels on every request (`GenerateRequest.affinity`). `first`: the answer to
+    this episode's first request, already made (by `run_group`'s n-sample request, with this
+    episode's params and seed): the episode takes it as its first part and goes on from there.
     """
     state = EpisodeState()
     limit = params.max_new_tokens if tools is None else tools.max_tokens
@@ -164,16 +183,21 @@ async def run_episode(
         if budget <= 0:
             finish = "length"
             break
-        await weights_ready()
-        # The same seed on a later request would replay the first draws on new positions; shift it.
-        seed = None if params.seed is None else params.seed + 1_000_003 * state.requests
-        state.requests += 1
-        request = GenerateRequest(
-            input_ids=prompt_ids + state.token_ids,
-            params=dataclasses.replace(params, max_new_tokens=budget, seed=seed, stop=stop),
-            n=1,
-        )
-        (part,) = await engine.generate([request])
+        if first is not None and state.requests == 0:
+            part = first
+            state.requests += 1
+        else:
+            await weights_ready()
+            # The same seed on a later request would replay the first draws on new positions; shift it.
+            seed = None if params.seed is None else params.seed + 1_000_003 * state.requests
+            state.requests += 1
+            request = GenerateRequest(
+                input_ids=prompt_ids + state.token_ids,
+                params=dataclasses.replace(params, max_new_tokens=budget, seed=seed, stop=stop),
+                n=1,
+                affinity=affinity,
+            )
+            (part,) = await engine.generate([request])
         version = part.policy_version
         finish = part.finish_reason
         if finish == "abort":
@@ -223,6 +247,55 @@ async def run_episode(
         loss_mask=state.mask if tools is not None else [],
         tool_stats={"turns": float(state.turns), **tools.stats()} if tools is not None else {},
     )
+
+
+async def run_group(
+    engine: RolloutEngine,
+    *,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    n: int,
+    partial: bool,
+    weights_ready: Callable[[], Awaitable[object]] = _no_wait,
+    tools: Sequence[ToolSession] | None = None,
+    tokenizer: Any = None,
+) -> list[Completion]:
+    """The n responses of one group, in sample order; sample j is seeded `params.seed + j`.
+
+    Every request carries the group's affinity key (one server). Without `tools`, one n-sample
+    request starts all n samples (one prefill), and only a sample that came back aborted sends
+    requests of its own; with `tools` (one session per sample), n episodes run side by side.
+    See the module docstring; the other arguments are `run_episode`'s.
+    """
+    if tools is not None and len(tools) != n:
+        raise ValueError(f"a group of {n} samples needs {n} tool sessions, got {len(tools)}")
+    affinity = f"group-{next(_GROUP_KEYS)}"
+
+    def seeded(j: int) -> SamplingParams:
+        return params if params.seed is None else dataclasses.replace(params, seed=params.seed + j)
+
+    def episode(j: int, first: Completion | None = None) -> Awaitable[Completion]:
+        return run_episode(
+            engine,
+            prompt_ids=prompt_ids,
+            params=seeded(j),
+            partial=partial,
+            weights_ready=weights_ready,
+            tools=tools[j] if tools is not None else None,
+            tokenizer=tokenizer,
+            affinity=affinity,
+            first=first,
+        )
+
+    if tools is not None or n == 1 or params.max_new_tokens <= 0:
+        return list(await asyncio.gather(*(episode(j) for j in range(n))))
+    await weights_ready()
+    # Exactly each episode's own first request (run_episode: seed + j, the whole budget), for all n at once.
+    request = GenerateRequest(input_ids=list(prompt_ids), params=params, n=n, affinity=affinity)
+    firsts = await engine.generate([request])
+    if len(firsts) != n:
+        raise RolloutError(f"asked for {n} samples of one prompt, got {len(firsts)}")
+    return list(await asyncio.gather(*(episode(j, first) for j, first in enumerate(firsts))))
 
 
 def _decoder(

@@ -1,12 +1,27 @@
 """The HTTP plumbing every server-backed `RolloutEngine` shares: balancing, retries, dead servers.
 
-Requests go to the live server with the fewest outstanding requests; a connection error,
-timeout or 5xx retries with exponential backoff on another server. A server that fails a
-request is probed at /health: if that fails too, it is marked dead and skipped (re-probed
-every `revive_after_s`), so one crashed server slows a step instead of killing the run.
-Control calls (pause, resume, weight updates) go to every live server concurrently. A
-server the weight sync dropped (`hold`) stays out of rotation, whatever its /health says,
-until the sync re-admits it (`admit`).
+Groups, not samples, are spread: a request carrying an affinity key (`GenerateRequest.affinity`,
+one per GRPO group) goes to the server its key was first sent to, so a group's n-sample request
+and every continuation of its samples (partial rollout, tool turns) share one server's prefix
+cache (SGLang's radix cache, vLLM's prefix cache) instead of prefilling the prompt on several.
+A new key goes to the live server with the fewest outstanding *samples* (an n-sample request
+counts n; random among ties). Keys are remembered least-recently-used first out
+(`AFFINITY_KEYS`): a group that outlives its entry only loses cache hits.
+
+A connection error, timeout or 5xx retries with exponential backoff on another server, and the
+request's group moves there with it. A server that fails a request is probed at /health: if
+that fails too, it is marked dead and skipped (re-probed every `revive_after_s`), so one crashed
+server slows a step instead of killing the run. A server the weight sync dropped (`hold`) stays
+out of rotation, whatever its /health says, until the sync re-admits it (`admit`); groups pinned
+to a dead or held server move on their next request.
+
+In flight: at most `max_inflight_per_server` samples per server are sent at once (`_Slots`,
+FIFO; the rest wait in the client, outside the request timeout), and generation uses a
+connection pool of that size per server, so a step's thousands of episodes neither open
+thousands of sockets nor pile into one engine's queue. Control calls (pause, resume, weight
+updates, /health) use a session of their own, so they never queue behind generation: a pause
+must get through while every generation slot is taken. Control calls go to every live server
+concurrently.
 
 `SGLangClient` (SGLang's routes; also `rlvr serve`) and `VLLMClient` (vLLM's) add the routes.
 """
@@ -18,6 +33,7 @@ import logging
 import random
 import threading
 import time
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Self
@@ -28,23 +44,77 @@ from rlvr.rollout.engine import RolloutError
 
 log = logging.getLogger(__name__)
 
+AFFINITY_KEYS = 65536
+"""Affinity keys remembered per client: far more than the groups in flight at once (waves of
+`prompts_per_step` groups plus an evaluation), a few MB at most."""
+
 
 class _RetryableError(Exception):
     """A failure that another server (or a later try) may not have."""
 
 
+class _Slots:
+    """A FIFO semaphore counting samples: a request for n samples takes n slots (at most
+    `capacity`: a request bigger than the bound runs alone). FIFO, so a big request is not
+    starved by a stream of small ones. Used on one event loop (the rollout manager's)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.used = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    async def acquire(self, count: int) -> int:
+        """Wait for `count` slots (capped at capacity); returns how many to `release`."""
+        count = max(1, min(count, self.capacity))
+        if not self._waiters and self.used + count <= self.capacity:
+            self.used += count
+            return count
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((count, future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():  # granted, then cancelled before it ran
+                self.release(count)
+            else:
+                self._wake()  # it may have been the head blocking smaller requests behind it
+            raise
+        return count
+
+    def release(self, count: int) -> None:
+        self.used -= count
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            count, future = self._waiters[0]
+            if future.done():  # cancelled while waiting
+                self._waiters.popleft()
+                continue
+            if self.used + count > self.capacity:
+                return
+            self._waiters.popleft()
+            self.used += count
+            future.set_result(None)
+
+
 @dataclass(slots=True)
 class _Server:
     url: str
-    outstanding: int = 0
+    outstanding: int = 0  # samples sent to this server (or waiting for its slots) and not answered
     alive: bool = True
     dead_since: float = 0.0
     failures: int = 0
     held: bool = False  # dropped by the weight sync: stale weights, never revived by /health
+    slots: _Slots | None = None  # None: unbounded
 
 
 class ServerPool:
-    """Servers behind one client: who is live, balanced POSTs with retries, fan-out control calls."""
+    """Servers behind one client: who is live, group-affine balanced POSTs with retries and a
+    bound on samples in flight per server, fan-out control calls (see the module docstring).
+
+    `max_inflight_per_server`: samples sent at once per server (None: unbounded; `make_client`
+    derives the recipe's default, `rollout.max_inflight_per_server`)."""
 
     def __init__(
         self,
@@ -57,10 +127,17 @@ class ServerPool:
         backoff_s: float = 0.5,
         revive_after_s: float = 30.0,
         ranks_per_server: int = 1,
+        max_inflight_per_server: int | None = None,
     ):
         if not urls:
             raise ValueError("at least one server URL is needed")
-        self.servers = [_Server(url.rstrip("/")) for url in urls]
+        if max_inflight_per_server is not None and max_inflight_per_server < 1:
+            raise ValueError(f"max_inflight_per_server must be at least 1, got {max_inflight_per_server}")
+        self.max_inflight_per_server = max_inflight_per_server
+        self.servers = [
+            _Server(url.rstrip("/"), slots=_Slots(max_inflight_per_server) if max_inflight_per_server else None)
+            for url in urls
+        ]
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -68,7 +145,9 @@ class ServerPool:
         self.backoff_s = backoff_s
         self.revive_after_s = revive_after_s
         self.ranks_per_server = ranks_per_server
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = None  # control calls and probes
+        self._generation: aiohttp.ClientSession | None = None  # /generate: a bounded pool per server
+        self._affinity: OrderedDict[str, str] = OrderedDict()  # affinity key -> server url, LRU order
         self._lock = threading.Lock()  # the weight sync holds/admits servers from its own thread
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -83,16 +162,27 @@ class ServerPool:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def _get_session(self) -> aiohttp.ClientSession:
+        """Control calls and /health probes: few at a time, never behind generation's pool."""
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 headers=self._headers(), connector=aiohttp.TCPConnector(limit=0, force_close=False)
             )
         return self._session
 
+    def _generation_session(self) -> aiohttp.ClientSession:
+        """Generation requests: at most `max_inflight_per_server` connections per server (the slots
+        already bound the requests, so none waits for a connection; kept alive across requests)."""
+        if self._generation is None or self._generation.closed:
+            cap = self.max_inflight_per_server or 0  # 0: aiohttp's "no limit"
+            connector = aiohttp.TCPConnector(limit=cap * len(self.servers), limit_per_host=cap, force_close=False)
+            self._generation = aiohttp.ClientSession(headers=self._headers(), connector=connector)
+        return self._generation
+
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._generation):
+            if session is not None:
+                await session.close()
+        self._session = self._generation = None
 
     async def __aenter__(self) -> Self:
         return self
@@ -101,11 +191,19 @@ class ServerPool:
         await self.close()
 
     async def _request(
-        self, server: _Server, method: str, path: str, *, json: Any = None, timeout_s: float | None = None
+        self,
+        server: _Server,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        timeout_s: float | None = None,
+        generation: bool = False,
     ) -> Any:
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s, sock_connect=self.connect_timeout_s)
+        session = self._generation_session() if generation else self._get_session()
         try:
-            async with self._get_session().request(method, server.url + path, json=json, timeout=timeout) as resp:
+            async with session.request(method, server.url + path, json=json, timeout=timeout) as resp:
                 text = await resp.text()
                 if resp.status >= 500:
                     raise _RetryableError(f"{server.url}{path}: HTTP {resp.status}: {text[:300]}")
@@ -127,7 +225,9 @@ class ServerPool:
         except (_RetryableError, RolloutError):
             return False
 
-    def _pick(self, exclude: set[str]) -> _Server | None:
+    def _pick(self, exclude: set[str], *, affinity: str | None = None) -> _Server | None:
+        """The server for a request: its group's server while that one is live and not excluded,
+        else the candidate with the fewest outstanding samples (and the group moves there)."""
         now = time.monotonic()
         with self._lock:
             candidates = [
@@ -135,10 +235,26 @@ class ServerPool:
                 for s in self.servers
                 if s.url not in exclude and not s.held and (s.alive or now - s.dead_since > self.revive_after_s)
             ]
-        if not candidates:
-            return None
-        least = min(s.outstanding for s in candidates)
-        return random.choice([s for s in candidates if s.outstanding == least])
+            if not candidates:
+                return None
+            if affinity is not None and (url := self._affinity.get(affinity)) is not None:
+                pinned = next((s for s in candidates if s.url == url and s.alive), None)
+                if pinned is not None:
+                    self._affinity.move_to_end(affinity)
+                    return pinned
+            least = min(s.outstanding for s in candidates)
+            server = random.choice([s for s in candidates if s.outstanding == least])
+            if affinity is not None:
+                self._affinity[affinity] = server.url
+                self._affinity.move_to_end(affinity)
+                while len(self._affinity) > AFFINITY_KEYS:
+                    self._affinity.popitem(last=False)
+            return server
+
+    def server_of(self, affinity: str) -> str | None:
+        """The server a group's requests go to (None: not sent yet, or forgotten)."""
+        with self._lock:
+            return self._affinity.get(affinity)
 
     async def _mark_failed(self, server: _Server, error: Exception) -> None:
         server.failures += 1
@@ -149,17 +265,25 @@ class ServerPool:
                 server.alive = False
                 server.dead_since = time.monotonic()
 
-    async def _call_balanced(self, path: str, payload: dict[str, Any]) -> Any:
-        """POST to the least-loaded live server, retrying elsewhere with backoff."""
+    async def _call_balanced(
+        self, path: str, payload: dict[str, Any], *, samples: int = 1, affinity: str | None = None
+    ) -> Any:
+        """POST `samples` samples' request to its group's server (`affinity`), else the least-loaded
+        live one, once that server has free slots; retry elsewhere with backoff (the group follows)."""
         tried: set[str] = set()
         last_error: Exception | None = None
         for attempt in range(self.max_retries + 1):
-            server = self._pick(tried) or self._pick(set())
+            server = self._pick(tried, affinity=affinity) or self._pick(set(), affinity=affinity)
             if server is None:
                 break
-            server.outstanding += 1
+            server.outstanding += samples
             try:
-                result = await self._request(server, "POST", path, json=payload)
+                taken = await server.slots.acquire(samples) if server.slots is not None else 0
+                try:
+                    result = await self._request(server, "POST", path, json=payload, generation=True)
+                finally:
+                    if server.slots is not None and taken:
+                        server.slots.release(taken)
                 with self._lock:
                     if not server.alive and not server.held:
                         log.info("rollout server %s is back", server.url)
@@ -170,7 +294,7 @@ class ServerPool:
                 tried.add(server.url)
                 await self._mark_failed(server, exc)
             finally:
-                server.outstanding -= 1
+                server.outstanding -= samples
             await asyncio.sleep(self.backoff_s * (2**attempt))
         raise RolloutError(f"{path} failed on every server after {self.max_retries + 1} tries: {last_error}")
 

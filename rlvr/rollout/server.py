@@ -85,6 +85,8 @@ def create_app(engine: Any, *, api_key: str | None = None, served_model_name: st
         ("POST", "/update_weights_from_disk", update_weights_from_disk),
         ("POST", "/pause_generation", pause_generation),
         ("POST", "/continue_generation", continue_generation),
+        ("POST", "/release_memory_occupation", release_memory_occupation),
+        ("POST", "/resume_memory_occupation", resume_memory_occupation),
         ("GET", "/v1/models", openai_models),
         ("POST", "/v1/chat/completions", openai_chat),
         ("POST", "/v1/completions", openai_completions),
@@ -495,6 +497,22 @@ async def continue_generation(request: web.Request) -> web.Response:
     return web.json_response({"message": "Generation continued successfully."})
 
 
+async def release_memory_occupation(request: web.Request) -> web.Response:
+    """rollout.colocate (SGLang's route): abort, stay paused and free the KV cache for the trainer."""
+    await _body(request)  # SGLang's optional `tags`: the embedded engine frees its KV cache, whatever they say
+    request.app[UNPAUSED_KEY].clear()
+    await asyncio.to_thread(request.app[ENGINE_KEY].release_kv_cache)
+    return web.json_response({"success": True, "message": "Memory released."})
+
+
+async def resume_memory_occupation(request: web.Request) -> web.Response:
+    """The KV cache back, and generation continues (as SGLang after its resume)."""
+    await _body(request)
+    await asyncio.to_thread(request.app[ENGINE_KEY].resume_kv_cache)
+    request.app[UNPAUSED_KEY].set()
+    return web.json_response({"success": True, "message": "Memory resumed."})
+
+
 # -- OpenAI ----------------------------------------------------------------------------------
 
 
@@ -724,6 +742,9 @@ def bind(host: str, port: int):
 
 def run_server(engine: Any, *, sock: Any, api_key: str | None = None) -> None:
     """Serve on a bound socket (see `bind`) until interrupted (SIGINT/SIGTERM)."""
+    from rlvr.process import raise_open_files_limit
+
+    raise_open_files_limit()  # one socket per client connection (the trainer's pool, judges' calls)
     app = create_app(engine, api_key=api_key)
     app.on_startup.append(_start_watchdog)
     host, port = sock.getsockname()[:2]

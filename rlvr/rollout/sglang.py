@@ -1,8 +1,9 @@
 """SGLang as a `RolloutEngine`: an async HTTP client over one or many servers, and their command lines.
 
 The client speaks SGLang's native routes, so it drives real SGLang servers (GPU) and
-`rlvr serve` (the embedded engine, any machine) alike. Balancing, retries and dead servers
-are `rlvr.rollout.http.ServerPool`'s.
+`rlvr serve` (the embedded engine, any machine) alike. Balancing (a group's requests on one
+server), the bound on samples in flight, retries and dead servers are
+`rlvr.rollout.http.ServerPool`'s.
 
 Conformance: the routes, request bodies and semantics follow SGLang `SGLANG_VERSION`
 (tested against that wheel's own request types, group construction and bucket code in
@@ -95,10 +96,14 @@ class SGLangClient(ServerPool):
     # -- the Protocol -----------------------------------------------------------------------
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
-        """One /generate per request (its n samples stay on one server to share the prompt's prefill)."""
+        """One /generate per request: its n samples go to one server in one body (n items with
+        seeds seed + j when seeded), which prefills the prompt once (`rlvr serve`) or from its
+        radix cache (SGLang); requests with one `affinity` key (a group) go to the same server."""
 
         async def one(request: GenerateRequest) -> list[Completion]:
-            output = await self._call_balanced("/generate", generate_payload(request))
+            output = await self._call_balanced(
+                "/generate", generate_payload(request), samples=request.n, affinity=request.affinity
+            )
             completions = completions_from_sglang(output, request.input_ids)
             if len(completions) != request.n:
                 raise RolloutError(f"asked for {request.n} samples, got {len(completions)}")
@@ -115,6 +120,15 @@ class SGLangClient(ServerPool):
 
     async def flush_cache(self) -> None:
         await self._broadcast("/flush_cache", None)
+
+    async def release_memory_occupation(self) -> None:
+        """rollout.colocate: free the GPU memory (weights and KV cache) for the trainer that shares
+        the GPU (SGLang started with `--enable-memory-saver`; `rlvr serve` drops its KV cache)."""
+        await self._broadcast("/release_memory_occupation", {})
+
+    async def resume_memory_occupation(self) -> None:
+        """Take the memory back before the weights are pushed and generation resumes."""
+        await self._broadcast("/resume_memory_occupation", {})
 
     async def update_weights_from_disk(self, path: str, *, version: int | None = None) -> None:
         payload: dict[str, Any] = {"model_path": path, "flush_cache": True}

@@ -136,7 +136,8 @@ class VLLMClient(ServerPool):
     # -- generation ---------------------------------------------------------------------
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
-        """One request per prompt: its n samples share one prefill on one server."""
+        """One request per prompt: its n samples share one prefill on one server; requests with one
+        `affinity` key (a group's continuations) go to the same server, where its prefix is cached."""
 
         async def one(request: GenerateRequest) -> list[Completion]:
             payload: dict[str, Any] = {
@@ -146,7 +147,9 @@ class VLLMClient(ServerPool):
             }
             if request.rid:
                 payload["request_id"] = request.rid
-            output = await self._call_balanced("/inference/v1/generate", payload)
+            output = await self._call_balanced(
+                "/inference/v1/generate", payload, samples=request.n, affinity=request.affinity
+            )
             if not isinstance(output, dict):
                 raise RolloutError(f"/inference/v1/generate answered {str(output)[:200]!r}")
             completions = completions_from_vllm(output, request.input_ids)
@@ -166,6 +169,15 @@ class VLLMClient(ServerPool):
 
     async def resume(self) -> None:
         await self._broadcast("/resume")
+
+    async def release_memory_occupation(self) -> None:
+        """rollout.colocate, in SGLang's name: vLLM's `/sleep` (level 1: weights to host memory,
+        KV cache dropped; the server needs `--enable-sleep-mode`, which CUDA builds only have)."""
+        await self._broadcast("/sleep?level=1&mode=abort")
+
+    async def resume_memory_occupation(self) -> None:
+        """vLLM's `/wake_up`: weights and KV cache back on the GPU (the push then replaces the weights)."""
+        await self._broadcast("/wake_up")
 
     async def flush_cache(self) -> None:
         """Drop every cached prefix, and re-queue frozen requests so they prefill again on resume."""

@@ -76,6 +76,19 @@ def reachable_address(urls: list[str]) -> str:
         return sock.getsockname()[0]
 
 
+def engine_dtype(name: str, model: Any) -> str:
+    """An engine's dtype name ("bfloat16", "torch.float16", "auto") as a wire dtype ("" if unknown);
+    "auto" is the model config's."""
+    name = name.removeprefix("torch.")
+    if name == "auto":
+        config = getattr(model, "config", None)
+        value = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
+        name = str(value).removeprefix("torch.") if value is not None else ""
+    aliases = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+    name = aliases.get(name, name)
+    return name if name in ("float32", "bfloat16", "float16") else ""
+
+
 def _abort(group: Any) -> None:
     """Close rank 0's end of a group so engines blocked in a broadcast fail now, not at their timeout."""
     from rlvr.rollout.dist import WeightGroup
@@ -285,15 +298,7 @@ class BroadcastSync:
         return ranks, (dtypes.pop() if dtypes else None), failures
 
     def _resolve_dtype(self, name: str) -> str:
-        """An engine's dtype name ("bfloat16", "torch.float16", "auto") as a wire dtype ("" if unknown)."""
-        name = name.removeprefix("torch.")
-        if name == "auto":
-            config = getattr(self.model, "config", None)
-            value = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
-            name = str(value).removeprefix("torch.") if value is not None else ""
-        aliases = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-        name = aliases.get(name, name)
-        return name if name in ("float32", "bfloat16", "float16") else ""
+        return engine_dtype(name, self.model)
 
     def _fail(self, exc: SyncError) -> dict[str, Any]:
         return {

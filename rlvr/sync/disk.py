@@ -10,18 +10,28 @@ never reads a half-written folder — then rank 0 pauses and flushes every engin
 `/update_weights_from_disk` with `weight_version`, and resumes. Generation keeps running
 during the export; only the load is paused. The last `keep` folders stay (the newest may
 still be loading on a slow engine when the next one lands), older ones are removed.
+
+Dtype and memory: the folder holds the engines' dtype (`dtype`, else the one the engines
+report in /server_info, asked once by rank 0 and shared), so a bf16 engine reads half the
+bytes of an fp32 trainer's weights. The safetensors file is written as the full tensors are
+gathered (`write_weights`): its header is known from the weights' metadata before the first
+gather, and each tensor is cast and written, then dropped, so rank 0 never holds the model
+in host RAM (the old export kept every tensor of the model until the end).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlvr.sync.base import SyncError, agree
+from rlvr.sync.base import SyncError, agree, weight_specs
 from rlvr.sync.engines import Engines
 
 log = logging.getLogger(__name__)
@@ -62,13 +72,18 @@ class DiskSync:
             self.engines = Engines(client, timeout_s=timeout_s, on_failure=on_engine_failure, factory=engine_factory)
 
     def push(self, *, version: int) -> dict[str, float]:
-        from rlvr.trainer.checkpoint import export_hf
+        import torch
+
+        from rlvr.trainer import dist as d
 
         start = time.monotonic()
         path = self.root / f"v{version}"
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-        export_hf(self.model, self.tokenizer, path, dtype=self.dtype)
+        if self.dtype is None:  # the engines' own dtype, once (every rank casts the same way)
+            name = d.broadcast_object(self._engine_dtype() if self.rank == 0 else None)
+            self.dtype = getattr(torch, str(name)) if name else False
+        write_weights(self.model, path, dtype=self.dtype or None, tokenizer=self.tokenizer)
         export_s = time.monotonic() - start
         decision = agree(self._load(path, version) if self.rank == 0 else None)
         if self.rank == 0:
@@ -83,6 +98,19 @@ class DiskSync:
             "sync/dropped_engines": float(decision["dropped"]),
             "sync/version": float(version),
         }
+
+    def _engine_dtype(self) -> str | None:
+        """The dtype the live engines serve ("float32", "bfloat16", ...), None if they do not say."""
+        from rlvr.sync.broadcast import engine_dtype
+
+        engines = self.engines
+        assert engines is not None
+        names = set()
+        for answer in engines.results(engines.live(), "server_info").values():
+            if isinstance(answer, dict) and isinstance(answer.get("dtype"), str):
+                names.add(engine_dtype(answer["dtype"], self.model))
+        names.discard("")
+        return names.pop() if len(names) == 1 else None
 
     def _load(self, path: Path, version: int) -> dict[str, Any]:
         engines = self.engines
@@ -137,3 +165,96 @@ class DiskSync:
     def close(self) -> None:
         if self.engines is not None:
             self.engines.close()
+
+
+def write_weights(model: Any, out_dir: str | Path, *, dtype: Any = None, tokenizer: Any = None) -> Path | None:
+    """Write a transformers folder (one model.safetensors, config, tokenizer) from a (sharded)
+    model, streaming: at most one full tensor in host RAM at a time.
+
+    Collective: every rank gathers each full tensor in order (`iter_full_weights`); rank 0
+    casts it to `dtype` and appends its bytes to the file, whose header was written first
+    from the weights' metadata (`weight_specs`: names, shapes and order are the gather's).
+    The folder appears atomically (`<out>.tmp`, then renamed). Returns it on rank 0.
+    """
+    import torch
+
+    from rlvr.trainer import dist as d
+    from rlvr.trainer.weights import iter_full_weights
+
+    out = Path(out_dir)
+    main = d.rank() == 0
+    tmp = out.with_name(out.name + ".tmp")
+    handle = None
+    if main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        specs = weight_specs(model, dtype=dtype)
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for spec in specs:
+            header[spec.name] = {
+                "dtype": SAFETENSORS_NAMES[spec.dtype],
+                "shape": list(spec.shape),
+                "data_offsets": [offset, offset + spec.nbytes],
+            }
+            offset += spec.nbytes
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+        handle = open(tmp / "model.safetensors", "wb")  # noqa: SIM115 - closed below, on every path
+    try:
+        if handle is not None:
+            handle.write(struct.pack("<Q", len(raw)) + raw)
+        # Rank 0 casts; the others only take part in the gathers.
+        for _, tensor in iter_full_weights(model, dtype=dtype if main else None):
+            if handle is not None:
+                flat = tensor.detach().contiguous().view(-1)
+                handle.write(flat.view(torch.uint8).numpy().tobytes() if flat.numel() < 2**16 else _bytes_of(flat))
+    finally:
+        if handle is not None:
+            handle.close()
+    if main:
+        config = getattr(model, "config", None)
+        if config is not None:
+            config = config.__class__.from_dict(config.to_dict())
+            config.use_cache = True  # training turned it off; inference wants it
+            if dtype is not None:
+                config.dtype = dtype
+            config.save_pretrained(tmp)
+        generation_config = getattr(model, "generation_config", None)
+        if generation_config is not None:
+            generation_config.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        for file in tmp.iterdir():
+            if file.is_file():
+                file.chmod(0o666 & ~umask)
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    d.barrier()
+    return out if main else None
+
+
+def _bytes_of(flat: Any) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy (numpy's buffer protocol)."""
+    import torch
+
+    array: Any = flat.view(torch.uint8).numpy()
+    return memoryview(array).cast("B")
+
+
+SAFETENSORS_NAMES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,9 @@ class Tool:
 
     `own_timeout`: the tool stops itself at the timeout (the sandbox kills the program and the
     tool raises TimeoutError), so the session only adds a grace period for start and teardown.
+    `slots`: the semaphore a call holds while it runs (a machine-wide cap, e.g. sandboxes per
+    core); the session takes it *before* the call's timeout starts, so a call that queues
+    behind other episodes' calls is not answered "timed out".
     """
 
     name: str
@@ -28,6 +32,7 @@ class Tool:
     parameters: dict[str, Any]
     fn: Callable[..., Awaitable[str]]
     own_timeout: bool = False
+    slots: Callable[[], asyncio.Semaphore] | None = None
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI/Qwen function schema (what a hermes prompt lists)."""

@@ -7,15 +7,34 @@ calls of one episode share state the simplest way that keeps that isolation: eac
 episode's earlier cells again first, their output hidden and their errors ignored, then the new
 cell (`session_script`). Cost grows with the calls (`max_tool_calls` bounds it), and a cell
 whose result depends on time or randomness may differ on replay.
+
+At most one program per core runs at once in this process (`slots`, as `code_sandbox` bounds its
+runs): every episode of a step may call the tool together, and thousands of sandboxes, each
+allowed `memory_mb`, would otherwise start on rank 0's node beside its GPU rank. A call waits
+for a slot before its timeout starts (`Tool.slots`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import weakref
 from typing import Any
 
 from rlvr.tools.base import Tool
 
 STDERR_TAIL = 1500
+
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def slots() -> asyncio.Semaphore:
+    """This event loop's cap on python tool programs running at once: one per core, shared by
+    every python tool (every domain) on the loop."""
+    loop = asyncio.get_running_loop()
+    if loop not in _slots:
+        _slots[loop] = asyncio.Semaphore(os.cpu_count() or 1)
+    return _slots[loop]
 
 
 def session_script(cells: list[str], code: str) -> str:
@@ -60,4 +79,5 @@ def python_tool(*, timeout_s: float, memory_mb: int = 512, sandbox_mode: str = "
         },
         fn=run,
         own_timeout=True,
+        slots=slots,
     )

@@ -10,6 +10,7 @@ answer (counted in `timeouts`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -128,7 +129,8 @@ class ToolSession:
             session = call.name == "python" and self.box.python_session
             arguments = {"code": session_script(self.cells, call.arguments["code"])} if session else call.arguments
             limit = self.box.timeout_s + (TIMEOUT_GRACE_S if tool.own_timeout else 0.0)
-            answer = await asyncio.wait_for(tool.fn(**arguments), timeout=limit)
+            async with tool.slots() if tool.slots is not None else contextlib.nullcontext():
+                answer = await asyncio.wait_for(tool.fn(**arguments), timeout=limit)  # the clock starts here
             if session:  # a cell that timed out is not replayed (it would time out every later call)
                 self.cells.append(call.arguments["code"])
             return answer

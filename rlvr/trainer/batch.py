@@ -13,7 +13,10 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from rlvr.types import RolloutBatch, flat_rows, row_offsets
 
 # Per-token fields in response space ([B, T]); per-sequence fields ([B]).
 TOKEN_FIELDS = (
@@ -73,54 +76,138 @@ class TrainBatch:
         """Build from token-id lists; a scalar advantage/return/mask is spread over its response.
 
         `advantages` may be left out (zeros) when the batch only feeds `compute_logprobs`
-        before advantages exist (KL-in-reward needs reference logprobs first).
+        before advantages exist (KL-in-reward needs reference logprobs first). Each row is
+        converted to numpy in C, then laid out as `from_flat` does.
         """
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token (it predicts the first response token)")
         n = len(prompts)
-        plens = [len(p) for p in prompts]
-        rlens = [len(r) for r in responses]
-        T = max([1, *rlens])
-        L = max([1, *(p + r for p, r in zip(plens, rlens, strict=True))])
-        ids = torch.full((n, L), pad_id, dtype=torch.long)
-        for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-            seq = list(p) + list(r)
-            ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        rlens = np.fromiter((len(r) for r in responses), dtype=np.int64, count=n)
 
-        def tok(values: Sequence[float | Sequence[float]] | None, default: float | None) -> torch.Tensor | None:
+        def tok(values: Sequence[float | Sequence[float]] | None) -> np.ndarray | None:
             if values is None:
-                if default is None:
-                    return None
-                values = [default] * n
+                return None
             if len(values) != n:
                 raise ValueError(f"expected {n} rows, got {len(values)}")
-            out = torch.zeros((n, T), dtype=torch.float32)
+            parts = []
             for b, v in enumerate(values):
                 if isinstance(v, int | float):
-                    out[b, : rlens[b]] = float(v)
+                    parts.append(np.full(int(rlens[b]), v, dtype=np.float32))
+                elif len(v) != rlens[b]:
+                    raise ValueError(f"row {b}: {len(v)} values for a {rlens[b]}-token response")
                 else:
-                    if len(v) != rlens[b]:
-                        raise ValueError(f"row {b}: {len(v)} values for a {rlens[b]}-token response")
-                    out[b, : rlens[b]] = torch.tensor(list(v), dtype=torch.float32)
+                    parts.append(np.asarray(v, dtype=np.float32))
+            return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+        return cls.from_flat(
+            prompt_ids=flat_rows(prompts, np.int64),
+            prompt_offsets=row_offsets(np.fromiter((len(p) for p in prompts), dtype=np.int64, count=n)),
+            response_ids=flat_rows(responses, np.int64),
+            response_offsets=row_offsets(rlens),
+            response_mask=tok(response_masks),
+            advantages=tok(advantages),
+            returns=tok(returns),
+            rollout_logprobs=tok(rollout_logprobs),
+            old_logprobs=tok(old_logprobs),
+            ref_logprobs=tok(ref_logprobs),
+            group_ids=np.asarray(list(group_ids), dtype=np.int64) if group_ids is not None else None,
+            rewards=np.asarray(list(rewards), dtype=np.float32) if rewards is not None else None,
+            pad_id=pad_id,
+        )
+
+    @classmethod
+    def from_rollout(cls, rollout: RolloutBatch, *, pad_id: int = 0) -> TrainBatch:
+        """The step's batch from the rollouts' flat arrays (no advantages yet: zeros)."""
+        a = rollout.arrays()
+        return cls.from_flat(
+            prompt_ids=a["prompt_ids"],
+            prompt_offsets=a["prompt_offsets"],
+            response_ids=a["response_ids"],
+            response_offsets=a["response_offsets"],
+            response_mask=a["loss_mask"],
+            rollout_logprobs=a["logprobs"],
+            group_ids=a["group_ids"],
+            rewards=a["rewards"],
+            pad_id=pad_id,
+        )
+
+    @classmethod
+    def from_flat(
+        cls,
+        *,
+        prompt_ids: np.ndarray,
+        prompt_offsets: np.ndarray,
+        response_ids: np.ndarray,
+        response_offsets: np.ndarray,
+        response_mask: np.ndarray | None = None,
+        advantages: np.ndarray | None = None,
+        returns: np.ndarray | None = None,
+        rollout_logprobs: np.ndarray | None = None,
+        old_logprobs: np.ndarray | None = None,
+        ref_logprobs: np.ndarray | None = None,
+        group_ids: np.ndarray | None = None,
+        rewards: np.ndarray | None = None,
+        pad_id: int = 0,
+    ) -> TrainBatch:
+        """Pad flat arrays into the batch: row i is `ids[offsets[i]:offsets[i + 1]]`, per-token fields
+        are flat along the responses (as `RolloutBatch.arrays()` holds them).
+
+        Every token's cell in the padded tensors is computed once, as a flat index, and each field is
+        one numpy scatter into its tensor's memory: no Python step per row or token. (A torch
+        boolean-mask scatter measured 5x slower than numpy's on one thread; a loop over rows ~30x.)
+        A missing mask is 1 on every response token, missing advantages are 0.
+        """
+        poff = np.asarray(prompt_offsets, dtype=np.int64)
+        roff = np.asarray(response_offsets, dtype=np.int64)
+        plens, rlens = np.diff(poff), np.diff(roff)
+        n = len(plens)
+        if len(rlens) != n:
+            raise ValueError(f"{n} prompts but {len(rlens)} responses")
+        if (plens <= 0).any():
+            raise ValueError("every prompt needs at least one token (it predicts the first response token)")
+        if (rlens < 0).any() or len(prompt_ids) != poff[-1] or len(response_ids) != roff[-1]:
+            raise ValueError("token ids and offsets disagree: offsets must rise and end at the number of ids")
+        T = max(1, int(rlens.max(initial=0)))
+        L = max(1, int((plens + rlens).max(initial=0)))
+        total = int(roff[-1])
+        # Flat cell of each token: row start + its place in the row (= flat index - the row's offset).
+        in_row = np.arange(total, dtype=np.int64) - np.repeat(roff[:-1], rlens)
+        cell_T = np.repeat(np.arange(n, dtype=np.int64) * T, rlens) + in_row
+        # numpy's zeros come from calloc: padding never written stays the kernel's zero page (no RSS,
+        # no memset), where torch.zeros would touch every padded cell of a long-tailed batch.
+        ids = torch.from_numpy(np.zeros((n, L), dtype=np.int64) if pad_id == 0 else np.full((n, L), pad_id, np.int64))
+        flat_ids = ids.numpy().reshape(-1)
+        flat_ids[np.repeat(np.arange(n, dtype=np.int64) * L - poff[:-1], plens) + np.arange(int(poff[-1]))] = prompt_ids
+        flat_ids[np.repeat(np.arange(n, dtype=np.int64) * L + plens, rlens) + in_row] = response_ids
+        del in_row
+
+        def tok(name: str, values: np.ndarray | None, *, default: float | None = None) -> torch.Tensor | None:
+            if values is None and default is None:
+                return None
+            out = torch.from_numpy(np.zeros((n, T), dtype=np.float32))
+            if values is None:
+                out.numpy().reshape(-1)[cell_T] = default
+            elif len(values) != total:
+                raise ValueError(f"{name}: {len(values)} values for {total} response tokens")
+            else:
+                out.numpy().reshape(-1)[cell_T] = values
             return out
 
-        mask = tok(response_masks, 1.0)
-        adv = tok(advantages, 0.0)
+        mask = tok("response_mask", response_mask, default=1.0)
+        adv = tok("advantages", advantages, default=0.0)
         assert mask is not None and adv is not None
         return cls(
             input_ids=ids,
-            prompt_lens=torch.tensor(plens, dtype=torch.long),
-            response_lens=torch.tensor(rlens, dtype=torch.long),
+            prompt_lens=torch.from_numpy(plens),
+            response_lens=torch.from_numpy(rlens),
             response_mask=mask,
             advantages=adv,
-            group_ids=torch.tensor(list(group_ids) if group_ids is not None else range(n), dtype=torch.long),
-            returns=tok(returns, None),
-            old_logprobs=tok(old_logprobs, None),
-            rollout_logprobs=tok(rollout_logprobs, None),
-            ref_logprobs=tok(ref_logprobs, None),
-            rewards=torch.tensor(list(rewards), dtype=torch.float32) if rewards is not None else None,
+            group_ids=torch.tensor(group_ids, dtype=torch.long) if group_ids is not None else torch.arange(n),
+            returns=tok("returns", returns),
+            old_logprobs=tok("old_logprobs", old_logprobs),
+            rollout_logprobs=tok("rollout_logprobs", rollout_logprobs),
+            ref_logprobs=tok("ref_logprobs", ref_logprobs),
+            rewards=torch.tensor(rewards, dtype=torch.float32) if rewards is not None else None,
             pad_id=pad_id,
         )
 

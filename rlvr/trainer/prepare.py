@@ -38,15 +38,7 @@ def prepare_batch(
 ) -> TrainBatch:
     """The step's TrainBatch at the trainer's current weights (see the module docstring)."""
     algo = algorithm
-    batch = TrainBatch.from_sequences(
-        rollout.prompts,
-        rollout.responses,
-        rollout_logprobs=rollout.rollout_logprobs,
-        response_masks=rollout.loss_masks,
-        group_ids=rollout.group_ids,
-        rewards=rollout.rewards,
-        pad_id=pad_id,
-    )
+    batch = TrainBatch.from_rollout(rollout, pad_id=pad_id)  # flat arrays -> padded tensors, no per-token loop
     if algo.kl_in != "none":
         batch = batch.replace(ref_logprobs=actor.compute_ref_logprobs(batch))
     single_update = algo.ppo_epochs * algo.mini_batches == 1

@@ -108,7 +108,7 @@ class ForkServer:
         args: tuple[str, ...] = (),
         share_net: bool = False,
     ) -> RunResult:
-        from rlvr.rewards.sandbox.local import _supervise, reap
+        from rlvr.rewards.sandbox.local import _supervise
 
         start = time.perf_counter()
         run_id = secrets.token_hex(8)
@@ -116,10 +116,12 @@ class ForkServer:
         spool = ""
         theirs: list[int] = []
         try:
+            # Started on this thread, once: its parent-death signal follows the thread that spawned it,
+            # and a worker thread that exits would take the fork server with it.
             spool = os.path.join(self.spool or self._ensure_spool(), run_id)
-            os.mkdir(spool, 0o700)
-            for name, text in files.items():
-                Path(spool, name).write_text(text)
+            # The spool's files and (below) the /proc sweep: on a worker thread, never on the rollout
+            # manager's event loop (every episode and reward in flight waits there).
+            await asyncio.to_thread(_write_spool, spool, files)
             out_r, out_w = os.pipe() if stdout is None else (None, stdout)
             err_r, err_w = os.pipe()
             theirs = [os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin, out_w, err_w, *pass_fds]
@@ -148,9 +150,8 @@ class ForkServer:
             clean = not result.killed and result.exit_code is not None and result.exit_code >= 0
         finally:
             self.pending.pop(run_id, None)
-            if not clean:
-                reap(uid=uid, run_id=run_id)  # a clean exit of the run's pid 1 already took its namespace down
-            shutil.rmtree(spool, ignore_errors=True)
+            # a clean exit of the run's pid 1 already took its namespace down: no sweep then
+            await asyncio.to_thread(_clean_up, spool, uid=uid, run_id=run_id, sweep=not clean)
         if result.exit_code == LOST:
             result.killed, result.exit_code = "sandbox_lost", None
             result.info["cause"] = "the sandbox's fork server died"
@@ -180,6 +181,20 @@ class ForkServer:
         if spool:
             shutil.rmtree(spool, ignore_errors=True)
             Path(spool + "-zygote.py").unlink(missing_ok=True)
+
+
+def _write_spool(spool: str, files: dict[str, str]) -> None:
+    os.mkdir(spool, 0o700)
+    for name, text in files.items():
+        Path(spool, name).write_text(text)
+
+
+def _clean_up(spool: str, *, uid: int, run_id: str, sweep: bool) -> None:
+    from rlvr.rewards.sandbox.local import reap
+
+    if sweep:
+        reap(uid=uid, run_id=run_id)
+    shutil.rmtree(spool, ignore_errors=True)
 
 
 SETUP_FAILED = 125  # zygote.py: the run's namespace could not be set up (the relay alone says so)

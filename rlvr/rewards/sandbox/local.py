@@ -247,13 +247,11 @@ class LocalSandbox:
                 share_net=trusted,
             )
         run_id = secrets.token_hex(8)
-        scratch = tempfile.mkdtemp(prefix="rlvr-sbx-", dir=self.workdir)
+        # File I/O and the /proc sweep run on a worker thread: on the rollout manager's event loop they
+        # would stall every episode and reward in flight (thousands of runs per step, next to a GPU rank).
+        scratch = await asyncio.to_thread(tempfile.mkdtemp, prefix="rlvr-sbx-", dir=self.workdir)
         try:
-            for name, text in files.items():
-                Path(scratch, name).write_text(text)
-            if uid is not None:
-                for path in [scratch, *(os.path.join(scratch, n) for n in files)]:
-                    os.chown(path, uid, uid)
+            await asyncio.to_thread(_write_files, scratch, files, uid)
             if self.mode != "bwrap":
                 ro_binds = []  # pytest only works under bwrap's binds; elsewhere the harness reports it missing
             argv = self.command(
@@ -266,9 +264,10 @@ class LocalSandbox:
             result.info.update({"mode": self.mode, "scratch": scratch})
             return result
         finally:
-            if uid is not None or self.mode != "bwrap":
-                reap(uid=uid, run_id=run_id)
-            shutil.rmtree(scratch, ignore_errors=True)
+            # A cancelled caller still gets its cleanup: the thread runs to the end either way.
+            await asyncio.to_thread(
+                _clean_up, scratch, uid=uid, run_id=run_id, sweep=uid is not None or self.mode != "bwrap"
+            )
 
     async def _execute(
         self,
@@ -367,6 +366,20 @@ async def _supervise(
         killed=killed[0] if killed else None,
         seconds=time.perf_counter() - start,
     )
+
+
+def _write_files(scratch: str, files: dict[str, str], uid: int | None) -> None:
+    for name, text in files.items():
+        Path(scratch, name).write_text(text)
+    if uid is not None:
+        for path in [scratch, *(os.path.join(scratch, n) for n in files)]:
+            os.chown(path, uid, uid)
+
+
+def _clean_up(scratch: str, *, uid: int | None, run_id: str, sweep: bool) -> None:
+    if sweep:
+        reap(uid=uid, run_id=run_id)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def reap(*, uid: int | None, run_id: str) -> int:

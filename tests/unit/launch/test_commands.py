@@ -40,6 +40,9 @@ def test_local_quickstart_runs_embedded_servers_and_the_judge() -> None:
     assert plan.kind == "local" and plan.trainer_world_size == 1 and len(plan.servers) == 1
     argv = server_command(recipe, plan.servers[0], python="python")
     assert argv[:4] == ["python", "-m", "rlvr.cli", "serve"] and argv[4].endswith("recipes/quickstart/policy")
-    assert argv[5:] == ["--host", "127.0.0.1", "--port", "30000", "--max-batch", "128", "--dtype", "float32"]
+    # --max-seq-len: the KV cache holds data.max_prompt_tokens + rollout.max_new_tokens = 64 + 64 tokens
+    # a sequence (the model's 512 positions allow it), not the engine's default 2048.
+    expected = ["--host", "127.0.0.1", "--port", "30000", "--max-batch", "128", "--dtype", "float32"]
+    assert argv[5:] == [*expected, "--max-seq-len", "128"]
     judge = judge_command(recipe, host="127.0.0.1", port=31000, python="python")
     assert judge[4].endswith("recipes/quickstart/judge") and "--port" in judge

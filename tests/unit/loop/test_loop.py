@@ -328,6 +328,8 @@ def test_async_loop_takes_pi_old_from_the_training_forward_and_corrects_stale_sa
         mask = batch.response_mask.bool()
         gap = (current - batch.rollout_logprobs)[mask].double()
         assert m["mismatch_kl"] > 1e-4
-        assert m["mismatch_kl"] == pytest.approx((torch.expm1(-gap) + gap).mean().item(), rel=1e-3)
+        assert m["mismatch_kl"] == pytest.approx(
+            (torch.expm1(gap) - gap).mean().item(), rel=1e-3
+        )  # k3 under pi_rollout
         assert m["tis_weight_mean"] == pytest.approx(gap.exp().clamp(max=2.0).mean().item(), rel=1e-4)
     assert stale_steps >= 2 and not seen[0][0].stale(0)

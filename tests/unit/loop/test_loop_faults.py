@@ -30,7 +30,7 @@ def test_a_rollout_that_fails_for_good_stops_with_the_finished_steps_saved(tmp_p
     calls = {"n": 0}
 
     async def generate(requests: list[Any]) -> Any:
-        calls["n"] += 1
+        calls["n"] += sum(r.n for r in requests)  # samples: a group's n-sample request counts n
         if calls["n"] > 4 * 4:  # step 1's 16 episodes, then every server is gone
             raise RolloutError("no live rollout servers")
         return await real(requests)

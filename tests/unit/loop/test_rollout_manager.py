@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import random
 import time
 from collections import Counter
@@ -64,7 +65,14 @@ class FakeEngine:
         self.replies: list[tuple[int | None, int, list[int]]] = []
 
     async def generate(self, requests: list[Any]) -> list[Completion]:
+        """A group's n-sample request is its n samples side by side (sample j seeded seed + j)."""
         (request,) = requests
+        n = getattr(request, "n", 1)
+        if n > 1:
+            seeded = [dataclasses.replace(request, n=1, params=dataclasses.replace(
+                request.params, seed=None if request.params.seed is None else request.params.seed + j))
+                for j in range(n)]  # fmt: skip
+            return [c for part in await asyncio.gather(*(self.generate([sub]) for sub in seeded)) for c in part]
         self.calls += 1
         assert not self.paused, "a request reached a paused engine"
         arrived = self.version
@@ -531,10 +539,10 @@ def test_every_token_is_sampled_by_weights_the_bound_allows_not_only_those_take_
     """The bound on what was generated: each wave's admission version, and every reply the engine
     sent for it (aborted, dropped, filtered or trained); a trained token's version, end to end."""
     engine = FakeEngine(3, delay=0.001, jitter=0.004, seed=k)
-    manager, _ = make(engine, k=k, steps=8, dynamic_sampling=True, max_refill_rounds=1)
+    manager, _ = make(engine, k=k, steps=12, dynamic_sampling=True, max_refill_rounds=1)
     manager.recipe.rollout.partial = partial
     seen = track(manager)
-    results = drive(manager, engine, steps=range(6), train_s=0.004, seed=k)
+    results = drive(manager, engine, steps=range(10), train_s=0.004, seed=k)
     manager.close()
     # The gate: wave s is admitted the moment the engines serve s - k (the run starts at 0), not before.
     assert seen.admitted == {s: max(s - k, 0) for s in seen.admitted}, seen.admitted
@@ -564,7 +572,7 @@ class LaggingEngine(FakeEngine):
 
     async def generate(self, requests: list[Any]) -> list[Completion]:
         (request,) = requests
-        if tuple(request.input_ids) not in self.prompts:
+        if request.n > 1 or tuple(request.input_ids) not in self.prompts:  # n > 1: split, then back here
             return await super().generate(requests)
         version = self.version - self.lag
         self.replies.append((WAVE.get(), self.version, [version]))

@@ -405,3 +405,12 @@ def test_a_relative_tokenizer_folder_starts_at_the_recipes_folder(tmp_path: Path
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     assert load_recipe(path).model.tokenizer == str((tmp_path / "tok").resolve())
+
+
+def test_validate_says_what_staleness_asks_of_the_lr() -> None:
+    args = ["validate", str(ROOT / "recipes" / "quickstart.toml"), "--set", "rollout.max_staleness=1"]
+    result = runner.invoke(app, [*args, "--set", "algorithm.tis_cap=2"])
+    assert result.exit_code == 0, result.output
+    assert "warning: rollout.max_staleness = 1 with trainer.lr = 0.0002" in " ".join(result.stderr.split())
+    result = runner.invoke(app, [*args, "--set", "algorithm.tis_cap=2", "--set", "trainer.lr=1e-4"])
+    assert result.exit_code == 0 and "warning: rollout.max_staleness" not in result.stderr

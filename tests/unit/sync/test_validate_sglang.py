@@ -35,7 +35,8 @@ def test_unsupported_sglang_sync_is_one_line_and_exit_2(tmp_path: Path, case: st
 
 
 def test_dp_servers_with_disk_sync_validate(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # a local sglang engine needs a GPU (validate's machine check)
+    # a local sglang engine needs GPUs (validate checks the machine): one trainer rank + dp 2 = 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
     body = SGLANG + 'sglang.dp_size = 2\n\n[sync]\nmethod = "disk"\n'
     result = runner.invoke(app, ["validate", str(write_recipe(tmp_path, body))])
     assert result.exit_code == 0, result.output

@@ -1,0 +1,226 @@
+"""Peak RSS of `rlvr serve` and of the trainer, as a multiple of the model's weight bytes.
+
+    python bench/memory.py --model DIR [--recipe recipes/quickstart.toml] [--part serve|trainer|both]
+                           [--baseline-src OLD_TREE]
+
+`serve`: the exact command the launcher runs for the recipe's embedded server
+(`rlvr.launch.commands.server_command`, with `model.path = DIR`), then one step's worth of
+rollouts (`data.prompts_per_step` prompts x `rollout.n` samples of up to `max_new_tokens`,
+EOS ignored so every sequence runs to the limit), a weight push from disk
+(`/update_weights_from_disk`, the same folder) and the rollouts again. The peak is the
+server's VmHWM.
+
+`trainer`: `Actor.build` with the recipe's trainer and algorithm (fp32, AdamW), one
+`train_step` on a small batch (8 sequences of the recipe's prompt + response length: the
+activations stay small, so the peak shows the weight copies: weights, grads, Adam's two
+moments = 4x), then one DiskSync export in the recipe's engine dtype. The peak is the
+child process's ru_maxrss.
+
+`--baseline-src OLD_TREE` first runs the same measurement with `PYTHONPATH=OLD_TREE` (e.g.
+`git archive HEAD rlvr | tar -x -C /tmp/old`), so before and after come from one run.
+Needs free memory of about 6x the weights for the trainer part; run nothing else at once.
+
+Build a 358M-parameter Qwen3 of Qwen2.5-0.5B's shape (fp32, 1.43 GB) with `--build DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_model(out: Path) -> None:
+    """Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, MLP 4864) with the
+    quickstart's char-level vocabulary: 358M parameters, 1.43 GB in fp32."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from rlvr.tiny import tiny_config
+
+    source = ROOT / "recipes/quickstart/policy"
+    vocab = json.loads((source / "config.json").read_text())["vocab_size"]
+    config = tiny_config(
+        vocab_size=vocab, hidden_size=896, layers=24, heads=14, kv_heads=2, intermediate_size=4864, max_positions=32768
+    )
+    config["head_dim"] = 64
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen3Config(**config), dtype=torch.float32)
+    model.save_pretrained(out)
+    for file in source.iterdir():
+        if file.name.startswith(("tokenizer", "chat_template", "generation")):
+            shutil.copy(file, out / file.name)
+    print(f"built {out}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params")
+
+
+def weight_bytes(model: Path) -> int:
+    return sum(f.stat().st_size for f in model.glob("*.safetensors"))
+
+
+def _hwm(pid: int) -> int:
+    """VmHWM (peak resident set) of a live process, bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _post(url: str, body: dict, timeout: float = 600.0) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read() or b"null")
+
+
+def measure_serve(recipe_path: str, model: Path) -> dict:
+    from rlvr.launch.commands import server_command
+    from rlvr.process import free_port
+    from rlvr.recipe.load import load_recipe
+    from rlvr.recipe.plan import ServerSpec
+
+    recipe = load_recipe(recipe_path, [f"model.path={model}"], check_files=False)
+    port = free_port()
+    spec = ServerSpec(index=0, node=0, port=port)
+    command = server_command(recipe, spec)
+    print("serve:", " ".join(command[2:]), flush=True)
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited: {Path(log.name).read_text()[-2000:]}") from None
+                time.sleep(0.5)
+        prompts = [[5 + (i * 7 + j) % 90 for j in range(32)] for i in range(recipe.data.prompts_per_step)]
+        params = {"max_new_tokens": recipe.rollout.max_new_tokens, "temperature": 1.0, "ignore_eos": True}
+        body = {"input_ids": [p for p in prompts for _ in range(recipe.rollout.n)], "sampling_params": params}
+        start = time.monotonic()
+        _post(f"{url}/generate", body)
+        gen_s = time.monotonic() - start
+        start = time.monotonic()
+        _post(f"{url}/update_weights_from_disk", {"model_path": str(model), "weight_version": "1"})
+        push_s = time.monotonic() - start
+        _post(f"{url}/generate", body)
+        peak = _hwm(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    holds = [line for line in Path(log.name).read_text().splitlines() if "engine holds" in line]
+    return {"peak": peak, "generate_s": gen_s, "push_s": push_s, "holds": holds[-1] if holds else ""}
+
+
+TRAINER_CHILD = r"""
+import json, os, resource, sys, tempfile, torch
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("RANK", "0")
+os.environ.setdefault("WORLD_SIZE", "1"); os.environ.setdefault("LOCAL_RANK", "0")
+from rlvr.recipe.load import load_recipe
+from rlvr.trainer.actor import Actor
+from rlvr.trainer.batch import TrainBatch
+recipe = load_recipe(sys.argv[1], [f"model.path={sys.argv[2]}"], check_files=False)
+actor = Actor.build(recipe.model, recipe.trainer, recipe.algorithm, total_steps=3, device=torch.device("cpu"))
+built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+n, prompt, response = 8, recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens
+g = torch.Generator().manual_seed(0)
+batch = TrainBatch.from_sequences(
+    [torch.randint(4, 90, (prompt,), generator=g).tolist() for _ in range(n)],
+    [torch.randint(4, 90, (response,), generator=g).tolist() for _ in range(n)],
+    advantages=torch.randn(n, generator=g).tolist(), group_ids=[i // 4 for i in range(n)])
+actor.train_step(batch)
+stepped = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from rlvr.sync import disk
+out = tempfile.mkdtemp() + "/v1"
+if hasattr(disk, "write_weights"):
+    disk.write_weights(actor.engine.model, out, dtype=torch.float32)
+else:
+    from rlvr.trainer.checkpoint import export_hf
+    export_hf(actor.engine.model, None, out, dtype=torch.float32)
+exported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+import shutil; shutil.rmtree(os.path.dirname(out), ignore_errors=True)
+print("RESULT", json.dumps({"built": built, "stepped": stepped, "peak": exported}))
+"""
+
+
+def measure_trainer(recipe_path: str, model: Path) -> dict:
+    from rlvr.process import free_port
+
+    env = {**os.environ, "MASTER_PORT": str(free_port())}
+    out = subprocess.run(
+        [sys.executable, "-c", TRAINER_CHILD, recipe_path, str(model)], env=env, capture_output=True, text=True
+    )
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(f"trainer child failed: {out.stderr[-3000:]}")
+
+
+def run(args: argparse.Namespace) -> dict:
+    weights = weight_bytes(args.model)
+    results: dict = {"weights": weights}
+    if args.part in ("serve", "both"):
+        results["serve"] = measure_serve(args.recipe, args.model)
+    if args.part in ("trainer", "both"):
+        results["trainer"] = measure_trainer(args.recipe, args.model)
+    return results
+
+
+def report(label: str, results: dict) -> None:
+    weights = results["weights"]
+    serve, trainer = results.get("serve"), results.get("trainer")
+    if serve:
+        print(
+            f"{label} serve:   peak RSS {serve['peak'] / 1e9:.2f} GB = {serve['peak'] / weights:.2f}x weights "
+            f"({weights / 1e9:.2f} GB); generate {serve['generate_s']:.1f} s, disk push {serve['push_s']:.1f} s"
+        )
+        if serve["holds"]:
+            print(f"{label}          {serve['holds'].split(': ', 1)[-1]}")
+    if trainer:
+        print(
+            f"{label} trainer: peak RSS {trainer['peak'] / 1e9:.2f} GB = {trainer['peak'] / weights:.2f}x weights "
+            f"(after build {trainer['built'] / weights:.2f}x, after a step {trainer['stepped'] / weights:.2f}x)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--model", type=Path, help="a HF model folder (see --build)")
+    parser.add_argument("--build", type=Path, help="build the 358M model into this folder and exit")
+    parser.add_argument("--recipe", default=str(ROOT / "recipes/quickstart.toml"))
+    parser.add_argument("--part", choices=["serve", "trainer", "both"], default="both")
+    parser.add_argument("--baseline-src", type=Path, help="a source tree (its rlvr/) to measure first, as before")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the baseline child's output
+    args = parser.parse_args()
+    if args.build:
+        build_model(args.build)
+        return
+    if args.model is None:
+        parser.error("--model DIR (or --build DIR first)")
+    if args.json:
+        print("JSON", json.dumps(run(args)))
+        return
+    if args.baseline_src:
+        env = {**os.environ, "PYTHONPATH": str(args.baseline_src.resolve())}
+        argv = [sys.executable, str(Path(__file__).resolve()), "--model", str(args.model.resolve())]
+        argv += ["--recipe", str(Path(args.recipe).resolve()), "--part", args.part]
+        out = subprocess.run([*argv, "--json"], env=env, capture_output=True, text=True, cwd=args.baseline_src)
+        lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
+        if not lines:
+            raise SystemExit(f"baseline run failed: {out.stderr[-3000:]}")
+        report("before", json.loads(lines[-1][5:]))
+    report("after " if args.baseline_src else "", run(args))
+
+
+if __name__ == "__main__":
+    main()

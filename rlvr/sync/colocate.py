@@ -1,0 +1,98 @@
+"""rollout.colocate: trainer ranks and rollout engines take turns on the same GPUs.
+
+The order, each step of the synchronous loop (k = 0, so nothing generates while the trainer trains):
+
+    take(s)        engines generate wave s (awake, holding weights and KV cache)
+    release()      engines free their GPU memory (vLLM /sleep, SGLang /release_memory_occupation,
+                   `rlvr serve` drops its KV cache); every rank waits for it before training
+    train step     the trainer has the GPUs
+    resume()       every rank returns its cached blocks to CUDA (empty_cache), then the engines
+                   take their memory back (/wake_up, /resume_memory_occupation)
+    push(s + 1)    the new weights reach the awake engines (the usual WeightSync)
+    take(s + 1)    ...
+
+Only trainer rank 0 talks to the engines (through `Engines`, which names a failed one); the
+barriers keep the other ranks from allocating before the memory is free, and the engines from
+allocating before every rank let go of its own. A failure raises SyncError: the loop stops the run
+as after a failed push, with a checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rlvr.sync.base import agree
+from rlvr.sync.engines import Engines
+
+
+def _empty_cuda_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _barrier() -> None:
+    from rlvr.trainer import dist as d
+
+    d.barrier()
+
+
+class Colocation:
+    """The release/resume calls around a colocated trainer's step. `client`: the loop's rollout
+    client on rank 0, None elsewhere. `factory`, `free_cache`, `barrier`: tests' fakes."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        timeout_s: float,
+        factory: Callable[[str], Any] | None = None,
+        free_cache: Callable[[], None] = _empty_cuda_cache,
+        barrier: Callable[[], None] = _barrier,
+    ):
+        self.engines = Engines(client, timeout_s=timeout_s, factory=factory) if client is not None else None
+        self.free_cache = free_cache
+        self.barrier = barrier
+        self.asleep = False
+
+    def release(self) -> None:
+        """Before the trainer's step: the engines give their memory back. Raises SyncError on
+        every rank when one could not (rank 0's outcome is broadcast)."""
+        self._call("release_memory_occupation", "release memory")
+        self.asleep = True
+        self.barrier()
+
+    def resume(self) -> None:
+        """Before the push: the trainer lets go of its cached blocks, then the engines wake."""
+        if not self.asleep:
+            return
+        self.free_cache()
+        self.barrier()
+        self._call("resume_memory_occupation", "resume memory")
+        self.asleep = False
+
+    def _call(self, method: str, stage: str) -> None:
+        decision = None
+        if self.engines is not None:
+            failures = self.engines.call(self.engines.live(), stage, method)
+            detail = "; ".join(str(f) for f in failures)
+            decision = (
+                {"state": "fail", "message": f"colocated engines could not {stage}: {detail}",
+                 "failures": [(f.url, f.stage, f.error) for f in failures]}
+                if failures else {"state": "ok"}
+            )  # fmt: skip
+        agree(decision)
+
+    def close(self) -> None:
+        if self.engines is not None:
+            self.engines.close()
+
+
+def colocation_for(recipe: Any, *, client: Any) -> Colocation | None:
+    """The recipe's Colocation (every trainer rank builds one: the barriers are collective), or
+    None when the engines have GPUs of their own."""
+    if not recipe.rollout.colocate:
+        return None
+    return Colocation(client, timeout_s=recipe.sync.timeout_s)

@@ -1,0 +1,174 @@
+"""The per-GPU memory estimate: its exact terms against a tiny model's real tensors on CPU, and
+`validate`'s refusals of a plan that cannot fit (activation and KV terms: tests/gpu)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvr.recipe.checks import memory_problem
+from rlvr.recipe.load import load_recipe
+from rlvr.recipe.memory import (
+    GIB,
+    estimate,
+    llama_tensors,
+    model_shape,
+    safetensors_shapes,
+    shard_elements,
+    value_tensors,
+)
+from rlvr.recipe.plan import make_plan
+
+ROOT = Path(__file__).resolve().parents[3]
+RECIPE = ROOT / "recipes" / "quickstart.toml"
+POLICY = ROOT / "recipes" / "quickstart" / "policy"
+
+CONFIGS = {
+    "llama untied": {"model_type": "llama", "tie_word_embeddings": False},
+    "llama biased": {"model_type": "llama", "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False},
+    "qwen2": {"model_type": "qwen2", "tie_word_embeddings": True},
+    "qwen3 untied": {"model_type": "qwen3", "tie_word_embeddings": False, "head_dim": 24},
+}
+
+
+def hf_config(extra: dict) -> dict:
+    return {
+        "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 101, "max_position_embeddings": 256, **extra,
+    }  # fmt: skip
+
+
+def real_model(config: dict) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_parameter_shapes_from_a_config_are_the_real_models(name: str) -> None:
+    config = hf_config(CONFIGS[name])
+    real = {n: tuple(p.shape) for n, p in real_model(config).named_parameters()}
+    assert llama_tensors(config) == real
+
+
+def test_the_weights_headers_give_every_tensor_without_loading_it() -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(POLICY)
+    shapes = safetensors_shapes(POLICY)
+    assert sum(math.prod(s) for s in shapes.values()) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_a_shard_is_the_largest_fsdp2_chunk_of_every_tensor(world: int) -> None:
+    model = real_model(hf_config(CONFIGS["llama untied"]))
+    expected = sum(torch.chunk(p.detach(), world, dim=0)[0].numel() for p in model.parameters())
+    assert shard_elements({n: tuple(p.shape) for n, p in model.named_parameters()}, world) == expected
+
+
+def test_the_critic_is_the_backbone_plus_a_scalar_head() -> None:
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    config = hf_config(CONFIGS["llama untied"])
+    real = AutoModelForTokenClassification.from_config(AutoConfig.for_model(**config, num_labels=1))
+    tensors = value_tensors(llama_tensors(config), config["hidden_size"])
+    assert sum(math.prod(s) for s in tensors.values()) == sum(p.numel() for p in real.parameters())
+
+
+def test_trainer_terms_are_the_fp32_shard_its_gradient_and_adams_two_states() -> None:
+    recipe = load_recipe(RECIPE, ["cluster.gpus_per_node=4", "trainer.ranks=3", "cluster.gpu_memory_gb=80",
+                                  "algorithm.kl_coef=0.01", "algorithm.kl_in=loss"])  # fmt: skip
+    est = estimate(recipe, make_plan(recipe))
+    trainer = {t.name.split(" (")[0]: t.bytes for t in est.loads[0].terms}
+    shard = shard_elements(safetensors_shapes(POLICY), 3)
+    assert trainer["parameters"] == trainer["gradients"] == trainer["reference model"] == 4 * shard
+    assert trainer["AdamW states"] == 8 * shard
+    server = {t.name.split(" (")[0]: t.bytes for t in est.loads[1].terms}
+    params = sum(p.numel() for p in real_model_from(POLICY).parameters())
+    assert server["weights"] == params * 4  # the quickstart policy is float32
+
+
+def real_model_from(folder: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder)
+
+
+def test_the_embedded_kv_cache_is_what_its_decoder_allocates() -> None:
+    from rlvr.rollout.decoders import StaticKVDecoder
+
+    recipe = load_recipe(RECIPE, ["cluster.gpus_per_node=2", "rollout.max_batch=3", "cluster.gpu_memory_gb=80"])
+    shape = model_shape(recipe)
+    assert shape is not None
+    kv = next(t for t in estimate(recipe, make_plan(recipe)).loads[1].terms if t.name == "KV cache")
+    decoder = StaticKVDecoder(real_model_from(POLICY), max_slots=3, max_len=min(shape.positions, 2048))
+    allocated = sum(t.numel() * t.element_size() for t in (decoder.k_cache, decoder.v_cache))
+    assert kv.bytes == allocated
+
+
+def test_checkpointing_shrinks_the_activation_estimate() -> None:
+    plain = load_recipe(RECIPE, ["cluster.gpus_per_node=2"])
+    full = load_recipe(RECIPE, ["cluster.gpus_per_node=2", "trainer.activation_checkpointing=full"])
+
+    def activations(r) -> int:
+        return next(t.bytes for t in estimate(r, make_plan(r), gpu_bytes=GIB).loads[0].terms if "activ" in t.name)
+
+    assert 0 < activations(full) < activations(plain)
+
+
+def test_validate_refuses_a_trainer_that_does_not_fit_naming_its_largest_term_and_the_fix() -> None:
+    recipe = load_recipe(RECIPE, ["cluster.gpus_per_node=2", "cluster.gpu_memory_gb=0.05"])
+    key, message = memory_problem(recipe) or ((), "")
+    assert key == ("trainer", "max_tokens_per_micro_batch")
+    assert "trainer rank needs" in message and "activations" in message
+    assert 'activation_checkpointing = "full"' in message and "\n" not in message
+    assert memory_problem(load_recipe(RECIPE, ["cluster.gpus_per_node=2", "cluster.gpu_memory_gb=80"])) is None
+
+
+def test_validate_refuses_vllm_whose_weights_fill_its_memory_fraction() -> None:
+    recipe = load_recipe(RECIPE, ["cluster.gpus_per_node=2", "cluster.gpu_memory_gb=0.0005",
+                                  "rollout.engine=vllm", "trainer.max_tokens_per_micro_batch=16"])  # fmt: skip
+    est = estimate(recipe, make_plan(recipe))
+    est.loads = est.loads[1:]  # the server's own verdict (the trainer does not fit either)
+    key, message = est.problem() or ((), "")
+    assert key == ("rollout", "vllm", "gpu_memory_utilization")
+    assert "leaving no KV cache" in message and "rollout.vllm.tp_size" in message
+
+
+def test_colocated_generation_adds_the_trainers_resident_state_to_the_engine() -> None:
+    recipe = load_recipe(RECIPE, ["cluster.gpus_per_node=1", "rollout.colocate=true", "cluster.gpu_memory_gb=80"])
+    training, generating = estimate(recipe, make_plan(recipe)).loads
+    names = [t.name for t in generating.terms]
+    assert any(n.startswith("parameters") for n in names) and "KV cache" in names
+    assert not any(n.startswith("gradients") for n in names)  # freed after the optimizer step
+    assert not any(n.startswith("activations") for n in names)  # the trainer's step is over
+    assert any(n.startswith("activations") for n in (t.name for t in training.terms))
+
+
+def test_a_cpu_run_has_no_gpu_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("RLVR_PLAN_GPUS", raising=False)
+    recipe = load_recipe(RECIPE, [])
+    assert estimate(recipe, make_plan(recipe)).skipped
+
+
+def test_the_slurm_plan_has_the_same_estimate_and_plan_prints_it() -> None:
+    from rich.console import Console
+
+    from rlvr.monitor.plan_view import memory_table
+
+    slurm = load_recipe(RECIPE, ["cluster.kind=slurm", "cluster.nodes=2", "cluster.gpus_per_node=4",
+                                 "cluster.gpu_memory_gb=0.05", "model.path=" + str(POLICY)])  # fmt: skip
+    local = load_recipe(RECIPE, ["cluster.gpus_per_node=8", "trainer.ranks=4", "cluster.gpu_memory_gb=0.05"])
+    terms = [[(t.name, t.bytes) for t in load.terms] for load in estimate(slurm, make_plan(slurm)).loads]
+    assert terms == [[(t.name, t.bytes) for t in load.terms] for load in estimate(local, make_plan(local)).loads]
+    table = memory_table(slurm, make_plan(slurm))
+    assert table is not None
+    console = Console(record=True, width=200)
+    console.print(table)
+    text = console.export_text()
+    assert "Memory per GPU" in text and "does NOT fit" in text and "AdamW states" in text
+    assert memory_problem(slurm) is not None  # validate refuses it on SLURM too
