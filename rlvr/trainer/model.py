@@ -5,12 +5,6 @@ sharded the same way and a reference forward costs what an actor forward costs. 
 train in fp32 (bf16 measured 2-11x slower on 2-core CPUs) and gloo carries the
 collectives; on GPU FSDP2's MixedPrecisionPolicy computes in `trainer.param_dtype` over fp32
 master weights and reduces gradients in `trainer.reduce_dtype`.
-
-Host memory on CPU: glibc raises its mmap threshold (up to 32 MB) each time a large mmapped
-block is freed, so after the first backward every freed activation stays in the heap and
-Adam's moments, allocated at the first step, land on fresh pages beside it: the trainer's
-peak RSS at the 358M bench model was 5.3x its weights, where weights + grads + two moments
-are 4x. `keep_large_frees_returning_to_os` pins the threshold (measured 4.4x).
 """
 
 from __future__ import annotations
@@ -24,32 +18,6 @@ from rlvr.trainer.attention import default_attn_implementation
 from rlvr.weight_arena import build_weight_arena
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
-MMAP_THRESHOLD_BYTES = 1 << 20
-
-
-def keep_large_frees_returning_to_os() -> bool:
-    """Pin glibc's mmap threshold at 1 MiB for this process; False where there is no glibc.
-
-    Every block of 1 MiB or more (any activation or weight tensor worth counting) is then its
-    own mapping, given back to the OS when freed, so the resident set follows the live
-    tensors rather than the largest mix of them ever seen (see the module docstring). The
-    cost is a page fault per fresh page of such blocks, small next to a CPU training step.
-    Process-wide and idempotent; the trainer calls it when it trains on CPU.
-    """
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others: no mallopt, nothing to pin
-        return False
-    return bool(mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(MMAP_THRESHOLD_BYTES)))
 
 
 def _hf_config(cfg: ModelConfig, **overrides: object):
@@ -177,11 +145,7 @@ def build_model(
     """Load + shard in one call. A frozen model (`trainable=False`, the reference) gets no
     gradients and no activation checkpointing; it is sharded like the actor.
 
-    `model.impl = "torchtitan"` builds torchtitan's decoder instead (`rlvr.trainer.titan`).
-    A trainable model on CPU pins the allocator's mmap threshold first (see
-    `keep_large_frees_returning_to_os`): its activations and Adam's moments live in host RAM."""
-    if trainable and device.type == "cpu":
-        keep_large_frees_returning_to_os()
+    `model.impl = "torchtitan"` builds torchtitan's decoder instead (`rlvr.trainer.titan`)."""
     if cfg.impl == "torchtitan":
         from rlvr.trainer.titan import build_titan_model
 
