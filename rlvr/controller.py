@@ -571,7 +571,7 @@ class RolloutManager:
         base = self.recipe.experiment.seed * 100_003 + step
 
         async def generate(samples: list[Sample], n: int, temperature: float) -> list[Group]:
-            fits = self.fits(samples)
+            fits = await asyncio.to_thread(self.fits, samples)  # tokenizes: off the event loop, as _tokenize
             completions = await asyncio.gather(
                 *(
                     self._episodes(s, n=n, seed=hash_seed(base, f"eval:{s.id}:{i}"), temperature=temperature)

@@ -48,3 +48,28 @@ def test_prompt_ids_are_an_lru_filled_off_the_event_loop() -> None:
     assert sum(len(batch) for batch, _ in results) == 12 * 4 * 3  # every step trained its 4 groups
     assert len(tokenizer.threads) >= 12 * 4  # 48 prompts drawn, each tokenized (none twice within its wave)
     assert "rlvr-rollout" not in tokenizer.threads  # the manager's event loop never tokenized
+
+
+def test_evaluation_tokenizes_off_the_event_loop_too() -> None:
+    rows = {
+        "flat": [
+            Sample(id=f"e{i}", tag="flat", domain="flat", messages=[{"role": "user", "content": f"q{i}"}])
+            for i in range(6)
+        ]
+    }
+    recipe = Recipe.model_validate({
+        "experiment": {"max_steps": 2},
+        "model": {"config": {}},
+        "data": {"prompts_per_step": 2, "domain_interleave_probs": {"flat": 1.0}},
+        "domains": {"flat": {"tags": ["flat"], "files": ["x"], "reward": "math_rule"}},
+        "rollout": {"n": 2, "max_new_tokens": 4},
+    })  # fmt: skip
+    tokenizer, engine = RecordingTokenizer(), FakeEngine(3)
+    manager = RolloutManager(recipe, train=rows, evals=rows, tokenizer=tokenizer, engine=engine,  # type: ignore[arg-type]
+                             rewards=FakeRewards())  # type: ignore[arg-type]  # fmt: skip
+    try:
+        manager.start(version=0)
+        manager.evaluate(0)
+    finally:
+        manager.close()
+    assert len(tokenizer.threads) >= 6 and "rlvr-rollout" not in tokenizer.threads
