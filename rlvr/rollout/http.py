@@ -29,6 +29,7 @@ concurrently.
 from __future__ import annotations
 
 import asyncio
+import json as jsonlib
 import logging
 import random
 import threading
@@ -43,6 +44,11 @@ import aiohttp
 from rlvr.rollout.engine import RolloutError
 
 log = logging.getLogger(__name__)
+
+# Replies longer than this are decoded on a worker thread: a group of long samples is megabytes of
+# token ids and logprobs, and parsing it on the manager's event loop would hold every other episode,
+# reward and weight-push call behind it.
+OFF_LOOP_JSON_CHARS = 64 * 1024
 
 AFFINITY_KEYS = 65536
 """Affinity keys remembered per client: far more than the groups in flight at once (waves of
@@ -212,7 +218,9 @@ class ServerPool:
                 if not text:
                     return None
                 try:
-                    return await resp.json(content_type=None)
+                    if len(text) > OFF_LOOP_JSON_CHARS:  # a group's ids and logprobs: ms of parsing
+                        return await asyncio.to_thread(jsonlib.loads, text)
+                    return jsonlib.loads(text)
                 except ValueError:
                     return text
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
