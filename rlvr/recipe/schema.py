@@ -261,6 +261,16 @@ class RolloutConfig(Section):
     def api_key(self) -> str | None:
         return self.vllm.api_key if self.engine == "vllm" else self.sglang.api_key
 
+    @model_validator(mode="after")
+    def _embedded_budget(self) -> RolloutConfig:
+        """`kv_cache_gb` sizes only `rlvr serve`'s cache: with another engine it would be a key that
+        does nothing, so it is refused, naming that engine's own knob."""
+        if self.kv_cache_gb is not None and self.engine != "embedded":
+            own = {"vllm": "rollout.vllm.kv_cache_gb (CPU) or rollout.vllm.gpu_memory_utilization",
+                   "sglang": "rollout.sglang.mem_fraction_static"}[self.engine]  # fmt: skip
+            raise _at(("kv_cache_gb",), f"the embedded engine's KV budget; for {self.engine} set {own}")
+        return self
+
     @property
     def gpus_per_server(self) -> int:
         """GPUs one server takes on a GPU node (its tp x dp)."""

@@ -241,6 +241,10 @@ OVERRIDE_CASES = {
         "--set rollout.n: Input should be a valid integer (got '4'); write it without quotes",
     ),
     "not a bool": (["monitor.tensorboard=yes"], "(got 'yes'); write true or false"),
+    "an engine's own budget": (
+        ["rollout.engine=sglang", "rollout.kv_cache_gb=2"],
+        "--set rollout.kv_cache_gb: the embedded engine's KV budget; for sglang set rollout.sglang.mem_fraction_static",
+    ),
     "a table's check": (
         ["cluster.kind=slurm", "cluster.gpus_per_node=8"],
         "--set cluster.kind, cluster.gpus_per_node: cluster: trainer_nodes (1) must be less than nodes (1)",
