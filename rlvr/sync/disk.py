@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import struct
 import time
@@ -179,6 +178,7 @@ def write_weights(model: Any, out_dir: str | Path, *, dtype: Any = None, tokeniz
     import torch
 
     from rlvr.trainer import dist as d
+    from rlvr.trainer.checkpoint import finish_hf_folder
     from rlvr.trainer.weights import iter_full_weights
 
     out = Path(out_dir)
@@ -214,26 +214,7 @@ def write_weights(model: Any, out_dir: str | Path, *, dtype: Any = None, tokeniz
         if handle is not None:
             handle.close()
     if main:
-        config = getattr(model, "config", None)
-        if config is not None:
-            config = config.__class__.from_dict(config.to_dict())
-            config.use_cache = True  # training turned it off; inference wants it
-            if dtype is not None:
-                config.dtype = dtype
-            config.save_pretrained(tmp)
-        generation_config = getattr(model, "generation_config", None)
-        if generation_config is not None:
-            generation_config.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        for file in tmp.iterdir():
-            if file.is_file():
-                file.chmod(0o666 & ~umask)
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
+        finish_hf_folder(model, tmp, out, dtype=dtype, tokenizer=tokenizer)
     d.barrier()
     return out if main else None
 

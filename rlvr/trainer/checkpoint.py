@@ -220,24 +220,31 @@ def export_hf(
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         save_torch_state_dict(state, tmp, max_shard_size=max_shard_size)
-        config = getattr(model, "config", None)
-        if config is not None:
-            config = config.__class__.from_dict(config.to_dict())
-            config.use_cache = True  # training turned it off; inference wants it
-            if dtype is not None:
-                config.dtype = dtype
-            config.save_pretrained(tmp)
-        generation_config = getattr(model, "generation_config", None)
-        if generation_config is not None:
-            generation_config.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        _plain_file_modes(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
+        finish_hf_folder(model, tmp, out, dtype=dtype, tokenizer=tokenizer)
     d.barrier()
     return out if main else None
+
+
+def finish_hf_folder(model: Any, tmp: Path, out: Path, *, dtype: Any, tokenizer: Any) -> None:
+    """Beside the weights already in `tmp`: the model's config (`use_cache` back on, `dtype` the
+    weights' when cast), generation config and tokenizer; plain file modes; then `tmp` becomes
+    `out` (replacing it). Rank 0's last step of every transformers folder rlvr writes."""
+    config = getattr(model, "config", None)
+    if config is not None:
+        config = config.__class__.from_dict(config.to_dict())
+        config.use_cache = True  # training turned it off; inference wants it
+        if dtype is not None:
+            config.dtype = dtype
+        config.save_pretrained(tmp)
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    _plain_file_modes(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.rename(tmp, out)
 
 
 def _plain_file_modes(folder: Path) -> None:
