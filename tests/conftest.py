@@ -24,6 +24,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+async def serve_app(app: Any) -> tuple[Any, str]:
+    """Serve an aiohttp `web.Application` on a free 127.0.0.1 port: (runner, base URL); the caller
+    `await runner.cleanup()`s. The stand-in judges and engines of the HTTP tests."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from rlvr.tiny import build_tiny_model_dir

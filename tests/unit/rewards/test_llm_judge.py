@@ -7,6 +7,7 @@ from aiohttp import web
 
 from rlvr.rewards import llm_judge
 from rlvr.rewards.llm_judge import parse_rubric, parse_yes_no, score
+from tests.conftest import serve_app
 
 from .conftest import make_completion, make_sample
 
@@ -57,12 +58,7 @@ async def judge():
         return await server.handle(request)
 
     app.router.add_post("/v1/chat/completions", route)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    server.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    runner, server.url = await serve_app(app)  # type: ignore[attr-defined]
     yield server
     await runner.cleanup()
 

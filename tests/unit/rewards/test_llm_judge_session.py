@@ -10,6 +10,7 @@ from aiohttp import web
 
 from rlvr.rewards import llm_judge
 from rlvr.rewards.llm_judge import score
+from tests.conftest import serve_app
 
 from .conftest import make_completion, make_sample
 
@@ -25,12 +26,8 @@ async def start_judge() -> tuple[web.AppRunner, str, list[Any]]:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}", peers
+    runner, url = await serve_app(app)
+    return runner, url, peers
 
 
 async def verdicts(url: str, count: int) -> list[float]:

@@ -8,6 +8,7 @@ import pytest
 
 from rlvr.rewards.pool import RewardPool
 from rlvr.types import Group
+from tests.conftest import serve_app
 
 from .conftest import make_completion, make_sample
 
@@ -84,11 +85,7 @@ async def test_deadline_counts_the_judges_time_not_the_queue_for_it():
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    runner, url = await serve_app(app)
     try:
         args = {"judge_url": url, "max_concurrency": 1, "max_retries": 0}
         pool = RewardPool.from_domains({"qa": ("llm_judge", args)}, call_timeout_s=0.6)

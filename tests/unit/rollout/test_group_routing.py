@@ -22,6 +22,7 @@ from rlvr.rollout.episode import run_episode, run_group
 from rlvr.rollout.http import _Slots
 from rlvr.rollout.sglang import SGLangClient
 from rlvr.types import Completion
+from tests.conftest import serve_app
 
 PROMPT_LEN = 5
 CONTINUATION = 1_000_003  # run_episode's seed shift per request
@@ -47,12 +48,7 @@ class FakeSGLang:
         app = web.Application()
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/health", self.health)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self.runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self.runner, self.url = await serve_app(app)
         return self
 
     async def stop(self) -> None:
@@ -126,14 +122,19 @@ async def groups_on(
     return list(await asyncio.gather(*(one(g, p) for g, p in enumerate(prompts(count)))))
 
 
-async def test_single_turn_groups_go_whole_to_one_server_as_one_n_sample_request() -> None:
-    a, b = await FakeSGLang().start(), await FakeSGLang().start()
+async def groups_on_two_servers(groups: int, *, n: int, abort_first: bool = False) -> tuple[Any, Any, Any]:
+    """`groups_on` through one client over two fake servers; (server a, server b, the groups)."""
+    a, b = await FakeSGLang(abort_first=abort_first).start(), await FakeSGLang(abort_first=abort_first).start()
     try:
         async with SGLangClient([a.url, b.url], backoff_s=0.01) as client:
-            results = await groups_on(client, 8, n=4)
+            return a, b, await groups_on(client, groups, n=n)
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_single_turn_groups_go_whole_to_one_server_as_one_n_sample_request() -> None:
+    a, b, results = await groups_on_two_servers(8, n=4)
     for server in (a, b):  # one body per group: its 4 samples, seeds seed + j
         assert all(len(body["input_ids"]) == 4 and isinstance(body["input_ids"][0], list) for body in server.bodies)
         assert all(seeds(body) == [1000 * group_of(body) + j for j in range(4)] for body in server.bodies)
@@ -146,13 +147,7 @@ async def test_single_turn_groups_go_whole_to_one_server_as_one_n_sample_request
 
 
 async def test_aborted_samples_continue_one_by_one_on_their_group_s_server() -> None:
-    a, b = await FakeSGLang(abort_first=True).start(), await FakeSGLang(abort_first=True).start()
-    try:
-        async with SGLangClient([a.url, b.url], backoff_s=0.01) as client:
-            results = await groups_on(client, 6, n=3)
-    finally:
-        await a.stop()
-        await b.stop()
+    a, b, results = await groups_on_two_servers(6, n=3, abort_first=True)
     on_a, on_b = {group_of(x) for x in a.bodies}, {group_of(x) for x in b.bodies}
     assert not on_a & on_b and on_a | on_b == set(range(6)) and (len(on_a), len(on_b)) == (3, 3)
     for g, group in enumerate(results):

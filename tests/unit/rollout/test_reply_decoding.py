@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from rlvr.rollout import http
+from tests.conftest import serve_app
 
 
 async def serve(body: str) -> tuple[web.AppRunner, str]:
@@ -19,12 +20,7 @@ async def serve(body: str) -> tuple[web.AppRunner, str]:
         return web.Response(text=body, content_type="application/json")
 
     app.router.add_post("/generate", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}"
+    return await serve_app(app)
 
 
 def test_long_replies_are_decoded_on_a_worker_thread(monkeypatch) -> None:
