@@ -273,7 +273,9 @@ def visible_gpus() -> int:
 
 
 def cpu_cores() -> int:
+    """The cores this process may run on: its CPU affinity (what SLURM, a cgroup cpuset or
+    `taskset` granted), not `os.cpu_count()`, which counts every core of the node."""
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return max(1, os.cpu_count() or 1)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from rlvr.recipe.checks import cpu_cores
 from rlvr.rewards.args import reject_unknown_args
 from rlvr.rewards.base import failed, zero
 from rlvr.rewards.cases import normalise_test_cases
@@ -40,7 +41,6 @@ from rlvr.rewards.deadline import queued
 from rlvr.rewards.registry import register
 from rlvr.rewards.sandbox import SANDBOX_FAILURES, Limits, RunResult
 from rlvr.rewards.text import last_code_block, split_think
-from rlvr.rewards.workers import node_cpus
 from rlvr.types import Completion, RewardResult, Sample
 
 RUNNER = "_rlvr_run.py"
@@ -175,7 +175,7 @@ def judge_events(
 def _semaphore() -> asyncio.Semaphore:
     loop = asyncio.get_running_loop()
     if loop not in _semaphores:
-        _semaphores[loop] = asyncio.Semaphore(node_cpus())  # the cores this process may use, not the node's
+        _semaphores[loop] = asyncio.Semaphore(cpu_cores())  # the cores this process may use, not the node's
     return _semaphores[loop]
 
 

@@ -30,20 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.process import die_with_parent
+from rlvr.recipe.checks import cpu_cores
 from rlvr.rewards.deadline import queued
 
 POOL_REWARDS = frozenset({"math_rule"})
 """The rewards that send work to the shared worker processes (code_sandbox runs its own sandbox
 processes under its own bound; llm_judge is HTTP; plug-ins run on the event loop)."""
-
-
-def node_cpus() -> int:
-    """The cores this process may run on: its CPU affinity (what SLURM, a cgroup cpuset or
-    `taskset` granted), not `os.cpu_count()`, which counts every core of the node."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # no affinity call on this platform
-        return max(1, os.cpu_count() or 1)
 
 
 def reward_workers(reward_names: Iterable[str], *, trainer_ranks_on_node: int, cpus: int | None = None) -> int:
@@ -52,7 +44,7 @@ def reward_workers(reward_names: Iterable[str], *, trainer_ranks_on_node: int, c
     Rank 0's node also runs its trainer ranks, each of which keeps a core busy feeding its GPU (the
     Python thread launching kernels, plus its data-loading and NCCL threads); a sympy worker
     spinning beside them slows every training step, which costs more than a slower verdict. So:
-    the cores this process may use (`node_cpus`), minus one per trainer rank on the node and one
+    the cores this process may use (`rlvr.recipe.checks.cpu_cores`), minus one per trainer rank on the node and one
     for rank 0's rollout manager (its event loop, tokenizer thread and the sandboxes' supervision),
     half of what is left (verification comes in bursts as groups finish; the other half stays free
     for code_sandbox's processes and the OS), at least 1 and at most 32. Only rewards in
@@ -60,7 +52,7 @@ def reward_workers(reward_names: Iterable[str], *, trainer_ranks_on_node: int, c
     """
     if not POOL_REWARDS.intersection(reward_names):
         return 0
-    free = (cpus if cpus is not None else node_cpus()) - max(trainer_ranks_on_node, 1) - 1
+    free = (cpus if cpus is not None else cpu_cores()) - max(trainer_ranks_on_node, 1) - 1
     return min(32, max(1, free // 2))
 
 
@@ -141,7 +133,7 @@ class WorkerPool:
     """`max_workers` spawned processes; `await pool.call("mod:fn", *args, timeout_s=...)`."""
 
     def __init__(self, *, max_workers: int | None = None, preload: Sequence[str] = (), start_timeout_s: float = 120.0):
-        self.max_workers = max(1, max_workers or node_cpus())
+        self.max_workers = max(1, max_workers or cpu_cores())
         self._ctx = multiprocessing.get_context("spawn")
         self._preload = tuple(preload)
         self._start_timeout_s = start_timeout_s

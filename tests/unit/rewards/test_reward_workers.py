@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from rlvr.rewards.workers import node_cpus, reward_workers
+from rlvr.recipe.checks import cpu_cores
+from rlvr.rewards.workers import reward_workers
 
 
 @pytest.mark.parametrize(
@@ -30,5 +31,5 @@ def test_no_worker_when_no_reward_uses_the_pool() -> None:
 def test_cores_come_from_the_affinity_not_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
     monkeypatch.setattr(os, "cpu_count", lambda: 128)
-    assert node_cpus() == 3
+    assert cpu_cores() == 3
     assert reward_workers(["math_rule"], trainer_ranks_on_node=1) == 1
