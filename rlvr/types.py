@@ -118,8 +118,9 @@ TOKEN_ROWS = ("prompts", "responses", "rollout_logprobs", "loss_masks")
 class RolloutBatch:
     """What every trainer rank needs from a step's rollouts: flat arrays, no torch, no per-token objects.
 
-    `versions[i]` is the oldest weight version that sampled any token of sequence i: the
-    trainer recomputes pi_old when one is older than its own weights (off-policy correction).
+    `versions[i]` is the oldest weight version that sampled any token of sequence i: what a
+    reader of the batch checks staleness against (the trainer needs no more: the loss's
+    importance weight corrects for older weights token by token from the rollout log-probs).
     `loss_masks[i]` is one number for the whole response, or one per token when the response
     holds tool output (0 there).
 
@@ -275,10 +276,6 @@ class RolloutBatch:
         if self._arrays is not None:
             return int(self._arrays["response_offsets"][-1])
         return sum(len(r) for r in self._rows["responses"])
-
-    def stale(self, version: int) -> bool:
-        """Whether any sequence was (partly) sampled by weights older than `version`."""
-        return any(v < version for v in self.versions)
 
 
 def row_offsets(lengths: Any) -> Any:

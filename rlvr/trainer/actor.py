@@ -96,14 +96,15 @@ class Actor(EngineHandles):
     def compute_ref_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         return self.compute_logprobs(batch, reference=True)[0]
 
-    def prepare(self, batch: TrainBatch, *, on_policy_shortcut: bool = False) -> TrainBatch:
+    def prepare(self, batch: TrainBatch, *, pi_old_from_forward: bool = False) -> TrainBatch:
         """Fill what the loss needs and the batch lacks: pi_old (recomputed by the trainer) and,
         for KL in the loss, the reference log-probs.
 
-        With `on_policy_shortcut` (one update per batch) pi_old is not recomputed: the policy
-        has not moved yet, so the training forward's own log-probs, detached, are pi_old.
+        With `pi_old_from_forward` (one update per batch) pi_old is not recomputed: the weights
+        have not moved yet, so the training forward's own log-probs, detached, are pi_old, on- or
+        off-policy (decoupled PPO's proximal policy is the current weights).
         """
-        if batch.old_logprobs is None and not on_policy_shortcut:
+        if batch.old_logprobs is None and not pi_old_from_forward:
             batch = batch.replace(old_logprobs=self.compute_logprobs(batch)[0])
         if self.algorithm.kl_in == "loss" and batch.ref_logprobs is None:
             batch = batch.replace(ref_logprobs=self.compute_ref_logprobs(batch))
@@ -122,8 +123,8 @@ class Actor(EngineHandles):
 
         alg = self.algorithm
         epochs, mini_batches = alg.ppo_epochs, alg.mini_batches
-        on_policy = batch.old_logprobs is None and epochs * mini_batches == 1
-        batch = self.prepare(batch, on_policy_shortcut=on_policy)
+        from_forward = batch.old_logprobs is None and epochs * mini_batches == 1
+        batch = self.prepare(batch, pi_old_from_forward=from_forward)
         entropy_mode = "grad" if alg.entropy_coef != 0.0 else "detached"
         max_len = self.max_response_len or batch.max_response_len
 
@@ -142,7 +143,7 @@ class Actor(EngineHandles):
             loss, metrics = compute_policy_loss(
                 cfg=alg,
                 logprobs=logp,
-                old_logprobs=logp.detach() if on_policy else field(local.old_logprobs),  # pyright: ignore[reportArgumentType]
+                old_logprobs=logp.detach() if from_forward else field(local.old_logprobs),  # pyright: ignore[reportArgumentType]
                 advantages=field(local.advantages),  # pyright: ignore[reportArgumentType]
                 mask=mask,
                 ref_logprobs=field(local.ref_logprobs),

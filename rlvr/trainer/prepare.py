@@ -45,7 +45,7 @@ def prepare_batch(
     # One update per batch: pi_old is the training forward's own detached log-probs, on- or
     # off-policy (decoupled PPO's proximal policy is the current weights, which that forward
     # runs). Only a KL-shaped reward needs pi_old before the advantages, so a forward of its own.
-    batch = actor.prepare(batch, on_policy_shortcut=single_update and algo.kl_in != "reward")
+    batch = actor.prepare(batch, pi_old_from_forward=single_update and algo.kl_in != "reward")
     kl = None
     if algo.kl_in == "reward":
         assert batch.old_logprobs is not None and batch.ref_logprobs is not None
