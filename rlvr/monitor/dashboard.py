@@ -47,6 +47,7 @@ class RunView:
         self.step_times: list[float] = []
         self.resumed: tuple[int, float] | None = None  # (step, when) of the last `resumed from` event
         self.launched_at: float | None = None  # when this launch began (a launcher's view only)
+        self.asynchronous = True  # the recipe's max_staleness > 0 (read by refresh)
 
     def refresh(self) -> None:
         for row in self.metrics_tail.read_new():
@@ -62,6 +63,7 @@ class RunView:
                 self.resumed = (resumed[0], float(event.get("time") or 0))
         self.events = (self.events + new)[-5:]
         self.status = read_status(self.run_dir) or self.status
+        self.asynchronous = _asynchronous(self.run_dir)  # once per refresh, not per table cell
 
     def since_launch(self) -> None:
         """A launcher's view: a status written before this launch (a resumed run's `stopped`) is
@@ -188,15 +190,6 @@ class RunView:
         )
         return table
 
-    def asynchronous(self) -> bool:
-        """Whether the run's recipe overlaps generation with training (max_staleness > 0); an
-        unreadable recipe counts as asynchronous (show everything rather than hide it)."""
-        try:
-            recipe = json.loads(RunDir(self.run_dir).recipe.read_text())
-            return int(recipe["rollout"]["max_staleness"]) > 0
-        except (OSError, ValueError, KeyError, TypeError):
-            return True
-
     def _pipeline(self) -> Table:
         """Where every started group ended (trained/stale/filtered/failed/cancelled) and how long
         the step's wave took; asynchronous runs add how idle generation was, how stale the trained
@@ -205,7 +198,7 @@ class RunView:
         last = self.last
         counts = "/".join(f"{int(last[f'groups/{k}'])}" if f"groups/{k}" in last else "-" for k in GROUP_ENDS)
         cells = {"wave s": _num(last.get("time/rollout"), digits=2)}
-        if self.asynchronous():
+        if self.asynchronous:
             cells |= {
                 "gen idle": _pct(last.get("rollout/generation_idle_frac")),
                 "stale max": _num(last.get("rollout/staleness_max"), digits=0),
@@ -213,12 +206,12 @@ class RunView:
                 "partial": _pct(last.get("rollout/partial_frac")),
             }
         cells["groups t/s/filt/fail/c"] = counts
-        if self.asynchronous():
+        if self.asynchronous:
             cells |= {
                 "mismatch kl": _num(last.get("mismatch_kl"), digits=4),
                 "is weight": _num(last.get("tis_weight_mean")),
             }
-        table = Table(title="Rollout pipeline" if self.asynchronous() else "Rollout", title_justify="left")
+        table = Table(title="Rollout pipeline" if self.asynchronous else "Rollout", title_justify="left")
         for column in cells:
             table.add_column(column, justify="right")
         table.add_row(*cells.values())
@@ -267,6 +260,16 @@ def watch(
                 break
             time.sleep(refresh_s)
     return view
+
+
+def _asynchronous(run_dir: Path) -> bool:
+    """Whether the run's recipe overlaps generation with training (max_staleness > 0); an
+    unreadable recipe counts as asynchronous (show everything rather than hide it)."""
+    try:
+        recipe = json.loads(RunDir(run_dir).recipe.read_text())
+        return int(recipe["rollout"]["max_staleness"]) > 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
 
 
 def _natural_width(group: Group) -> int:
