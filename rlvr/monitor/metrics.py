@@ -86,17 +86,17 @@ class RunRecorder:
                 continue
             if handle is not None:
                 handle.flush()
-            with path.open("rb") as f:
-                data = f.read()
-            keep = 0
-            for line in data.splitlines(keepends=True):
-                if _row_step(line) > step:
-                    break
-                keep += len(line)
-            if keep == len(data):
+            keep, cut = 0, 0  # bytes kept; rows from the first one past `step` on
+            with path.open("rb") as f:  # line by line: samples.jsonl of a long run is large
+                for line in f:
+                    if cut or _row_step(line) > step:
+                        cut += 1
+                    else:
+                        keep += len(line)
+            if not cut:
                 continue
             if path == self.paths.metrics:
-                dropped = data.count(b"\n", keep) + (0 if data.endswith(b"\n") else 1)
+                dropped = cut
             os.truncate(path, keep)  # the handles append: they write at the new end
         return dropped
 
