@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from rlvr.recipe.checks import max_positions
+from rlvr.recipe.checks import longest_sequence
 from rlvr.recipe.plan import LaunchPlan, ServerSpec
 from rlvr.recipe.schema import Recipe
 
@@ -120,15 +120,6 @@ def vllm_max_model_len(recipe: Recipe) -> int:
     if recipe.rollout.vllm.max_model_len:
         return recipe.rollout.vllm.max_model_len
     return longest_sequence(recipe)
-
-
-def longest_sequence(recipe: Recipe) -> int:
-    """The longest sequence a step can make: the prompt limit plus the longest response or tool
-    episode, capped at the model's `max_position_embeddings` when it is known."""
-    episodes = [d.max_episode_tokens or 0 for d in recipe.domains.values()]
-    longest = recipe.data.max_prompt_tokens + max([recipe.rollout.max_new_tokens, *episodes])
-    limit = max_positions(recipe.model.path)
-    return min(longest, limit) if limit else longest
 
 
 def judge_command(recipe: Recipe, *, host: str, port: int, python: str = sys.executable) -> list[str]:

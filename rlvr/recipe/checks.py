@@ -263,6 +263,16 @@ def max_positions(model_path: str | None) -> int:
         return 0
 
 
+def longest_sequence(recipe: Recipe) -> int:
+    """The longest sequence a step can make (what `rlvr serve --max-seq-len` and vLLM's
+    `--max-model-len` are launched with, and what the memory estimate sizes the KV cache for): the prompt limit plus the longest response or tool
+    episode, capped at the model's `max_position_embeddings` when it is known."""
+    episodes = [d.max_episode_tokens or 0 for d in recipe.domains.values()]
+    longest = recipe.data.max_prompt_tokens + max([recipe.rollout.max_new_tokens, *episodes])
+    limit = max_positions(recipe.model.path)
+    return min(longest, limit) if limit else longest
+
+
 def visible_gpus() -> int:
     """NVIDIA GPUs this process may use, without importing torch (CUDA_VISIBLE_DEVICES, else /dev)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

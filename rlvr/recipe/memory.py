@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.recipe.checks import longest_sequence
 from rlvr.recipe.plan import LaunchPlan
 from rlvr.recipe.schema import Recipe
 
@@ -346,7 +347,7 @@ def engine_load(recipe: Recipe, shape: ModelShape, *, gpus: list[int], gpu_bytes
     per_token = shape.kv_bytes_per_token(dtype_bytes=width, tp=tp)
     sample = recipe.data.max_prompt_tokens + rollout.max_new_tokens
     if engine == "embedded":
-        max_len = min(shape.positions or 2048, 2048)  # `rlvr serve --max-seq-len` default
+        max_len = longest_sequence(recipe)  # what the launcher passes as `rlvr serve --max-seq-len`
         kv = per_token * rollout.max_batch * max_len
         key, hint = "rollout.max_batch", "lower rollout.max_batch"
         load.terms.append(Term("KV cache", kv, key, hint))

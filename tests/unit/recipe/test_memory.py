@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.recipe.checks import memory_problem
+from rlvr.recipe.checks import longest_sequence, memory_problem
 from rlvr.recipe.load import load_recipe
 from rlvr.recipe.memory import (
     GIB,
@@ -104,7 +104,8 @@ def test_the_embedded_kv_cache_is_what_its_decoder_allocates() -> None:
     shape = model_shape(recipe)
     assert shape is not None
     kv = next(t for t in estimate(recipe, make_plan(recipe)).loads[1].terms if t.name == "KV cache")
-    decoder = StaticKVDecoder(real_model_from(POLICY), max_slots=3, max_len=min(shape.positions, 2048))
+    # the length the launcher gives `rlvr serve --max-seq-len` (rlvr.launch.commands.server_command)
+    decoder = StaticKVDecoder(real_model_from(POLICY), max_slots=3, max_len=longest_sequence(recipe))
     allocated = sum(t.numel() * t.element_size() for t in (decoder.k_cache, decoder.v_cache))
     assert kv.bytes == allocated
 
