@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +80,39 @@ def push(url: str, model: Any, *, version: int, method: str = "broadcast", share
         return sync.push(version=version)
     finally:
         sync.close()
+
+
+def _server_counts(url: str) -> tuple[float, float]:
+    """(requests running, generation tokens so far) from vLLM's Prometheus /metrics."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+
+    def value(name: str) -> float:
+        match = re.search(rf"^vllm:{name}{{[^}}]*}} (\S+)$", text, re.M)
+        assert match, f"vLLM's /metrics has no {name}"
+        return float(match.group(1))
+
+    return value("num_requests_running"), value("generation_tokens_total")
+
+
+def during_generation(url: str, action: Callable[[], Any], work: Callable[[], Any], *, min_tokens: int) -> Any:
+    """Run `work()` (generation) and `action()` (a push) once the server is running requests and has
+    generated `min_tokens` of this work's tokens: a timer cannot say that, since the first prefill's
+    start-up takes 0.2-2 s depending on the machine. Returns work's result."""
+    _, start = _server_counts(url)
+    done: dict[str, Any] = {}
+
+    def later() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "work" not in done:
+            running, tokens = _server_counts(url)
+            if running and tokens - start >= min_tokens:
+                done["action"] = action()
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    done["work"] = work()
+    thread.join()
+    assert "action" in done, "generation ended before it had produced min_tokens: nothing to push into"
+    return done["work"]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 
 import pytest
 
@@ -16,6 +14,7 @@ from .helpers import (
     LOGPROB_TOL,
     POLICY,
     PROMPTS,
+    during_generation,
     forward_logprobs,
     generate,
     greedy,
@@ -108,22 +107,6 @@ def test_no_stale_prefix_cache_after_a_push(vllm_server, base) -> None:
     assert max(abs(a - b) for a, b in zip(ref, completion.logprobs, strict=True)) < LOGPROB_TOL
 
 
-def _push_during(url: str, model, *, version: int, work, delay_s: float):
-    """Run `work()` (generation) and push `model` after `delay_s`, while it runs; returns work's result."""
-    pushed: dict = {}
-
-    def later() -> None:
-        time.sleep(delay_s)
-        pushed["metrics"] = push(url, model, version=version)
-
-    thread = threading.Thread(target=later)
-    thread.start()
-    result = work()
-    thread.join()
-    assert "metrics" in pushed
-    return result
-
-
 def test_keep_mode_push_switches_versions_once_and_continues_on_the_new_weights(vllm_server, base) -> None:
     """In-place pause (vLLM keep) + reset: in-flight samples go on under the new weights. Each one's
     versions switch from 0 to 1 at most once, and the tokens after the switch are exactly the new
@@ -135,8 +118,12 @@ def test_keep_mode_push_switches_versions_once_and_continues_on_the_new_weights(
         requests
     ):  # seeded, as the loop's are: a re-prefilled seeded request must not crash vLLM-CPU
         request.params.seed = 100 + i
-    completions = _push_during(vllm_server.url, perturbed, version=1, delay_s=1.0,
-                               work=lambda: generate(vllm_server.url, requests))  # fmt: skip
+    completions = during_generation(
+        vllm_server.url,
+        lambda: push(vllm_server.url, perturbed, version=1),
+        lambda: generate(vllm_server.url, requests),
+        min_tokens=24 * 8,  # every sample has tokens of version 0, and 392 to go
+    )
     switched = 0
     for completion in completions:
         versions = completion.token_versions
@@ -175,11 +162,7 @@ def test_abort_mode_episode_continues_or_restarts(vllm_server, base, partial: bo
         finally:
             sync.close()
 
-    result: dict = {}
-    thread = threading.Thread(target=lambda: (time.sleep(1.0), result.setdefault("m", abort_push())))
-    thread.start()
-    completions = asyncio.run(episodes())
-    thread.join()
+    completions = during_generation(vllm_server.url, abort_push, lambda: asyncio.run(episodes()), min_tokens=16 * 8)
     interrupted = [c for c in completions if len(set(c.token_versions)) > 1]
     for completion in completions:
         assert len(completion.token_ids) == 400
