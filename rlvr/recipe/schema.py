@@ -398,6 +398,26 @@ class AlgorithmConfig(Section):
         return self.kl_in != "none"
 
 
+class LoraConfig(Section):
+    """Low-rank adapters (peft's LoRA) on the policy: the base weights stay frozen, only the adapters
+    get gradients and optimizer states, and the reference for KL is the base (adapters off), so no
+    second model is held. `rank = 0` (the default) trains every weight."""
+
+    rank: int = Field(default=0, ge=0)
+    """Adapter rank r (0: no LoRA, full fine-tuning)."""
+    alpha: float = Field(default=16.0, gt=0, strict=False)
+    """Scaling numerator: the update is (alpha / rank) * B @ A."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapters' input while training (the engines serve without it)."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Linear modules to adapt, by name suffix (e.g. ["q_proj", "v_proj"]), or every linear layer
+    of the decoder ("all-linear"; never the LM head)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 class TrainerConfig(Section):
     strategy: Literal["fsdp2", "none"] = "fsdp2"
     """FSDP2 (`fully_shard` per block + root) or a plain module on one rank."""
@@ -435,6 +455,8 @@ class TrainerConfig(Section):
     (`selective`, model.impl = "torchtitan" only)."""
     compile: bool = False
     """`torch.compile` each decoder block (model.impl = "torchtitan")."""
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    """`[trainer.lora]`: train low-rank adapters instead of every weight (model.impl = "hf")."""
 
 
 class SyncConfig(Section):
@@ -459,6 +481,10 @@ class SyncConfig(Section):
     """Stop the run, or drop the dead engine and go on with the rest."""
     shared_dir: str | None = None
     """Directory all nodes see, for method = "disk" (default: the run directory)."""
+    lora: Literal["adapter", "merged"] = "adapter"
+    """With `[trainer.lora]`: push only the adapters (a few MB; the engine merges them into its base
+    weights: `rlvr serve` and vLLM), or the merged full weights by `method` (any engine, SGLang's only
+    way). Written to `shared_dir` (default: the run directory), which every rollout node must see."""
 
 
 class ClusterConfig(Section):
@@ -619,6 +645,7 @@ class Recipe(Section):
         self._colocate_checks()
         self._vllm_checks()
         self._check_model_impl()
+        self._lora_checks()
         if self.model.config is not None:
             self.check_model_split(self.model.config)
             self.check_context(self.model.config)
@@ -700,6 +727,25 @@ class Recipe(Section):
         tp, gpus = self.rollout.vllm.tp_size, self.cluster.gpus_per_node
         if gpus and gpus % tp:
             raise _at(("rollout", "vllm", "tp_size"), f"{tp} does not divide cluster.gpus_per_node = {gpus}")
+
+    def _lora_checks(self) -> None:
+        lora = self.trainer.lora
+        if not lora.enabled:
+            return
+        if self.model.impl != "hf":
+            raise _at(
+                ("trainer", "lora", "rank"),
+                "LoRA runs on model.impl = 'hf' (peft adapts transformers' linear layers; torchtitan's decoder "
+                "has no peft support); set model.impl = 'hf' or trainer.lora.rank = 0",
+            )
+        if isinstance(lora.target_modules, list) and not lora.target_modules:
+            raise _at(("trainer", "lora", "target_modules"), 'is empty: name modules (e.g. ["q_proj"]) or "all-linear"')
+        if self.rollout.engine == "sglang" and self.sync.lora == "adapter":
+            raise _at(
+                ("sync", "lora"),
+                "'adapter' needs an engine that merges pushed adapters (rlvr serve, vllm); SGLang takes full "
+                "weights: set sync.lora = 'merged'",
+            )
 
     def trainer_world_size(self) -> int:
         """Trainer ranks: `trainer.ranks` locally, every GPU of the trainer nodes on SLURM."""

@@ -58,12 +58,13 @@ class Actor(EngineHandles):
         temperature: float = 1.0,
         max_response_len: int | None = None,
     ) -> Actor:
-        """Load and shard the policy, and a frozen reference copy when `algorithm.kl_in != "none"`."""
+        """Load and shard the policy, and a frozen reference copy when `algorithm.kl_in != "none"`
+        (none with LoRA: the reference is the policy's own base, adapters off)."""
         if device is None:
             device = d.init_distributed(force=trainer.strategy == "fsdp2").device
         model = build_model(model_cfg, trainer, device=device, seed=seed)
         reference = None
-        if algorithm.needs_reference:
+        if algorithm.needs_reference and not trainer.lora.enabled:  # LoRA: the base, adapters off
             reference = build_model(model_cfg, trainer, device=device, seed=seed, trainable=False)
         return cls(
             model,
@@ -79,9 +80,11 @@ class Actor(EngineHandles):
     def compute_logprobs(self, batch: TrainBatch, *, reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(logprobs, entropy), each [B, T] on CPU, 0 past each response; every rank gets all rows.
 
-        `reference=True` runs the frozen reference model instead (KL in reward or loss).
+        `reference=True` runs the frozen reference model instead (KL in reward or loss); with LoRA,
+        the policy's base with its adapters off.
         """
-        engine = self.reference if reference else self.engine
+        base = reference and self.trainer.lora.enabled
+        engine = self.engine if base or not reference else self.reference
         if engine is None:
             raise ValueError("no reference model: the algorithm has kl_in = 'none'")
 
@@ -90,8 +93,12 @@ class Actor(EngineHandles):
             assert ent is not None
             return logp, ent
 
-        logp, ent = engine.evaluate(batch, fn, outputs=2)
-        return logp, ent
+        if not base:
+            return engine.evaluate(batch, fn, outputs=2)  # pyright: ignore[reportReturnType]
+        from rlvr.trainer.lora import adapters_disabled
+
+        with adapters_disabled(engine.model):
+            return engine.evaluate(batch, fn, outputs=2)  # pyright: ignore[reportReturnType]
 
     def compute_ref_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         return self.compute_logprobs(batch, reference=True)[0]

@@ -2,7 +2,8 @@
 
 Layout under a checkpoint root (the run's `checkpoints/` folder):
 
-    step_40/            a complete checkpoint: DCP shards (model + optimizer of every part),
+    step_40/            a complete checkpoint: DCP shards (model + optimizer of every part; a LoRA
+                        model's adapters only, its frozen base is the model folder),
       meta.json         rank_<r>.pt (scheduler states + the caller's extra state, per rank:
       rank_0.pt ...     RNG states differ by rank), and meta.json
     step_50.tmp/        a save in progress (or one killed mid-way): never read
@@ -55,17 +56,56 @@ class Trainable(Protocol):
     def scheduler(self) -> Any: ...
 
 
+def _options(part: Trainable) -> Any:
+    """A LoRA model's checkpoint holds its adapters only: the frozen base is the model's own
+    folder (or seeded config), loaded again on resume, and would make every save a full copy."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    lora = _lora_rank(part)
+    return StateDictOptions(ignore_frozen_params=True, strict=False) if lora else StateDictOptions()
+
+
+def _lora_rank(part: Trainable) -> int:
+    cfg = getattr(part.model, "rlvr_lora", None)
+    return int(cfg.r) if cfg is not None else 0
+
+
 def _dcp_state(parts: Mapping[str, Trainable]) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     state: dict[str, Any] = {}
     for name, part in parts.items():
+        options = _options(part)
         if part.optimizer is not None:
-            model_sd, optim_sd = get_state_dict(part.model, part.optimizer)
-            state[name] = {"model": model_sd, "optim": optim_sd}
+            model_sd, optim_sd = get_state_dict(part.model, part.optimizer, options=options)
+            state[name] = {"model": _trainable_only(part, model_sd), "optim": optim_sd}
         else:
-            state[name] = {"model": get_model_state_dict(part.model)}
+            state[name] = {"model": _trainable_only(part, get_model_state_dict(part.model, options=options))}
     return state
+
+
+def _trainable_only(part: Trainable, model_sd: dict[str, Any]) -> dict[str, Any]:
+    """`ignore_frozen_params` keeps a frozen weight tied to another name (a tied LM head, vocab x
+    hidden): drop every key that is not a LoRA model's trainable parameter."""
+    if not _lora_rank(part):
+        return model_sd
+    keep = {n for n, p in part.model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in model_sd.items() if k in keep}
+
+
+def _check_lora(path: Path, parts: Mapping[str, Trainable]) -> None:
+    """A checkpoint of adapters only cannot resume full fine-tuning, and the reverse: say so."""
+    import json
+
+    saved = json.loads((path / CHECKPOINT_META).read_text()).get("lora", {})
+    for name, part in parts.items():
+        was, now = int(saved.get(name, 0)), _lora_rank(part)
+        if was != now:
+            held = f"LoRA adapters of rank {was}" if was else "full weights"
+            raise ValueError(
+                f"{path}: holds {held} for {name!r} but this run has trainer.lora.rank = {now}; "
+                "resume it with the recipe it was saved with (or start a new run)"
+            )
 
 
 def _write_dcp(state: dict[str, Any], path: Path) -> None:
@@ -108,6 +148,7 @@ def save_checkpoint(
     d.barrier()
     if d.rank() == 0:
         meta = {"step": step, "world_size": d.world_size(), "parts": sorted(parts), "time": time.time()}
+        meta["lora"] = {n: r for n, p in parts.items() if (r := _lora_rank(p))}
         write_json_atomic(tmp / CHECKPOINT_META, meta, indent=2, durable=True)
         if final.exists():  # re-saving a step (e.g. after resuming from it): replace it
             shutil.rmtree(final)
@@ -132,16 +173,22 @@ def load_checkpoint(path: str | Path, parts: Mapping[str, Trainable]) -> dict[st
     path = Path(path)
     if not is_checkpoint(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no meta.json)")
+    _check_lora(path, parts)
     state = _dcp_state(parts)
     with _quiet_single_process():
         load(state, checkpoint_id=str(path), no_dist=not d.is_dist())
     for name, part in parts.items():
+        options = _options(part)
         if part.optimizer is not None:
             set_state_dict(
-                part.model, part.optimizer, model_state_dict=state[name]["model"], optim_state_dict=state[name]["optim"]
+                part.model,
+                part.optimizer,
+                model_state_dict=state[name]["model"],
+                optim_state_dict=state[name]["optim"],
+                options=options,
             )
         else:
-            set_model_state_dict(part.model, state[name]["model"])
+            set_model_state_dict(part.model, state[name]["model"], options=options)
     own = path / f"rank_{d.rank()}.pt"
     local = torch.load(own if own.exists() else path / "rank_0.pt", weights_only=False, map_location="cpu")
     for name, part in parts.items():

@@ -143,7 +143,8 @@ def build_model(
     attn_implementation: str | None = None,
 ) -> nn.Module:
     """Load + shard in one call. A frozen model (`trainable=False`, the reference) gets no
-    gradients and no activation checkpointing; it is sharded like the actor.
+    gradients and no activation checkpointing; it is sharded like the actor. With `trainer.lora` a
+    causal LM gets its adapters (`rlvr.trainer.lora`), trainable or not (a checkpoint holds them).
 
     `model.impl = "torchtitan"` builds torchtitan's decoder instead (`rlvr.trainer.titan`)."""
     if cfg.impl == "torchtitan":
@@ -156,6 +157,10 @@ def build_model(
         return model
     attn = attn_implementation or default_attn_implementation(device)
     model = load_hf_model(cfg, kind=kind, seed=seed, attn_implementation=attn)
+    if trainer.lora.enabled and kind == "causal_lm":  # the policy; the critic trains in full
+        from rlvr.trainer.lora import apply_lora
+
+        model = apply_lora(model, trainer.lora, seed=seed)
     if not trainable:
         model.requires_grad_(False)
     model.train(trainable)  # dropout is 0 in the configs we load; train() keeps checkpointing active

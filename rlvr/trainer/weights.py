@@ -9,7 +9,7 @@ and transformers' loaders expect. A transformers model has them already (fully_s
 HF gradient checkpointing leave module paths untouched); a torchtitan model
 (`rlvr.trainer.titan.TitanLM`) maps its own names through torchtitan's state-dict adapter,
 layout changes included, via its `hf_sources()`. `weight_sources` is the one place that
-tells them apart, so sync's metadata (`rlvr.sync.base.weight_specs`) and the gathered
+tells them apart (and merges a LoRA model's adapters: `rlvr.trainer.lora`), so sync's metadata (`rlvr.sync.base.weight_specs`) and the gathered
 tensors always agree.
 """
 
@@ -34,6 +34,10 @@ def weight_sources(model: nn.Module, *, skip_tied: bool = True) -> list[Source]:
     hf_sources = getattr(model, "hf_sources", None)
     if hf_sources is not None:
         return hf_sources(skip_tied=skip_tied)
+    if getattr(model, "rlvr_lora", None) is not None:  # adapters merged in (rlvr.trainer.lora)
+        from rlvr.trainer.lora import merged_sources
+
+        return merged_sources(model, skip_tied=skip_tied)
     seen: set[int] = set()
     out: list[Source] = []
     for name, tensor in model.state_dict(keep_vars=True).items():
@@ -56,7 +60,7 @@ def iter_full_weights(
     accelerator (None keeps it where it is, e.g. on the GPU for an NCCL broadcast).
     """
     for name, tensor, layout in weight_sources(model, skip_tied=skip_tied):
-        value = _full(tensor).detach()
+        value = full_tensor(tensor).detach()
         if layout is not None:
             value = layout(value)
         if dtype is not None:
@@ -66,7 +70,7 @@ def iter_full_weights(
         yield name, value
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The full tensor: a DTensor's gathered, a plain tensor itself.
 
     On a one-rank mesh (FSDP2 on one process, as the quickstart trains) the local shard *is*
