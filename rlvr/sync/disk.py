@@ -59,7 +59,7 @@ class DiskSync:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.model = model
         self.rank = d.rank()
-        self.root = Path(shared_dir) / "weights"
+        self.root = Path(shared_dir) / self.folder
         self.dtype = dtype
         self.tokenizer = tokenizer
         self.keep = keep
@@ -70,19 +70,15 @@ class DiskSync:
                 raise ValueError("DiskSync needs the rollout client on trainer rank 0")
             self.engines = Engines(client, timeout_s=timeout_s, on_failure=on_engine_failure, factory=engine_factory)
 
+    folder = "weights"  # under shared_dir: one v{version} folder per push
+    load_method = "update_weights_from_disk"  # what each engine is asked to do with the folder
+
     def push(self, *, version: int) -> dict[str, float]:
-        import torch
-
-        from rlvr.trainer import dist as d
-
         start = time.monotonic()
         path = self.root / f"v{version}"
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-        if self.dtype is None:  # the engines' own dtype, once (every rank casts the same way)
-            name = d.broadcast_object(self._engine_dtype() if self.rank == 0 else None)
-            self.dtype = getattr(torch, str(name)) if name else False
-        write_weights(self.model, path, dtype=self.dtype or None, tokenizer=self.tokenizer)
+        self._write(path)
         export_s = time.monotonic() - start
         decision = agree(self._load(path, version) if self.rank == 0 else None)
         if self.rank == 0:
@@ -97,6 +93,17 @@ class DiskSync:
             "sync/dropped_engines": float(decision["dropped"]),
             "sync/version": float(version),
         }
+
+    def _write(self, path: Path) -> None:
+        """Every rank: the folder the engines load (collective: full tensors are gathered)."""
+        import torch
+
+        from rlvr.trainer import dist as d
+
+        if self.dtype is None:  # the engines' own dtype, once (every rank casts the same way)
+            name = d.broadcast_object(self._engine_dtype() if self.rank == 0 else None)
+            self.dtype = getattr(torch, str(name)) if name else False
+        write_weights(self.model, path, dtype=self.dtype or None, tokenizer=self.tokenizer)
 
     def _engine_dtype(self) -> str | None:
         """The dtype the live engines serve ("float32", "bfloat16", ...), None if they do not say."""
@@ -131,7 +138,7 @@ class DiskSync:
                 for stage, method, args, kwargs in (
                     ("pause", "pause", (self.pause_mode,), {}),
                     ("flush", "flush_cache", (), {}),
-                    ("update_weights_from_disk", "update_weights_from_disk", (str(path),), {"version": version}),
+                    (self.load_method, self.load_method, (str(path),), {"version": version}),
                     ("resume", "resume", (), {}),
                 ):
                     failures = engines.call(members, stage, method, *args, **kwargs)

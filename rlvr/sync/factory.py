@@ -2,7 +2,9 @@
 
 auto: an in-process engine -> inprocess; rollout servers -> broadcast. disk only when the
 recipe says so (`sync.method = "disk"`, e.g. trainer and rollout nodes cannot share a
-group). Trainer rank 0 decides and tells the other ranks (they have no client or engine),
+group). A LoRA policy with `sync.lora = "adapter"` pushes its adapters through the shared
+directory (`AdapterSync`) to servers; merged, it goes by the method like any model (its
+weights are merged on the fly, `rlvr.trainer.lora.merged_sources`); in process, always merged. Trainer rank 0 decides and tells the other ranks (they have no client or engine),
 so every rank builds the same kind of sync.
 """
 
@@ -47,6 +49,17 @@ def make_weight_sync(
     if d.rank() == 0:
         method = resolve_method(cfg.method, has_client=client is not None, has_engine=engine is not None)
     method = d.broadcast_object(method)
+    adapters = getattr(model, "rlvr_lora", None) is not None and getattr(cfg, "lora", "merged") == "adapter"
+    if adapters and method != "inprocess":  # a LoRA policy's adapters only, whatever the method
+        from rlvr.sync.adapter import AdapterSync
+
+        shared = cfg.shared_dir or run_dir
+        if shared is None:
+            raise ValueError("sync.lora = adapter needs sync.shared_dir or a run directory")
+        return AdapterSync(
+            model, shared_dir=shared, client=client, timeout_s=cfg.timeout_s, on_engine_failure=cfg.on_engine_failure,
+            **kwargs,
+        )  # fmt: skip
     if method == "inprocess":
         from rlvr.sync.inprocess import InProcessSync
 

@@ -106,6 +106,9 @@ class FakeEngine:
     async def update_weights_from_disk(self, path: str, *, version: int | None = None) -> Any:
         return await self._call("update_weights_from_disk", path=path, version=version)
 
+    async def load_lora_adapter(self, path: str, *, version: int | None = None) -> Any:
+        return await self._call("load_lora_adapter", path=path, version=version)
+
     async def health(self) -> bool:
         return self.healthy and self.behave.get("health") != "raise"
 
