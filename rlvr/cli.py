@@ -521,8 +521,16 @@ def export(
         Path, typer.Argument(help="A checkpoint (RUN/checkpoints/step_N), RUN/checkpoints/latest, or a run directory.")
     ],
     out_dir: Annotated[Path, typer.Argument(help="Where to write the safetensors HF folder.")],
+    merge: Annotated[
+        bool,
+        typer.Option(
+            "--merge",
+            help="LoRA runs: the adapters merged into the base (a plain model) instead of a peft adapter folder.",
+        ),
+    ] = False,
 ) -> None:
-    """Export a checkpoint to a safetensors folder that transformers' from_pretrained loads.
+    """Export a checkpoint to a safetensors folder that transformers' from_pretrained loads (a LoRA
+    run: a peft adapter folder, or with --merge the merged model).
 
     Example: rlvr export runs/quickstart runs/quickstart/hf   (the run's latest checkpoint)
     """
@@ -533,7 +541,7 @@ def export(
     if found is None:
         raise fail(f"{checkpoint}: no complete checkpoint here (no meta.json in it, its latest, or its checkpoints/)")
     quiet_loading_bars()
-    typer.echo(f"exported {found} to {export_checkpoint(found, out_dir)}")
+    typer.echo(f"exported {found} to {export_checkpoint(found, out_dir, merge=merge)}")
 
 
 @app.command()

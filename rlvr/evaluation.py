@@ -21,8 +21,10 @@ from rlvr.rundir import run_of_checkpoint
 from rlvr.types import Group, Sample
 
 
-def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
-    """DCP checkpoint -> safetensors HF folder (model weights, config and tokenizer)."""
+def export_checkpoint(checkpoint: Path, out_dir: Path, *, merge: bool = True) -> Path:
+    """DCP checkpoint -> safetensors HF folder (model weights, config and tokenizer). A LoRA run's
+    checkpoint gives its adapters merged into the base, or with `merge=False` a peft adapter folder
+    (adapter_model.safetensors + adapter_config.json, for `PeftModel.from_pretrained` on the base)."""
     import torch
 
     from rlvr.recipe.load import recipe_from_json
@@ -34,7 +36,12 @@ def export_checkpoint(checkpoint: Path, out_dir: Path) -> Path:
     model = build_model(recipe.model, trainer, device=torch.device("cpu"), seed=recipe.experiment.seed, trainable=False)
     actor: Any = SimpleNamespace(model=model, optimizer=None, scheduler=None)  # weights only: no optimizer state
     load_checkpoint(checkpoint, {"actor": actor})
-    exported = export_hf(model, load_tokenizer(recipe.model), out_dir)
+    if recipe.trainer.lora.enabled and not merge:
+        from rlvr.trainer.lora import write_adapter
+
+        exported = write_adapter(model, out_dir)
+    else:
+        exported = export_hf(model, load_tokenizer(recipe.model), out_dir)
     assert exported is not None
     return exported
 

@@ -61,8 +61,7 @@ def _options(part: Trainable) -> Any:
     folder (or seeded config), loaded again on resume, and would make every save a full copy."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    lora = _lora_rank(part)
-    return StateDictOptions(ignore_frozen_params=True, strict=False) if lora else StateDictOptions()
+    return StateDictOptions(strict=False) if _lora_rank(part) else StateDictOptions()
 
 
 def _lora_rank(part: Trainable) -> int:
@@ -85,12 +84,12 @@ def _dcp_state(parts: Mapping[str, Trainable]) -> dict[str, Any]:
 
 
 def _trainable_only(part: Trainable, model_sd: dict[str, Any]) -> dict[str, Any]:
-    """`ignore_frozen_params` keeps a frozen weight tied to another name (a tied LM head, vocab x
-    hidden): drop every key that is not a LoRA model's trainable parameter."""
+    """A LoRA model's adapters, by name: not by `requires_grad` (an export loads them into a frozen
+    model), and not with torch's `ignore_frozen_params`, which keeps a frozen weight tied to
+    another name (a tied LM head, vocab x hidden)."""
     if not _lora_rank(part):
         return model_sd
-    keep = {n for n, p in part.model.named_parameters() if p.requires_grad}
-    return {k: v for k, v in model_sd.items() if k in keep}
+    return {k: v for k, v in model_sd.items() if ".lora_" in k}
 
 
 def _check_lora(path: Path, parts: Mapping[str, Trainable]) -> None:

@@ -15,12 +15,12 @@ from rlvr.recipe.load import load_recipe, resolved_json
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_run(tmp_path: Path, *, lr_noise: float = 0.05) -> tuple[Path, torch.nn.Module]:
+def make_run(tmp_path: Path, *overrides: str, lr_noise: float = 0.05) -> tuple[Path, torch.nn.Module]:
     """A run directory with the quickstart's resolved recipe and a checkpoint of perturbed weights."""
     from rlvr.trainer.checkpoint import save_checkpoint
     from rlvr.trainer.model import build_model
 
-    recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", ["trainer.strategy=none"])
+    recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", ["trainer.strategy=none", *overrides])
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "resolved_recipe.json").write_text(resolved_json(recipe))
@@ -28,7 +28,8 @@ def make_run(tmp_path: Path, *, lr_noise: float = 0.05) -> tuple[Path, torch.nn.
     torch.manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn_like(p) * lr_noise)
+            if p.requires_grad:  # what training moves (a LoRA model's adapters only)
+                p.add_(torch.randn_like(p) * lr_noise)
     part = SimpleNamespace(model=model, optimizer=None, scheduler=None)
     save_checkpoint(run_dir / "checkpoints", 7, {"actor": part})
     return run_dir, model
@@ -46,6 +47,31 @@ def test_export_round_trips_logits(tmp_path: Path) -> None:
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model.eval()(ids).logits, rtol=1e-5, atol=1e-5)
     assert (out / "tokenizer.json").exists()
+
+
+def test_a_lora_run_exports_a_peft_adapter_or_with_merge_a_plain_model(tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run_dir, model = make_run(tmp_path, "trainer.lora.rank=4")
+    policy = ROOT / "recipes" / "quickstart" / "policy"
+    ids = torch.tensor([[5, 17, 40, 33, 21, 9]])
+    with torch.no_grad():
+        want = model.eval()(ids).logits
+        base = AutoModelForCausalLM.from_pretrained(policy).eval()(ids).logits
+    assert not torch.allclose(want, base, atol=1e-3)  # the adapters change the model: the checks below see them
+    step = str(run_dir / "checkpoints" / "step_7")
+    adapter, merged = tmp_path / "adapter", tmp_path / "merged"
+    for args in ([step, str(adapter)], [step, str(merged), "--merge"]):
+        result = CliRunner().invoke(app, ["export", *args])
+        assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    with torch.no_grad():
+        peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(policy), adapter).eval()
+        torch.testing.assert_close(peft_model(ids).logits, want, rtol=1e-5, atol=1e-5)
+        plain = AutoModelForCausalLM.from_pretrained(merged).eval()
+        torch.testing.assert_close(plain(ids).logits, want, rtol=1e-4, atol=1e-5)
+    assert (merged / "tokenizer.json").exists()
 
 
 def test_eval_scores_a_checkpoint_by_tag(tmp_path: Path) -> None:
