@@ -35,8 +35,37 @@ def machine_problems(recipe: Recipe) -> Problem | None:
         or split_problem(recipe)
         or sglang_problem(recipe)
         or vllm_problem(recipe)
+        or lora_problem(recipe)
         or memory_problem(recipe)
     )
+
+
+def lora_problem(recipe: Recipe) -> Problem | None:
+    """`trainer.lora.target_modules` names must be linear layers of the model's blocks (peft would
+    otherwise fail in the worker, after the servers started)."""
+    from rlvr.recipe.memory import model_shape
+
+    lora = recipe.trainer.lora
+    if not lora.enabled or lora.target_modules == "all-linear":
+        return None
+    shape = model_shape(recipe)
+    if shape is None:
+        return None
+    linear = sorted(
+        {
+            n.split(".")[-2]
+            for n, s in shape.tensors.items()
+            if len(s) == 2 and ".layers." in n and n.endswith(".weight")
+        }
+    )
+    unknown = [name for name in lora.target_modules if name not in linear]
+    if unknown:
+        return (
+            "trainer",
+            "lora",
+            "target_modules",
+        ), f"no linear layer named {unknown} in the model's blocks; it has {linear}"
+    return None
 
 
 def split_problem(recipe: Recipe) -> Problem | None:

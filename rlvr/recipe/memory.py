@@ -161,6 +161,19 @@ def model_shape(recipe: Recipe) -> ModelShape | None:
         return None
 
 
+def lora_params(tensors: dict[str, Shape], *, rank: int, targets: list[str] | str) -> int:
+    """Adapter parameters r * (in + out) of every adapted linear weight: each 2-D weight of a decoder
+    block ("all-linear"; never the embeddings or the LM head), or those whose module name is listed."""
+    total = 0
+    for name, shape in tensors.items():
+        parts = name.split(".")
+        if len(shape) != 2 or "layers" not in parts or parts[-1] != "weight":
+            continue
+        if targets == "all-linear" or parts[-2] in targets:
+            total += rank * (shape[0] + shape[1])
+    return total
+
+
 def shard_elements(tensors: dict[str, Shape], world: int) -> int:
     """Elements of the largest FSDP2 shard over `world` ranks: each tensor is split on dim 0 into
     `world` chunks of ceil(dim0 / world) rows (torch.chunk; the first rank's is the largest)."""
@@ -284,10 +297,17 @@ def trainer_terms(recipe: Recipe, plan: LaunchPlan, shape: ModelShape, *, on_gpu
     )
     ranks_key = "trainer.ranks" if plan.kind == "local" else "cluster.trainer_nodes"
     compute = DTYPE_BYTES[t.param_dtype] if on_gpu else FP32
-    terms = [
-        Term(f"parameters (fp32 shard of {world})", shard * FP32, ranks_key, ranks_hint),
-        Term("gradients (fp32 shard)", shard * FP32, ranks_key, ranks_hint),
-        Term("AdamW states (2 x fp32 shard)", shard * FP32 * ADAM_STATES, ranks_key, ranks_hint),
+    terms = [Term(f"parameters (fp32 shard of {world})", shard * FP32, ranks_key, ranks_hint)]
+    trained, what = shard, "fp32 shard"
+    if t.lora.enabled:  # the base is frozen: gradients and AdamW states of the adapters only
+        trained = math.ceil(lora_params(shape.tensors, rank=t.lora.rank, targets=t.lora.target_modules) / world)
+        terms.append(
+            Term(f"LoRA adapters (rank {t.lora.rank}, fp32)", trained * FP32, "trainer.lora.rank", "a lower rank")
+        )
+        what = "adapters"
+    terms += [
+        Term(f"gradients ({what})", trained * FP32, ranks_key, ranks_hint),
+        Term(f"AdamW states (2 x fp32, {what})", trained * FP32 * ADAM_STATES, ranks_key, ranks_hint),
     ]
     if world > 1:
         gathered = GATHERED_BLOCKS * shape.block_params() * compute
@@ -309,7 +329,7 @@ def trainer_terms(recipe: Recipe, plan: LaunchPlan, shape: ModelShape, *, on_gpu
             False,
         )
     )
-    if algo.needs_reference:
+    if algo.needs_reference and not t.lora.enabled:  # LoRA's reference is its own base, adapters off
         terms.append(
             Term(
                 "reference model (fp32 shard)",

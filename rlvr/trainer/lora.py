@@ -46,7 +46,11 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, *, seed: int) -> nn.Module:
 
     targets: Any = cfg.target_modules if cfg.target_modules == "all-linear" else list(cfg.target_modules)
     peft_cfg = PeftLoraConfig(
-        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets, bias="none"
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,  # pyright: ignore[reportArgumentType] - peft annotates int, computes in float
+        lora_dropout=cfg.dropout,
+        target_modules=targets,
+        bias="none",
     )
     torch.manual_seed(seed)
     try:
@@ -58,7 +62,7 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, *, seed: int) -> nn.Module:
         raise ValueError(f"trainer.lora.target_modules: {cfg.target_modules!r} matched no linear layer of the model")
     peft_cfg.target_modules = sorted({name.rsplit(".", 1)[-1] for name in modules})
     peft_cfg.base_model_name_or_path = getattr(getattr(model, "config", None), "_name_or_path", None) or None
-    model.rlvr_lora = peft_cfg  # pyright: ignore[reportAttributeAccessIssue]
+    setattr(model, "rlvr_lora", peft_cfg)  # noqa: B010 - a plain attribute beside the modules
     return model
 
 
@@ -70,7 +74,7 @@ def lora_modules(model: nn.Module) -> dict[str, nn.Module]:
     """Module path -> peft LoRA layer, in module order."""
     from peft.tuners.lora import LoraLayer
 
-    return {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    return {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}  # pyright: ignore[reportReturnType]
 
 
 @contextmanager
@@ -79,7 +83,7 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
 
     Sets peft's per-layer flag directly: peft's `enable_adapters(False)` also flips the adapters'
     `requires_grad`, which would change what FSDP2 and the optimizer see between steps."""
-    layers = list(lora_modules(model).values())
+    layers: list[Any] = list(lora_modules(model).values())
     for layer in layers:
         layer._disable_adapters = True  # noqa: SLF001
     try:
@@ -116,22 +120,25 @@ def merged_sources(model: nn.Module, *, skip_tied: bool = True) -> list[Any]:
             if id(tensor) in seen:
                 continue
             seen.add(id(tensor))
-        layout: Callable[[torch.Tensor], torch.Tensor] | None = None
+        layout = None
         if ".base_layer." in name:
             path, leaf = name.rsplit(".base_layer.", 1)
             name = f"{path}.{leaf}"
             pair = _lora_pair(model, path) if leaf == "weight" else None
             if pair is not None:
-                a, b, scaling = pair
-
-                def layout(
-                    w: torch.Tensor, a: torch.Tensor = a, b: torch.Tensor = b, s: float = scaling
-                ) -> torch.Tensor:
-                    delta = full_tensor(b).detach().float() @ full_tensor(a).detach().float()
-                    return (w.float() + s * delta).to(w.dtype)
-
+                layout = _merge(*pair, gather=full_tensor)
         out.append((name, tensor, layout))
     return out
+
+
+def _merge(
+    a: torch.Tensor, b: torch.Tensor, scaling: float, *, gather: Callable[[torch.Tensor], torch.Tensor]
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    def layout(w: torch.Tensor) -> torch.Tensor:
+        delta = gather(b).detach().float() @ gather(a).detach().float()
+        return (w.float() + scaling * delta).to(w.dtype)
+
+    return layout
 
 
 def adapter_sources(model: nn.Module) -> list[tuple[str, torch.Tensor]]:

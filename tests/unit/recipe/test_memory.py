@@ -173,3 +173,24 @@ def test_the_slurm_plan_has_the_same_estimate_and_plan_prints_it() -> None:
     text = console.export_text()
     assert "Memory per GPU" in text and "does NOT fit" in text and "AdamW states" in text
     assert memory_problem(slurm) is not None  # validate refuses it on SLURM too
+
+
+@pytest.mark.parametrize("targets", ["all-linear", '["q_proj","v_proj"]'])
+def test_lora_counts_the_real_adapters_and_drops_the_reference(targets: str) -> None:
+    """The adapter term is the parameters peft injects (counted on the real model); gradients and AdamW
+    states are the adapters', and the KL reference is gone (it is the base, adapters off)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.trainer.lora import apply_lora
+
+    base = ["cluster.gpus_per_node=2", "cluster.gpu_memory_gb=80", "algorithm.kl_in=loss", "algorithm.kl_coef=0.01"]
+    lora = [*base, "trainer.lora.rank=8", f"trainer.lora.target_modules={targets}"]
+    full_recipe, lora_recipe = load_recipe(RECIPE, base), load_recipe(RECIPE, lora)
+    full = {t.name: t.bytes for t in estimate(full_recipe, make_plan(full_recipe)).loads[0].terms}
+    terms = {t.name: t.bytes for t in estimate(lora_recipe, make_plan(lora_recipe)).loads[0].terms}
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(POLICY), lora_recipe.trainer.lora, seed=0)
+    adapters = sum(p.numel() for p in model.parameters() if p.requires_grad) * 4
+    assert terms["LoRA adapters (rank 8, fp32)"] == adapters
+    assert terms["gradients (adapters)"] == adapters and terms["AdamW states (2 x fp32, adapters)"] == 2 * adapters
+    assert "reference model (fp32 shard)" in full and "reference model (fp32 shard)" not in terms
+    assert sum(terms.values()) < sum(full.values())

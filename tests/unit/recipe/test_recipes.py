@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from rlvr.cli import app
 from rlvr.recipe.load import RecipeError, load_recipe
 
-from .helpers import MATH_ROWS, MINIMAL, write_recipe
+from .helpers import MATH_ROWS, MINIMAL, one_error_line, write_recipe
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPES = sorted((ROOT / "recipes").glob("*.toml"))
@@ -193,6 +193,15 @@ BAD_CASES = {
         MINIMAL.replace("hidden_size = 32", "hidden_size = 32, max_position_embeddings = 1024"),
         "recipe.toml:23: rollout.max_new_tokens: data.max_prompt_tokens + rollout.max_new_tokens = 1024 + 512 = 1536 "
         "tokens is more than the model's context (max_position_embeddings = 1024); lower one of them",
+    ),
+    "lora on torchtitan": (
+        MINIMAL.replace("config = {{", 'impl = "torchtitan"\nconfig = {{') + "\n[trainer.lora]\nrank = 8\n",
+        "trainer.lora.rank: LoRA runs on model.impl = 'hf' (peft adapts transformers' linear layers",
+    ),
+    "lora adapters pushed to sglang": (
+        MINIMAL.replace("n = 2", 'n = 2\nengine = "sglang"') + "\n[trainer.lora]\nrank = 8\n",
+        "sync.lora: 'adapter' needs an engine that merges pushed adapters (rlvr serve, vllm); SGLang takes full "
+        "weights: set sync.lora = 'merged'",
     ),
 }
 
@@ -418,3 +427,15 @@ def test_validate_says_what_staleness_asks_of_the_lr() -> None:
     assert "warning: rollout.max_staleness = 1 with trainer.lr = 0.0002" in " ".join(result.stderr.split())
     result = runner.invoke(app, [*args, "--set", "algorithm.tis_cap=2", "--set", "trainer.lr=1e-4"])
     assert result.exit_code == 0 and "warning: rollout.max_staleness" not in result.stderr
+
+
+def test_lora_targets_are_checked_against_the_models_layers() -> None:
+    recipe = str(Path(__file__).resolve().parents[3] / "recipes" / "quickstart.toml")
+    sets = ["--set", "trainer.lora.rank=8", "--set", 'trainer.lora.target_modules=["q_proj","qkv"]']
+    line = one_error_line(runner.invoke(app, ["validate", recipe, *sets]))
+    assert line.endswith(
+        "--set trainer.lora.target_modules: no linear layer named ['qkv'] in the model's blocks; it has "
+        "['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']"
+    ), line
+    sets[-1] = 'trainer.lora.target_modules=["q_proj","v_proj"]'
+    assert runner.invoke(app, ["validate", recipe, *sets]).exit_code == 0
