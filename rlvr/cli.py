@@ -144,7 +144,7 @@ def check_tools(recipe) -> tuple[tuple[str, ...], str] | None:
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
     """Check a recipe, its data files and this machine; exit 0 if valid, 2 with a one-line error if not.
 
-    It runs every check `launch` and the workers run at start-up (see the README, "Recipes").
+    It runs every check `launch` and the workers run at start-up (see docs/recipes.md).
 
     Example: rlvr validate recipes/quickstart.toml --set rollout.n=16
     """

@@ -133,7 +133,7 @@ class RolloutManager:
         )
         self.draws = WaveDraws(self.mixture, ahead=self.max_staleness)
         self.domain_stats = {name: RunningMoments() for name, d in recipe.domains.items() if d.reward_norm == "domain"}
-        # Domains with tools run multi-turn episodes (README "Tools"); a bad tool fails here, at start.
+        # Domains with tools run multi-turn episodes (docs/tools.md); a bad tool fails here, at start.
         self.toolboxes = {
             name: Toolbox.for_domain(
                 d,

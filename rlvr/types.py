@@ -15,7 +15,7 @@ from typing import Any
 CASE_TYPES = ("stdin_stdout", "assert", "pytest", "check_based", "text")
 GROUP_ENDS = ("trained", "stale", "filtered", "failed", "cancelled")
 """How every group the rollout manager starts ends, exactly once (`groups/<end>` metrics): failed
-means fewer than two of its samples could be judged (README "Verdicts")."""
+means fewer than two of its samples could be judged (docs/rewards.md, "Verdicts")."""
 
 
 @dataclass(slots=True)
@@ -85,7 +85,7 @@ class RewardResult:
     outside the sample kept the reward from judging it: a service down, a sandbox that could not
     start, the reward's own exception or deadline. A failed sample is never trained on (a 0 would
     teach the policy that a right answer was wrong); it is counted in `reward/<domain>/failed`.
-    Whatever the model's output can bring about is a score, never a failure (README "Verdicts").
+    Whatever the model's output can bring about is a score, never a failure (docs/rewards.md, "Verdicts").
     """
 
     score: float

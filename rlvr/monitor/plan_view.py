@@ -220,7 +220,7 @@ def _node(plan: LaunchPlan, index: int) -> str:
 
 
 def tools_table(recipe: Recipe) -> Table:
-    """The multi-turn settings of every domain with tools (README "Tools")."""
+    """The multi-turn settings of every domain with tools (docs/tools.md)."""
     table = Table(title="Tools (multi-turn episodes)", title_justify="left")
     columns = ("domain", "tools", "format", "max_turns", "max_tool_calls", "timeout_s", "episode tokens", "search")
     for column in columns:

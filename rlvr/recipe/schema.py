@@ -108,7 +108,7 @@ class DomainConfig(Section):
     """Row filters applied when loading."""
     reward_norm: Literal["none", "group", "domain"] = "none"
     """Per-domain reward normalisation before advantages (domain: running mean/std)."""
-    # -- tools: multi-turn episodes (README "Tools"); keep this block last ----------------------
+    # -- tools: multi-turn episodes (docs/tools.md); keep this block last ----------------------
     tools: list[str] = []
     """Tools the policy may call: `python`, `search`, or plug-ins as `package.module:function`.
     Empty: single-turn episodes."""
@@ -555,7 +555,7 @@ class MonitorConfig(Section):
 
 
 class RewardsConfig(Section):
-    """How the run treats a reward that could not judge (README "Verdicts")."""
+    """How the run treats a reward that could not judge (docs/rewards.md, "Verdicts")."""
 
     max_failed_frac: float = Field(default=0.25, ge=0, le=1)
     """Stop (after a checkpoint) when more than this share of a domain's samples could not be

@@ -70,7 +70,7 @@ def row_to_sample(row: Any) -> tuple[Any, Any]:
 
 
 def _fail(message: str) -> typer.Exit:
-    typer.echo(message, err=True)
+    typer.echo(f"error: {message}", err=True)  # the line every rlvr command prints for bad input
     return typer.Exit(2)
 
 

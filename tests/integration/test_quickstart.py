@@ -59,7 +59,7 @@ def test_quickstart_reward_rises(tmp_path: Path) -> None:
 
 def test_killed_run_resumes_to_the_same_metrics(tmp_path: Path) -> None:
     # One sequence per engine batch: which requests share a decode step follows timing, and a
-    # last-bit change in a batched logit can flip a sampled token (README "Reproducibility"); one at a
+    # last-bit change in a batched logit can flip a sampled token (docs/tools.md, "Reproducibility"); one at a
     # time, generation depends on the weights only. A smaller step keeps that quick.
     steps = 6
     overrides = ("experiment.max_steps=6", "experiment.save_steps=2", "experiment.eval_steps=0",

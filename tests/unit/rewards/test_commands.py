@@ -116,5 +116,5 @@ def test_check_code_rows_whose_test_cases_do_not_fit(tmp_path):
     result = runner.invoke(app, ["check", str(rows), "--reward", "code_sandbox"])
     assert result.exit_code == 2
     assert result.stderr.strip() == (
-        f"{rows}:2: test_cases for case_type 'assert' must be a string or a non-empty list of strings (got dict)"
+        f"error: {rows}:2: test_cases for case_type 'assert' must be a string or a non-empty list of strings (got dict)"
     )
