@@ -13,12 +13,20 @@ the ratio.
 `--compare impl` trains the same model (same HF weights) on the same packed batch with
 `model.impl = "hf"` and `"torchtitan"`, alternating the two each timed step so machine load
 hits both alike, and prints torchtitan / transformers.
+
+`--compare lora` trains the same model in full and with LoRA adapters (`--lora-rank`, all
+linear layers), alternated the same way, and prints LoRA / full step speed, the trainer state
+each holds (parameters + gradients + AdamW states, counted from the tensors) and the peak RSS
+of a process running each alone (two subprocesses of this script, `--memory-of`).
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,12 +57,14 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=8, help="sequences per padded micro-batch")
     parser.add_argument("--max-tokens", type=int, default=2048, help="token budget of a packed micro-batch")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
-    parser.add_argument("--compare", choices=["packing", "impl"], default="packing")
+    parser.add_argument("--compare", choices=["packing", "impl", "lora"], default="packing")
+    parser.add_argument("--lora-rank", type=int, default=8)
+    parser.add_argument("--memory-of", choices=["full", "lora"], help=argparse.SUPPRESS)  # one mode's peak RSS
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from rlvr.recipe.schema import AlgorithmConfig, ModelConfig, TrainerConfig
+    from rlvr.recipe.schema import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
     from rlvr.tiny import build_tiny_model_dir
     from rlvr.trainer.actor import Actor
 
@@ -72,18 +82,26 @@ def main() -> None:
     )
     algorithm = AlgorithmConfig(preset="dapo")  # no reference model: the trainer's own cost only
 
-    def build(*, packing: bool, impl: str) -> Actor:
+    def build(*, packing: bool, impl: str, lora: int = 0) -> Actor:
         trainer = TrainerConfig(
             strategy="none", lr=1e-5, packing=packing, micro_batch_size=args.micro_batch_size,
-            max_tokens_per_micro_batch=args.max_tokens,
+            max_tokens_per_micro_batch=args.max_tokens, lora=LoraConfig(rank=lora),
         )  # fmt: skip
         model = ModelConfig(path=str(model_dir), dtype="float32", impl=impl)  # pyright: ignore[reportArgumentType]
         return Actor.build(model, trainer, algorithm, total_steps=args.steps + 1, device=torch.device("cpu"))
 
-    modes = {"padded": (False, "hf"), "packed": (True, "hf")}
+    if args.memory_of:
+        actor = build(packing=True, impl="hf", lora=args.lora_rank if args.memory_of == "lora" else 0)
+        for _ in range(2):
+            actor.train_step(batch)
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        return
+    modes = {"padded": (False, "hf", 0), "packed": (True, "hf", 0)}
     if args.compare == "impl":
-        modes = {"hf": (True, "hf"), "torchtitan": (True, "torchtitan")}
-    actors = {name: build(packing=packing, impl=impl) for name, (packing, impl) in modes.items()}
+        modes = {"hf": (True, "hf", 0), "torchtitan": (True, "torchtitan", 0)}
+    if args.compare == "lora":
+        modes = {"full": (True, "hf", 0), "lora": (True, "hf", args.lora_rank)}
+    actors = {name: build(packing=packing, impl=impl, lora=lora) for name, (packing, impl, lora) in modes.items()}
     n_params = sum(p.numel() for p in next(iter(actors.values())).model.parameters())
     rates: dict[str, list[float]] = {name: [] for name in actors}
     for actor in actors.values():
@@ -98,12 +116,40 @@ def main() -> None:
         print(f"{name:>10}: {results[name]:8.0f} tokens/s (median of {args.steps}; runs {[round(x) for x in r]})")
     first, second = list(results)
     paired = statistics.median(b / a for a, b in zip(rates[first], rates[second], strict=True))
-    label = "packing speed-up" if args.compare == "packing" else "torchtitan / transformers"
+    label = {"packing": "packing speed-up", "impl": "torchtitan / transformers", "lora": "LoRA / full speed"}
     print(
         f"model: {n_params / 1e6:.1f}M params, fp32 CPU, {torch.get_num_threads()} threads; "
-        f"{label}: {results[second] / results[first]:.2f}x (median of per-step ratios, each pair timed "
-        f"back to back: {paired:.2f}x)"
+        f"{label[args.compare]}: {results[second] / results[first]:.2f}x (median of per-step ratios, each pair "
+        f"timed back to back: {paired:.2f}x)"
     )
+    if args.compare == "lora":
+        state = {name: trainer_state_bytes(actor) for name, actor in actors.items()}
+        rss = {name: peak_rss_alone(name) for name in actors}
+        print(
+            f"trainer state (params + grads + AdamW): full {state['full'] / 1e6:.1f} MB, LoRA rank {args.lora_rank} "
+            f"{state['lora'] / 1e6:.1f} MB ({state['lora'] / state['full']:.2f}x); peak RSS alone: full "
+            f"{rss['full'] / 1e6:.0f} MB, LoRA {rss['lora'] / 1e6:.0f} MB ({rss['lora'] / rss['full']:.2f}x)"
+        )
+
+
+def trainer_state_bytes(actor) -> int:
+    """Parameters, one gradient per trainable parameter, and the optimizer's state tensors."""
+    params = sum(p.numel() * p.element_size() for p in actor.model.parameters())
+    grads = sum(p.numel() * p.element_size() for p in actor.model.parameters() if p.requires_grad)
+    states = sum(
+        t.numel() * t.element_size()
+        for state in actor.optimizer.state.values()
+        for t in state.values()
+        if isinstance(t, torch.Tensor)
+    )
+    return params + grads + states
+
+
+def peak_rss_alone(mode: str) -> int:
+    """This script's peak RSS training one mode (two steps) in a fresh process."""
+    argv = [sys.executable, __file__, *sys.argv[1:], "--memory-of", mode]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return int(out.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
