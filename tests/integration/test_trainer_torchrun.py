@@ -37,12 +37,13 @@ def synthetic_batch():
     return TrainBatch.from_sequences(prompts, responses, advantages=advantages, group_ids=[i // 4 for i in range(n)])
 
 
-def configs(strategy: str, *, tp_size: int = 1, activation_checkpointing: str = "none"):
-    from rlvr.recipe.schema import AlgorithmConfig, TrainerConfig
+def configs(strategy: str, *, tp_size: int = 1, activation_checkpointing: str = "none", lora_rank: int = 0):
+    from rlvr.recipe.schema import AlgorithmConfig, LoraConfig, TrainerConfig
 
     trainer = TrainerConfig(
         strategy=strategy, lr=1e-3, packing=True, max_tokens_per_micro_batch=40, lr_schedule="cosine", warmup_steps=1,
         tp_size=tp_size, activation_checkpointing=activation_checkpointing,  # pyright: ignore[reportArgumentType]
+        lora=LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank or 16.0),
     )  # fmt: skip
     algorithm = AlgorithmConfig(preset="grpo", mini_batches=2, kl_coef=0.01)
     return trainer, algorithm
@@ -51,7 +52,7 @@ def configs(strategy: str, *, tp_size: int = 1, activation_checkpointing: str = 
 def run(
     model_dir: str, *, strategy: str, out: Path, save_dir: str | None = None, resume: bool = False,
     export_dir: str | None = None, impl: str = "hf", tp_size: int = 1, steps: int = STEPS,
-    activation_checkpointing: str = "none",
+    activation_checkpointing: str = "none", lora_rank: int = 0,
 ) -> None:  # fmt: skip
     """Train STEPS steps (or resume at SAVE_AT and finish); write losses and final weights to `out`."""
     from rlvr.recipe.schema import ModelConfig
@@ -61,7 +62,9 @@ def run(
     from rlvr.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
     from rlvr.trainer.weights import iter_full_weights
 
-    trainer, algorithm = configs(strategy, tp_size=tp_size, activation_checkpointing=activation_checkpointing)
+    trainer, algorithm = configs(
+        strategy, tp_size=tp_size, activation_checkpointing=activation_checkpointing, lora_rank=lora_rank
+    )
     device = d.init_distributed(force=strategy == "fsdp2").device
     model = ModelConfig(path=model_dir, impl=impl)  # pyright: ignore[reportArgumentType]
     actor = Actor.build(model, trainer, algorithm, total_steps=STEPS * 2, device=device, max_response_len=32)
@@ -132,6 +135,33 @@ def test_two_rank_resume_continues_bit_identically(tmp_path: Path, tiny_model_di
     # the HF export gathered from the 2 FSDP2 shards is exactly those weights
     from transformers import AutoModelForCausalLM
 
+    exported = AutoModelForCausalLM.from_pretrained(hf).state_dict()
+    for name, value in again["weights"].items():
+        assert torch.equal(exported[name], value), name
+
+
+def test_two_rank_lora_matches_one_process_and_resumes_bit_identically(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """LoRA under FSDP2 (frozen base and adapters sharded together; KL reference = adapters off):
+    the same training as one process, merged weights gathered from the shards, an exact resume from a
+    checkpoint of adapters only, and a merged export equal to those weights."""
+    from transformers import AutoModelForCausalLM
+
+    single, full, resumed, ckpt, hf = (tmp_path / n for n in ("single.pt", "full.pt", "resumed.pt", "ckpt", "hf"))
+    run(str(tiny_model_dir), strategy="none", out=single, lora_rank=4)
+    _torchrun(tmp_path, tiny_model_dir, full, "--save-dir", str(ckpt), "--lora-rank", "4")
+    _torchrun(tmp_path, tiny_model_dir, resumed, "--save-dir", str(ckpt), "--resume", "--export-dir", str(hf),
+              "--lora-rank", "4")  # fmt: skip
+    one, two, again = (torch.load(p, weights_only=False) for p in (single, full, resumed))
+    assert two["world"] == 2 and not any("lora" in n for n in two["weights"])  # merged, HF names
+    assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(one["losses"]), rtol=1e-5, atol=1e-6)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    moved = [n for n, v in one["weights"].items() if not torch.equal(v, base[n])]
+    assert moved and all(n.endswith("proj.weight") for n in moved)  # only adapted layers changed
+    for name, value in one["weights"].items():
+        assert torch.allclose(two["weights"][name], value, rtol=1e-4, atol=1e-6), name
+    assert again["losses"] == two["losses"]
+    for name, value in two["weights"].items():
+        assert torch.equal(again["weights"][name], value), name
     exported = AutoModelForCausalLM.from_pretrained(hf).state_dict()
     for name, value in again["weights"].items():
         assert torch.equal(exported[name], value), name
@@ -209,12 +239,13 @@ def main() -> None:
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--activation-checkpointing", default="none")
+    parser.add_argument("--lora-rank", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     run(
         args.model_dir, strategy="fsdp2", out=Path(args.out), save_dir=args.save_dir, resume=args.resume,
         export_dir=args.export_dir, impl=args.impl, tp_size=args.tp_size, steps=args.steps,
-        activation_checkpointing=args.activation_checkpointing,
+        activation_checkpointing=args.activation_checkpointing, lora_rank=args.lora_rank,
     )  # fmt: skip
     torch.distributed.barrier()  # a rank that tears gloo down while its peer still talks aborts the peer
     torch.distributed.destroy_process_group()
