@@ -96,6 +96,9 @@ def main() -> None:
             actor.train_step(batch)
         print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         return
+    # Each mode's peak RSS alone, first: a child forked from this process once it holds both actors
+    # would start from its high-water mark (Linux keeps ru_maxrss across fork and exec).
+    rss = {name: peak_rss_alone(name) for name in ("full", "lora")} if args.compare == "lora" else {}
     modes = {"padded": (False, "hf", 0), "packed": (True, "hf", 0)}
     if args.compare == "impl":
         modes = {"hf": (True, "hf", 0), "torchtitan": (True, "torchtitan", 0)}
@@ -124,7 +127,6 @@ def main() -> None:
     )
     if args.compare == "lora":
         state = {name: trainer_state_bytes(actor) for name, actor in actors.items()}
-        rss = {name: peak_rss_alone(name) for name in actors}
         print(
             f"trainer state (params + grads + AdamW): full {state['full'] / 1e6:.1f} MB, LoRA rank {args.lora_rank} "
             f"{state['lora'] / 1e6:.1f} MB ({state['lora'] / state['full']:.2f}x); peak RSS alone: full "

@@ -2,18 +2,19 @@
 
 `rlvr serve` and SGLang speak SGLang's routes (`SGLangClient`); vLLM speaks its own
 (`VLLMClient`). Both answer the same `RolloutEngine` and weight-sync calls, so nothing above
-this picks routes.
+this picks routes. `rlvr serve` gets `ServeClient`: SGLang's client plus the LoRA adapter push
+(`load_lora_adapter`), which SGLang's servers do not take (they serve adapters by name, unmerged).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlvr.recipe.schema import RolloutConfig
+from rlvr.rollout.sglang import SGLangClient
 
 if TYPE_CHECKING:
-    from rlvr.rollout.sglang import SGLangClient
     from rlvr.rollout.vllm import VLLMClient
 
 
@@ -35,15 +36,27 @@ def max_inflight_per_server(rollout: RolloutConfig) -> int:
     return SERVER_INFLIGHT * (rollout.sglang.dp_size if rollout.engine == "sglang" else 1)
 
 
+class ServeClient(SGLangClient):
+    """The client of `rlvr serve`: SGLang's routes, and rlvr's /merge_lora_adapter."""
+
+    async def load_lora_adapter(self, path: str, *, version: int | None = None) -> None:
+        """Every server serves its base weights plus this peft adapter folder (merged; it replaces
+        the last adapter) and reports `version`; a bad folder raises, and the server keeps its
+        weights and version. The path must be readable by the servers (the run's shared dir)."""
+        payload: dict[str, Any] = {"lora_path": path}
+        if version is not None:
+            payload["weight_version"] = str(version)
+        await self._broadcast("/merge_lora_adapter", payload)
+
+
 def make_client(rollout: RolloutConfig, urls: Sequence[str]) -> SGLangClient | VLLMClient:
     inflight = max_inflight_per_server(rollout)
     if rollout.engine == "vllm":
         from rlvr.rollout.vllm import VLLMClient
 
         return VLLMClient(urls, api_key=rollout.api_key, timeout_s=rollout.timeout_s, max_inflight_per_server=inflight)
-    from rlvr.rollout.sglang import SGLangClient
-
-    return SGLangClient(urls, api_key=rollout.api_key, timeout_s=rollout.timeout_s, max_inflight_per_server=inflight)
+    kind = ServeClient if rollout.engine == "embedded" else SGLangClient
+    return kind(urls, api_key=rollout.api_key, timeout_s=rollout.timeout_s, max_inflight_per_server=inflight)
 
 
 def sync_pause_mode(rollout: RolloutConfig) -> str:

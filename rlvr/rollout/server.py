@@ -21,7 +21,10 @@ Routes: /generate, /health, /health_generate, /model_info, /server_info (and the
 /get_model_info, /get_server_info), /get_weight_version, /flush_cache,
 /init_weights_update_group, /destroy_weights_update_group, /begin_weight_update,
 /end_weight_update, /update_weights_from_distributed, /update_weights_from_disk,
-/pause_generation, /continue_generation, /v1/models, /v1/chat/completions, /v1/completions.
+/pause_generation, /continue_generation, /v1/models, /v1/chat/completions, /v1/completions;
+and rlvr's own /merge_lora_adapter (`lora_path`, `weight_version`): serve the base weights plus a
+peft LoRA adapter merged into them (`EmbeddedEngine.load_lora_adapter_sync`), replacing the last
+one. Not SGLang's /load_lora_adapter, which serves adapters by name next to the base.
 
 OpenAI routes: `stream = true` answers as server-sent events (each choice whole in one chunk:
 the engine hands back finished sequences); `logprobs` gives each sampled token's logprob (no
@@ -83,6 +86,7 @@ def create_app(engine: Any, *, api_key: str | None = None, served_model_name: st
         ("POST", "/end_weight_update", end_weight_update),
         ("POST", "/update_weights_from_distributed", update_weights_from_distributed),
         ("POST", "/update_weights_from_disk", update_weights_from_disk),
+        ("POST", "/merge_lora_adapter", merge_lora_adapter),
         ("POST", "/pause_generation", pause_generation),
         ("POST", "/continue_generation", continue_generation),
         ("POST", "/release_memory_occupation", release_memory_occupation),
@@ -125,6 +129,7 @@ ROUTE_FIELDS = {
     "/update_weights_from_distributed": {"names", "dtypes", "shapes", "group_name", "flush_cache",
                                          "abort_all_requests", "weight_version", "load_format", "selector",
                                          "torch_empty_cache", "rid"},
+    "/merge_lora_adapter": {"lora_path", "weight_version", "rid"},
     "/init_weights_update_group": {"master_address", "master_port", "rank_offset", "world_size", "group_name",
                                    "backend", "rid"},
     "/destroy_weights_update_group": {"group_name", "rid"},
@@ -406,6 +411,22 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     return web.json_response(
         {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": paused}
     )
+
+
+async def merge_lora_adapter(request: web.Request) -> web.Response:
+    """rlvr's adapter push: the base plus this adapter, and its version; a bad folder is a 400
+    with one line, and the engine keeps its weights and version."""
+    engine = request.app[ENGINE_KEY]
+    body = await _body(request)
+    path = body.get("lora_path")
+    if not path or not isinstance(path, str):
+        return web.json_response({"success": False, "message": "lora_path is required"}, status=400)
+    version = body.get("weight_version")
+    try:
+        await asyncio.to_thread(engine.load_lora_adapter_sync, path, version=None if version is None else str(version))
+    except Exception as exc:  # noqa: BLE001 - report to the caller as the other weight routes do
+        return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
+    return web.json_response({"success": True, "message": "Succeeded to merge the LoRA adapter."})
 
 
 async def init_weights_update_group(request: web.Request) -> web.Response:

@@ -25,7 +25,11 @@ the real server in tests/vllm. The client speaks vLLM's own routes (mounted with
   `/finish_weight_update` with the version, on rlvr's backend inside vLLM
   (`rlvr.rollout.vllm_backend`; the group of `/init_weight_transfer_engine` is the one
   `BroadcastSync` hosts for every engine). A disk update is a session with one update
-  whose `path` names the folder, so it gets the same reload and LM-head fix.
+  whose `path` names the folder, so it gets the same reload and LM-head fix. A LoRA adapter push
+  (`load_lora_adapter`) is a session with one update whose `adapter_path` names a peft adapter
+  folder: the backend merges it into the base weights (`rlvr.rollout.lora_merge`) and reloads
+  only the layers it touches. vLLM's own LoRA runtime (`--enable-lora`) is not used: merged,
+  decode runs at the base model's speed and a push switches weights mid-request as a full one.
 
 So `BroadcastSync` and `DiskSync` drive vLLM unchanged: this class answers the methods they
 call with vLLM's routes (`server_info` reports `tp_size` and `dtype` as SGLang's does).
@@ -34,6 +38,7 @@ call with vLLM's routes (`server_info` reports `tp_size` and `dtype` as SGLang's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 from collections.abc import Sequence
@@ -235,14 +240,31 @@ class VLLMClient(ServerPool):
 
     async def update_weights_from_disk(self, path: str, *, version: int | None = None) -> None:
         """Load a HF safetensors folder through rlvr's backend (same reload and LM-head fix as a push).
-        A failed load still ends the session (else the next start is refused) but sets no version:
-        the engine never claims weights it did not fully load."""
-        await self._broadcast("/start_weight_update")
+        The backend checks the folder against the served model before any weight moves, so a bad
+        one raises with its one line and the server keeps its weights and version (no version set:
+        the engine never claims weights it did not fully load)."""
         update = {"names": [], "dtype_names": [], "shapes": [], "path": path}
+        await self._load_folder(update, f"weights {path}", version)
+
+    async def load_lora_adapter(self, path: str, *, version: int | None = None) -> None:
+        """Serve the base weights plus this peft adapter folder, merged (it replaces the last
+        adapter), through rlvr's backend: the same reload session and version as a full push.
+        A bad folder raises with the backend's one line; the backend has then put back every
+        layer it had opened, so the server keeps its weights and version."""
+        update = {"names": [], "dtype_names": [], "shapes": [], "adapter_path": path}
+        await self._load_folder(update, f"LoRA adapter {path}", version)
+
+    async def _load_folder(self, update: dict[str, Any], what: str, version: int | None) -> None:
+        """One weight-update session of a single update naming a folder. A failed update ended vLLM's
+        session already (the finish that follows fails too, and must not hide the reason)."""
+        await self._broadcast("/start_weight_update")
         try:
             await self._broadcast("/update_weights", {"update_info": update})
-        except BaseException:
-            await self._broadcast("/finish_weight_update", {})
+        except BaseException as exc:
+            with contextlib.suppress(RolloutError):
+                await self._broadcast("/finish_weight_update", {})
+            if isinstance(exc, RolloutError):
+                raise RolloutError(_load_failure(what, exc)) from exc
             raise
         await self._broadcast("/finish_weight_update", {} if version is None else {"weight_version": str(version)})
 
@@ -255,6 +277,14 @@ class VLLMClient(ServerPool):
         found = re.search(r"\bdtype=(?:torch\.)?(\w+)", config if isinstance(config, str) else json.dumps(config))
         size = sizes[0] if sizes and isinstance(sizes[0], dict) else {}
         return {"tp_size": int(size.get("world_size") or 1), "dp_size": 1, "dtype": found.group(1) if found else ""}
+
+
+def _load_failure(what: str, exc: BaseException) -> str:
+    """One line: what was loaded (its folder) and the backend's reason, which vLLM's error body wraps
+    in a worker error with every path blanked to "<path>" (the folder is put back here)."""
+    text = " ".join(str(exc).split())
+    found = re.search(r"Worker failed with error '(.+?)', please check", text)
+    return f"{what} refused: {found.group(1)}" if found else text
 
 
 # -- command line ------------------------------------------------------------------------------

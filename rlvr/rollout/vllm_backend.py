@@ -5,7 +5,8 @@ loads it through its plug-in entry point group `vllm.general_plugins` in every p
 (API server, engine core, workers), and `register` adds the backend `rlvr` to vLLM's
 `WeightTransferEngineFactory`; the server is started with
 `--weight-transfer-config '{"backend": "rlvr"}'` (`rlvr.rollout.vllm.build_vllm_command`).
-It imports only torch, vLLM and `rlvr.rollout.dist` (torch only).
+It imports only torch, vLLM, `rlvr.rollout.dist` (torch only) and `rlvr.rollout.lora_merge`
+(torch and safetensors).
 
 Why not one of vLLM's own backends: on CPU none works (each asks `torch.accelerator` for a
 device, which raises without one), and on GPU the trainer half of vLLM's NCCL backend
@@ -22,6 +23,16 @@ bytes are in and hands them to a loader thread (`load_weights`, in bucket order)
 load of bucket k overlaps the transfer of bucket k + 1; `finish_weight_update` waits for every
 load (a failed one fails the finish, so vLLM sets no version), finalizes the reload and re-packs
 the LM head (see below).
+
+A LoRA adapter push (`RlvrUpdateInfo.adapter_path`, `VLLMClient.load_lora_adapter`) loads, in
+the same session, the base weights plus a peft adapter merged into them
+(`rlvr.rollout.lora_merge`, the base read from the folder vLLM was started on): the targeted
+weights, those the previous adapter merged and this one does not (back to the base), and the
+untouched members of every fused layer they touch (q/k/v, gate/up: the reload rebuilds a layer
+only once all of its tensors arrived). Layers it does not touch keep their tensors, so the
+reload's "Failed to load weights" warning for them is silenced during such a session. A bad
+folder is refused before any tensor is read; the backend then closes the reload itself (vLLM
+ends a session whose update raised without finalizing it), so the model stays whole.
 
 The tied LM head on CPU: with `tie_word_embeddings` the trainer sends the embedding only
 (the head is the same tensor). vLLM's layerwise reload rebuilds a layer only when it got
@@ -91,6 +102,8 @@ class RlvrUpdateInfo(_UpdateBase):
     load_format: str | None = None
     path: str | None = None
     """A HF safetensors folder to load instead of a broadcast (`sync.method = "disk"`)."""
+    adapter_path: str | None = None
+    """A peft LoRA adapter folder to merge into the base weights instead of a broadcast."""
 
 
 class RlvrWeightTransfer(_engine_base()):
@@ -105,6 +118,8 @@ class RlvrWeightTransfer(_engine_base()):
         self.group: Any = None
         self._loader: Any = None  # one thread: bucket k loads while bucket k + 1 is on the wire
         self._loads: list[Any] = []
+        self._adapter_weights: frozenset[str] = frozenset()  # what the last adapter merged
+        self._quiet: Any = None  # the reload-warning filter of an adapter session
 
     def init_transfer_engine(self, init_info: RlvrInitInfo) -> None:
         from rlvr.rollout.dist import join_group_like_sglang
@@ -137,8 +152,20 @@ class RlvrWeightTransfer(_engine_base()):
         from rlvr.rollout.dist import receive_broadcast, receive_into, torch_dtype
 
         if update_info.path is not None:
-            with torch.no_grad():
-                self.model.load_weights(_folder_weights(update_info.path))
+            try:
+                _check_folder(update_info.path, _base_folder(self.vllm_config))
+                with torch.no_grad():
+                    self.model.load_weights(_folder_weights(update_info.path))
+            except BaseException:
+                from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+                # start_weight_update made every parameter a placeholder, and vLLM ends a session whose
+                # update raised without finalizing it: put the untouched weights back.
+                finalize_layerwise_reload(self.model, self.model_config)
+                raise
+            return
+        if update_info.adapter_path is not None:
+            self._load_adapter(update_info.adapter_path)
             return
         if self.group is None:
             raise RuntimeError("no weight-update group: call /init_weight_transfer_engine first")
@@ -165,6 +192,34 @@ class RlvrWeightTransfer(_engine_base()):
             self._load(weights, received - start)
         else:  # answer now, so the trainer sends the next bucket while this one loads
             self._loads.append(self._loader.submit(self._load, weights, received - start))
+
+    def _load_adapter(self, path: str) -> None:
+        """Merge a peft adapter into the base and load what it changes (module docstring)."""
+        import torch
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        from rlvr.rollout.lora_merge import AdapterMerge
+
+        start = time.perf_counter()
+        self._quiet = self._quiet or _quiet_reload_warnings()
+        merge: Any = None
+        try:
+            packed = dict(getattr(self.model, "packed_modules_mapping", None) or {})
+            merge = AdapterMerge(path, _base_folder(self.vllm_config), previous=self._adapter_weights,
+                                 packed_modules=packed)  # fmt: skip
+            with torch.no_grad():
+                self.model.load_weights(merge.tensors(dtype=self.model_config.dtype, device=self.device))
+        except BaseException:
+            if merge is not None:  # part may be in: the next adapter puts these back to the base too
+                self._adapter_weights = self._adapter_weights | merge.merged
+            finalize_layerwise_reload(self.model, self.model_config)  # vLLM will not: its session ends here
+            self._quiet = _loud(self._quiet)
+            raise
+        self._adapter_weights = merge.merged
+        log.info(
+            "rlvr LoRA adapter %s: %d weights merged, %d back to the base, %d fused siblings in %.3f s",
+            path, len(merge.merged), len(merge.restored), len(merge.siblings), time.perf_counter() - start,
+        )  # fmt: skip
 
     def _load(self, weights: list[tuple[str, Any]], receive_s: float) -> None:
         import torch
@@ -193,8 +248,11 @@ class RlvrWeightTransfer(_engine_base()):
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         start = time.perf_counter()
-        self._wait_loads()
-        finalize_layerwise_reload(self.model, self.model_config)
+        try:
+            self._wait_loads()
+            finalize_layerwise_reload(self.model, self.model_config)
+        finally:
+            self._quiet = _loud(self._quiet)
         for module in self.model.modules():
             if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
                 module.quant_method.process_weights_after_loading(module)
@@ -206,6 +264,61 @@ class RlvrWeightTransfer(_engine_base()):
         if self.group is not None:
             self.group.shutdown()
             self.group = None
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class _NoUnloadedLayerWarnings(logging.Filter):
+    """Drops the reload's "<layer>: Failed to load weights": an adapter session loads only the
+    layers it changes, and the others keep their tensors on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "%s: Failed to load weights"
+
+
+def _quiet_reload_warnings() -> logging.Filter:
+    quiet = _NoUnloadedLayerWarnings()
+    logging.getLogger(RELOAD_LOGGER).addFilter(quiet)
+    return quiet
+
+
+def _loud(quiet: logging.Filter | None) -> None:
+    if quiet is not None:
+        logging.getLogger(RELOAD_LOGGER).removeFilter(quiet)
+
+
+def _base_folder(vllm_config: Any) -> str:
+    """The folder of the weights vLLM was started on (a hub id: its local snapshot)."""
+    from pathlib import Path
+
+    model = str(vllm_config.model_config.model)
+    if Path(model).is_dir():
+        return model
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(
+        model, revision=vllm_config.model_config.revision, cache_dir=vllm_config.load_config.download_dir,
+        local_files_only=True, allow_patterns=["*.safetensors", "*.json"],
+    )  # fmt: skip
+
+
+def _check_folder(path: str, base: str) -> None:
+    """A pushed folder must hold the base folder's tensors with their shapes, checked from the
+    headers before any weight moves: a tensor that fails half-way through vLLM's layerwise reload
+    cannot be undone (finalizing the reload replays it and fails again), and the engine dies."""
+    from rlvr.rollout.lora_merge import base_index
+
+    pushed, expected = base_index(path), base_index(base)
+    for name, tensor in pushed.items():
+        want = expected.get(name)
+        if want is None:
+            raise ValueError(f"{tensor.file.name} in {path}: {name} is not a weight of the served model")
+        if tensor.shape != want.shape:
+            raise ValueError(
+                f"{tensor.file.name} in {path}: {name} has shape {list(tensor.shape)}, the served model's is "
+                f"{list(want.shape)}"
+            )
 
 
 def _folder_weights(path: str) -> Any:

@@ -8,10 +8,11 @@ Two things cross over:
 - `ensure_plugin_dir()`: the folder put on the server's PYTHONPATH so vLLM finds rlvr's
   weight-transfer backend. vLLM discovers plug-ins by entry point
   (`vllm.general_plugins`), so the folder holds a minimal `.dist-info` naming
-  `rlvr.rollout.vllm_backend:register` and a link to this `rlvr` package, and nothing else
-  of rlvr's environment (whose torch and transformers must not shadow vLLM's). Made on the
-  machine that starts the server (the local launcher, a SLURM node), keyed by where this
-  package lives, rewritten only when it differs.
+  `rlvr.rollout.vllm_backend:register` and a link to this `rlvr` package (so the backend's
+  own imports, `rlvr.rollout.dist` and `rlvr.rollout.lora_merge` for LoRA adapter pushes, come
+  with it), and nothing else of rlvr's environment (whose torch and transformers must not
+  shadow vLLM's). Made on the machine that starts the server (the local launcher, a SLURM
+  node), keyed by where this package lives, rewritten only when it differs.
 """
 
 from __future__ import annotations

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
 from rlvr.rollout.engine import GenerateRequest, SamplingParams
 from rlvr.rollout.episode import run_episode
+from rlvr.rollout.http import RolloutError
 from rlvr.rollout.vllm import VLLMClient
 
 from .helpers import (
@@ -173,3 +175,34 @@ def test_abort_mode_episode_continues_or_restarts(vllm_server, base, partial: bo
         assert interrupted, "no episode spanned the push"
     else:
         assert not interrupted and any(set(c.token_versions) == {1} for c in completions)
+
+
+def test_a_failed_disk_load_keeps_the_served_weights_and_the_next_push_works(vllm_server, base, tmp_path) -> None:
+    """A folder vLLM cannot load (a weight of the wrong shape) fails the load with vLLM's reason; the
+    backend closes the reload itself, so the server keeps its weights and version and takes the next push."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    shutil.copytree(POLICY, broken)
+    weights = load_file(broken / "model.safetensors")
+    name = next(n for n in weights if n.endswith("q_proj.weight"))
+    weights[name] = weights[name][:-1]
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+
+    async def load() -> None:
+        async with VLLMClient([vllm_server.url], timeout_s=120) as client:
+            await client.update_weights_from_disk(str(broken), version=9)
+
+    with pytest.raises(RolloutError) as failed:
+        asyncio.run(load())
+    assert re.fullmatch(  # the real reason in one line, not the failed session's aftermath
+        r"weights \S*broken refused: model.safetensors in \S+: model.layers.\d.self_attn.q_proj.weight has shape "
+        r"\[127, 128\], the served model's is \[128, 128\]",
+        str(failed.value),
+    ), failed.value
+    _assert_serves(vllm_server.url, base, version=0)
+    perturbed = reference_model(perturb_seed=41)
+    push(vllm_server.url, perturbed, version=4)
+    _assert_serves(vllm_server.url, perturbed, version=4)
