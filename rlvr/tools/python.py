@@ -17,7 +17,6 @@ for a slot before its timeout starts (`Tool.slots`).
 from __future__ import annotations
 
 import asyncio
-import os
 import weakref
 from typing import Any
 
@@ -29,11 +28,13 @@ _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] 
 
 
 def slots() -> asyncio.Semaphore:
-    """This event loop's cap on python tool programs running at once: one per core, shared by
-    every python tool (every domain) on the loop."""
+    """This event loop's cap on python tool programs running at once: one per core this process may
+    use (its affinity, not the node's count), shared by every python tool (every domain) on the loop."""
+    from rlvr.recipe.checks import cpu_cores
+
     loop = asyncio.get_running_loop()
     if loop not in _slots:
-        _slots[loop] = asyncio.Semaphore(os.cpu_count() or 1)
+        _slots[loop] = asyncio.Semaphore(cpu_cores())
     return _slots[loop]
 
 

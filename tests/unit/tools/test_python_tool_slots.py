@@ -37,12 +37,13 @@ async def test_python_programs_at_once_are_capped_at_the_cores(tokenizer, monkey
     import rlvr.rewards.sandbox.local as local
 
     monkeypatch.setattr(local, "LocalSandbox", CountingSandbox)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # the node's cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 5, 9})  # the 3 this process may use
     CountingSandbox.now = CountingSandbox.peak = 0
     box = toolbox(tokenizer, [python_tool(timeout_s=10)], timeout_s=10)
     replies = await asyncio.gather(*(box.session().respond("<code>print(1)</code>") for _ in range(7)))
     assert all(r is not None and "ok" in r.text for r in replies)
-    assert CountingSandbox.peak == 2  # 7 episodes called at once; 2 cores
+    assert CountingSandbox.peak == 3  # 7 episodes called at once; 3 cores granted (not the node's 64)
 
 
 async def test_the_wait_for_a_slot_is_not_part_of_the_call_s_timeout(tokenizer) -> None:
