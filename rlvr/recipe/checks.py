@@ -36,8 +36,34 @@ def machine_problems(recipe: Recipe) -> Problem | None:
         or sglang_problem(recipe)
         or vllm_problem(recipe)
         or lora_problem(recipe)
+        or kv_budget_problem(recipe)
         or memory_problem(recipe)
     )
+
+
+def kv_budget_problem(recipe: Recipe) -> Problem | None:
+    """`rollout.kv_cache_gb` must hold one of the longest sequences a step makes in the embedded
+    engine's cache (`rlvr serve` refuses to start otherwise, after the launcher began)."""
+    from rlvr.recipe.memory import DTYPE_BYTES, model_shape
+    from rlvr.recipe.plan import local_gpus
+
+    budget = recipe.rollout.kv_cache_gb
+    if recipe.rollout.engine != "embedded" or budget is None:
+        return None
+    shape = model_shape(recipe)
+    if shape is None:
+        return None
+    on_gpu = recipe.cluster.gpus_per_node > 0 if recipe.cluster.kind == "slurm" else local_gpus(recipe) > 0
+    width = DTYPE_BYTES[recipe.model.dtype] if on_gpu else 4  # the launcher's --dtype (fp32 on CPU)
+    tokens = longest_sequence(recipe)
+    need = shape.kv_bytes_per_token(dtype_bytes=width) * tokens
+    if budget * 1e9 < need:
+        return ("rollout", "kv_cache_gb"), (
+            f"{budget:g} GB holds no sequence of {tokens} tokens (data.max_prompt_tokens + the response or episode "
+            f"budget), {need / 1e9:.3g} GB each; raise it to at least {need / 1e9:.3g} (x rollout.max_batch = "
+            f"{recipe.rollout.max_batch} for a full batch) or shorten the sequences"
+        )
+    return None
 
 
 def lora_problem(recipe: Recipe) -> Problem | None:

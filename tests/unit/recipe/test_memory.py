@@ -194,3 +194,28 @@ def test_lora_counts_the_real_adapters_and_drops_the_reference(targets: str) -> 
     assert terms["gradients (adapters)"] == adapters and terms["AdamW states (2 x fp32, adapters)"] == 2 * adapters
     assert "reference model (fp32 shard)" in full and "reference model (fp32 shard)" not in terms
     assert sum(terms.values()) < sum(full.values())
+
+
+def test_validate_refuses_a_kv_budget_the_embedded_engine_would_refuse() -> None:
+    """`validate`'s check and `rlvr serve`'s own (kv_cache_plan) agree at the boundary: one sequence of
+    the recipe's longest length, in the engine's fp32 on CPU."""
+    from transformers import AutoConfig
+
+    from rlvr.recipe.checks import kv_budget_problem
+    from rlvr.rollout.embedded import KVBudgetError, kv_cache_plan
+
+    config = AutoConfig.from_pretrained(POLICY)
+    length = longest_sequence(load_recipe(RECIPE, []))
+    one = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4 * length
+    for budget, fits in ((one * 0.999, False), (one * 1.001, True)):
+        recipe = load_recipe(RECIPE, [f"rollout.kv_cache_gb={budget / 1e9!r}", "cluster.gpus_per_node=0"])
+        problem = kv_budget_problem(recipe)
+        try:
+            kv_cache_plan(config, dtype=torch.float32, max_batch=8, max_len=length, budget_bytes=int(budget))
+            engine_fits = True
+        except KVBudgetError:
+            engine_fits = False
+        assert engine_fits == fits and (problem is None) == fits, (budget, problem)
+    assert problem is None
+    key, message = kv_budget_problem(load_recipe(RECIPE, ["rollout.kv_cache_gb=1e-6"])) or ((), "")
+    assert key == ("rollout", "kv_cache_gb") and f"holds no sequence of {length} tokens" in message
