@@ -1,7 +1,7 @@
 """Peak RSS of `rlvr serve` and of the trainer, as a multiple of the model's weight bytes.
 
     python bench/memory.py --model DIR [--recipe recipes/quickstart.toml] [--part serve|trainer|both]
-                           [--baseline-src OLD_TREE]
+                           [--baseline-src OLD_TREE] [--steps 3] [--set trainer.activation_checkpointing=full]
 
 `serve`: the exact command the launcher runs for the recipe's embedded server
 (`rlvr.launch.commands.server_command`, with `model.path = DIR`), then one step's worth of
@@ -10,11 +10,13 @@ EOS ignored so every sequence runs to the limit), a weight push from disk
 (`/update_weights_from_disk`, the same folder) and the rollouts again. The peak is the
 server's VmHWM.
 
-`trainer`: `Actor.build` with the recipe's trainer and algorithm (fp32, AdamW), one
-`train_step` on a small batch (8 sequences of the recipe's prompt + response length: the
-activations stay small, so the peak shows the weight copies: weights, grads, Adam's two
-moments = 4x), then one DiskSync export in the recipe's engine dtype. The peak is the
-child process's ru_maxrss.
+`trainer`: `Actor.build` with the recipe's trainer and algorithm (fp32, AdamW), `--steps`
+train steps (default 3) on a small batch (8 sequences of the recipe's prompt + response
+length; weights, grads and Adam's two moments are 4x, and at the 358M model the
+activations of those 1024 tokens are about 2x more), then one DiskSync export in the
+recipe's engine dtype. The peak is the child process's ru_maxrss; it also prints the peak
+after each step (the first allocates Adam's moments, the later ones hold them while the
+activations come and go), the resident set between steps, and each step's seconds.
 
 `--baseline-src OLD_TREE` first runs the same measurement with `PYTHONPATH=OLD_TREE` (e.g.
 `git archive HEAD rlvr | tar -x -C /tmp/old`), so before and after come from one run.
@@ -123,23 +125,30 @@ def measure_serve(recipe_path: str, model: Path) -> dict:
 
 
 TRAINER_CHILD = r"""
-import json, os, resource, sys, tempfile, torch
+import json, os, resource, sys, tempfile, time, torch
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("RANK", "0")
 os.environ.setdefault("WORLD_SIZE", "1"); os.environ.setdefault("LOCAL_RANK", "0")
 from rlvr.recipe.load import load_recipe
 from rlvr.trainer.actor import Actor
 from rlvr.trainer.batch import TrainBatch
-recipe = load_recipe(sys.argv[1], [f"model.path={sys.argv[2]}"], check_files=False)
-actor = Actor.build(recipe.model, recipe.trainer, recipe.algorithm, total_steps=3, device=torch.device("cpu"))
+recipe = load_recipe(sys.argv[1], [f"model.path={sys.argv[2]}", *sys.argv[4:]], check_files=False)
+steps = int(sys.argv[3])
+actor = Actor.build(recipe.model, recipe.trainer, recipe.algorithm, total_steps=max(3, steps), device=torch.device("cpu"))
 built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 n, prompt, response = 8, recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens
 g = torch.Generator().manual_seed(0)
-batch = TrainBatch.from_sequences(
-    [torch.randint(4, 90, (prompt,), generator=g).tolist() for _ in range(n)],
-    [torch.randint(4, 90, (response,), generator=g).tolist() for _ in range(n)],
-    advantages=torch.randn(n, generator=g).tolist(), group_ids=[i // 4 for i in range(n)])
-actor.train_step(batch)
-stepped = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peaks, seconds = [], []
+for _ in range(steps):
+    batch = TrainBatch.from_sequences(
+        [torch.randint(4, 90, (prompt,), generator=g).tolist() for _ in range(n)],
+        [torch.randint(4, 90, (response,), generator=g).tolist() for _ in range(n)],
+        advantages=torch.randn(n, generator=g).tolist(), group_ids=[i // 4 for i in range(n)])
+    start = time.perf_counter()
+    actor.train_step(batch)
+    seconds.append(time.perf_counter() - start)
+    peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+stepped = peaks[0]
+idle = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
 from rlvr.sync import disk
 out = tempfile.mkdtemp() + "/v1"
 if hasattr(disk, "write_weights"):
@@ -149,16 +158,20 @@ else:
     export_hf(actor.engine.model, None, out, dtype=torch.float32)
 exported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 import shutil; shutil.rmtree(os.path.dirname(out), ignore_errors=True)
-print("RESULT", json.dumps({"built": built, "stepped": stepped, "peak": exported}))
+print("RESULT", json.dumps({"built": built, "stepped": stepped, "peak": exported, "peaks": peaks,
+                            "seconds": seconds, "idle": idle}))
 """
 
 
-def measure_trainer(recipe_path: str, model: Path) -> dict:
+def measure_trainer(recipe_path: str, model: Path, steps: int, sets: list[str]) -> dict:
     from rlvr.process import free_port
 
     env = {**os.environ, "MASTER_PORT": str(free_port())}
     out = subprocess.run(
-        [sys.executable, "-c", TRAINER_CHILD, recipe_path, str(model)], env=env, capture_output=True, text=True
+        [sys.executable, "-c", TRAINER_CHILD, recipe_path, str(model), str(steps), *sets],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -172,7 +185,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.part in ("serve", "both"):
         results["serve"] = measure_serve(args.recipe, args.model)
     if args.part in ("trainer", "both"):
-        results["trainer"] = measure_trainer(args.recipe, args.model)
+        results["trainer"] = measure_trainer(args.recipe, args.model, args.steps, args.set)
     return results
 
 
@@ -191,6 +204,13 @@ def report(label: str, results: dict) -> None:
             f"{label} trainer: peak RSS {trainer['peak'] / 1e9:.2f} GB = {trainer['peak'] / weights:.2f}x weights "
             f"(after build {trainer['built'] / weights:.2f}x, after a step {trainer['stepped'] / weights:.2f}x)"
         )
+        if "peaks" in trainer:
+            peaks = ", ".join(f"{p / weights:.2f}x" for p in trainer["peaks"])
+            seconds = ", ".join(f"{s:.1f}" for s in trainer["seconds"])
+            print(
+                f"{label}          peak after each step {peaks}; between steps {trainer['idle'] / weights:.2f}x; "
+                f"step seconds {seconds}"
+            )
 
 
 def main() -> None:
@@ -199,6 +219,15 @@ def main() -> None:
     parser.add_argument("--build", type=Path, help="build the 358M model into this folder and exit")
     parser.add_argument("--recipe", default=str(ROOT / "recipes/quickstart.toml"))
     parser.add_argument("--part", choices=["serve", "trainer", "both"], default="both")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="trainer steps (the first allocates Adam's moments; later ones are steady)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="a recipe override for the trainer part (e.g. trainer.activation_checkpointing=full); repeatable",
+    )
     parser.add_argument("--baseline-src", type=Path, help="a source tree (its rlvr/) to measure first, as before")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the baseline child's output
     args = parser.parse_args()
@@ -213,7 +242,8 @@ def main() -> None:
     if args.baseline_src:
         env = {**os.environ, "PYTHONPATH": str(args.baseline_src.resolve())}
         argv = [sys.executable, str(Path(__file__).resolve()), "--model", str(args.model.resolve())]
-        argv += ["--recipe", str(Path(args.recipe).resolve()), "--part", args.part]
+        argv += ["--recipe", str(Path(args.recipe).resolve()), "--part", args.part, "--steps", str(args.steps)]
+        argv += [f"--set={item}" for item in args.set]
         out = subprocess.run([*argv, "--json"], env=env, capture_output=True, text=True, cwd=args.baseline_src)
         lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
         if not lines:

@@ -4,6 +4,7 @@
     python bench/sync.py --hidden 512 --layers 8 --bucket-mb 64 --repeats 5
     python bench/sync.py --size-gb 1.4 --repeats 3   # real sizes: layers chosen to reach 1.4 GB
     python bench/sync.py --size-gb 6 --repeats 2     # needs ~4x that in free RAM (trainer + server + copies)
+    python bench/sync.py --size-gb 1.4 --trainer fsdp2 --bucket-mb 16 --baseline-src /tmp/before --rounds 3
 
 Two processes: this one (trainer rank 0, one trainer rank: the FSDP2 gather is not what
 is measured; its model keeps its weights in one arena, as the single-process trainer
@@ -19,6 +20,11 @@ cache and flatter it). `/bench_raw` also times one broadcast per tensor into fre
 into preallocated tensors (the floor of the `per_tensor` wire, `--wire-format per_tensor`
 to sync with it). Each number is the best of `--repeats` (the CPU is shared). Prints
 GB/s for each and the ratios.
+
+`--baseline-src OLD_TREE` (e.g. `git worktree add /tmp/before HEAD` before a change) runs
+`--rounds` rounds of the same measurement, before (`PYTHONPATH=OLD_TREE`) then after (this
+tree), each in fresh processes, and prints every round and the ranges: on a shared CPU one
+pair of runs says little, alternation keeps the load alike for both.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def serve(model_dir: str, port: int) -> None:
@@ -91,28 +99,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--bucket-mb", type=float, default=256)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument(
-        "--size-gb", type=float, default=None, help="pick --layers so the fp32 weights are about this many GB"
-    )
-    parser.add_argument("--wire-format", default="flattened_bucket", choices=["flattened_bucket", "per_tensor"])
-    parser.add_argument(
-        "--trainer",
-        default="none",
-        choices=["none", "fsdp2"],
-        help="the trainer's strategy: `none` keeps the weights in one arena; `fsdp2` shards them "
-        "(one rank, as the quickstart does), so each push gathers and packs every tensor",
-    )
-    parser.add_argument("--serve", nargs=2, metavar=("MODEL_DIR", "PORT"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        serve(args.serve[0], int(args.serve[1]))
-        return
+def measure(args: argparse.Namespace) -> dict:
+    """Build the model, start the server, push `--repeats` times (after a warm-up push) with the
+    raw baselines in between; every time in seconds."""
+    import shutil
 
     import aiohttp
     import torch
@@ -160,7 +150,7 @@ def main() -> None:
         cfg = SyncConfig(bucket_mb=int(args.bucket_mb), timeout_s=120, wire_format=args.wire_format)
         sync = make_weight_sync(cfg, model=model, client=client)
         nbytes = sum(s.nbytes for s in sync.specs)  # type: ignore[attr-defined]
-        sync_times, transfer_times, raw_times, fresh_times, floor_times = [], [], [], [], []
+        times: dict[str, list[float]] = {"sync": [], "transfer": [], "raw": [], "fresh": [], "floor": []}
         # The same bytes: the weights themselves, flat. (A never-written `torch.empty` buffer
         # would send the kernel's shared zero page from cache and flatter the baseline.)
         # The arena is those bytes in that order already: no second host copy at large sizes.
@@ -200,34 +190,13 @@ def main() -> None:
         for version in range(args.repeats + 1):  # the first push builds the group: a warm-up
             metrics = sync.push(version=version)
             if version:
-                sync_times.append(metrics["sync/seconds"])
-                transfer_times.append(metrics["sync/transfer_seconds"])
-                raw_times.append(asyncio.run(raw_once()))
-                fresh_times.append(asyncio.run(raw_once(per_tensor=True)))
-                floor_times.append(asyncio.run(raw_once(per_tensor=True, reuse=True)))
+                times["sync"].append(metrics["sync/seconds"])
+                times["transfer"].append(metrics["sync/transfer_seconds"])
+                times["raw"].append(asyncio.run(raw_once()))
+                times["fresh"].append(asyncio.run(raw_once(per_tensor=True)))
+                times["floor"].append(asyncio.run(raw_once(per_tensor=True, reuse=True)))
         sync.close()
         asyncio.run(client.close())
-        gb = nbytes / 1e9
-        best_sync, best_transfer, best_raw = min(sync_times), min(transfer_times), min(raw_times)
-        print(
-            f"model: {params / 1e6:.1f}M params, fp32, {gb * 1e3:.0f} MB, buckets of {args.bucket_mb:g} MB, "
-            f"{args.wire_format} wire, trainer strategy {args.trainer}"
-        )
-        print(f"raw gloo broadcast (same bytes, same processes): {gb / best_raw:.2f} GB/s ({best_raw * 1e3:.0f} ms)")
-        best_fresh = min(fresh_times)
-        best_floor = min(floor_times)
-        print(f"per-tensor broadcast into fresh tensors (the old receive, no load): {gb / best_fresh:.2f} GB/s")
-        print(f"per-tensor broadcast into preallocated tensors (wire floor): {gb / best_floor:.2f} GB/s")
-        print(f"sync end to end (pause..resume):               {gb / best_sync:.2f} GB/s ({best_sync * 1e3:.0f} ms)")
-        print(
-            f"sync transfer only (buckets, no pause/resume):  {gb / best_transfer:.2f} GB/s ({best_transfer * 1e3:.0f} ms)"
-        )
-        print(f"ratio end to end / raw: {best_raw / best_sync:.0%}   transfer / raw: {best_raw / best_transfer:.0%}")
-        paired = sorted(r / s for r, s in zip(raw_times, sync_times, strict=True))  # each repeat with its own baseline
-        print(f"ratio end to end / raw per repeat: {paired[0]:.0%}..{paired[-1]:.0%} over {len(paired)}")
-        print(
-            f"ratio end to end / per-tensor floor: {best_floor / best_sync:.0%}   floor / raw: {best_raw / best_floor:.0%}"
-        )
     finally:
         proc.terminate()
         try:
@@ -235,6 +204,192 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"params": params, "nbytes": nbytes, **times}
+
+
+def report(args: argparse.Namespace, result: dict, label: str = "") -> None:
+    gb = result["nbytes"] / 1e9
+    best = {key: min(result[key]) for key in ("sync", "transfer", "raw", "fresh", "floor")}
+    if not label:
+        print(
+            f"model: {result['params'] / 1e6:.1f}M params, fp32, {gb * 1e3:.0f} MB, buckets of {args.bucket_mb:g} MB, "
+            f"{args.wire_format} wire, trainer strategy {args.trainer}"
+        )
+    head = f"{label}: " if label else ""
+    print(
+        f"{head}raw gloo broadcast (same bytes, same processes): {gb / best['raw']:.2f} GB/s ({best['raw'] * 1e3:.0f} ms)"
+    )
+    if label:  # a --baseline-src round: the headline numbers only
+        print(f"{head}sync end to end (pause..resume): {gb / best['sync']:.2f} GB/s ({best['sync'] * 1e3:.0f} ms)")
+        print(f"{head}ratio end to end / raw: {best['raw'] / best['sync']:.0%}")
+        return
+    print(f"per-tensor broadcast into fresh tensors (the old receive, no load): {gb / best['fresh']:.2f} GB/s")
+    print(f"per-tensor broadcast into preallocated tensors (wire floor): {gb / best['floor']:.2f} GB/s")
+    print(f"sync end to end (pause..resume):               {gb / best['sync']:.2f} GB/s ({best['sync'] * 1e3:.0f} ms)")
+    print(
+        f"sync transfer only (buckets, no pause/resume):  {gb / best['transfer']:.2f} GB/s ({best['transfer'] * 1e3:.0f} ms)"
+    )
+    print(
+        f"ratio end to end / raw: {best['raw'] / best['sync']:.0%}   transfer / raw: {best['raw'] / best['transfer']:.0%}"
+    )
+    paired = sorted(
+        r / s for r, s in zip(result["raw"], result["sync"], strict=True)
+    )  # each repeat with its own baseline
+    print(f"ratio end to end / raw per repeat: {paired[0]:.0%}..{paired[-1]:.0%} over {len(paired)}")
+    print(
+        f"ratio end to end / per-tensor floor: {best['floor'] / best['sync']:.0%}   floor / raw: {best['raw'] / best['floor']:.0%}"
+    )
+
+
+def compare(args: argparse.Namespace, argv: list[str]) -> None:
+    """`--rounds` rounds of (before, after), each a fresh pair of processes: before runs with
+    `PYTHONPATH=--baseline-src`, after with this tree; prints each round and the ranges."""
+    import json
+
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    for round_ in range(1, args.rounds + 1):
+        for label, path in (("before", args.baseline_src.resolve()), ("after", ROOT)):
+            env = {**os.environ, "PYTHONPATH": str(path)}
+            out = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), *argv, "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                cwd=path,
+            )
+            lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
+            if not lines:
+                raise SystemExit(f"{label} run failed: {out.stderr[-3000:]}")
+            runs[label].append(json.loads(lines[-1][5:]))
+            report(args, runs[label][-1], f"round {round_} {label}")
+    for label, results in runs.items():
+        sync = sorted(min(r["sync"]) * 1e3 for r in results)
+        raw = sorted(min(r["raw"]) * 1e3 for r in results)
+        ratios = sorted(min(r["raw"]) / min(r["sync"]) for r in results)
+        print(
+            f"{label}: sync {sync[0]:.0f}..{sync[-1]:.0f} ms, raw {raw[0]:.0f}..{raw[-1]:.0f} ms, "
+            f"end to end / raw {ratios[0]:.0%}..{ratios[-1]:.0%} over {len(results)} rounds"
+        )
+
+
+def lora(args: argparse.Namespace) -> None:
+    """A LoRA policy's push, both ways, into the same server, alternated `--repeats` times: the
+    adapters (`sync.lora = "adapter"`: a peft folder the engine merges into its base) against the
+    merged full weights (`"merged"`, broadcast). Prints bytes, seconds (best and range) and ratios."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.recipe.schema import LoraConfig, SyncConfig
+    from rlvr.rollout.clients import ServeClient
+    from rlvr.sync import make_weight_sync
+    from rlvr.tiny import build_tiny_model_dir
+    from rlvr.trainer.lora import apply_lora
+
+    torch.set_num_threads(1)
+    tmp = Path(tempfile.mkdtemp(prefix="rlvr-bench-sync-lora-"))
+    model_dir = build_tiny_model_dir(tmp / "model", hidden_size=args.hidden, layers=args.layers, heads=8, kv_heads=4)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = apply_lora(model, LoraConfig(rank=args.lora, alpha=2.0 * args.lora), seed=0)
+    with torch.no_grad():  # trained adapters: B is no longer zero
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(std=0.01)
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = (tmp / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(model_dir), str(port)], env=env, stdout=log,
+                            stderr=log)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    times: dict[str, list[float]] = {"adapter": [], "merged": []}
+    sizes: dict[str, float] = {}
+    try:
+        client = ServeClient([url], timeout_s=120)
+        asyncio.run(client.wait_ready(timeout_s=180))
+        syncs = {
+            mode: make_weight_sync(
+                SyncConfig(lora=mode, bucket_mb=int(args.bucket_mb), timeout_s=120), model=model, client=client,  # pyright: ignore[reportArgumentType]
+                run_dir=tmp,
+            )
+            for mode in ("adapter", "merged")
+        }  # fmt: skip
+        version = 0
+        for repeat in range(args.repeats + 1):  # the first round warms both up
+            for mode, sync in syncs.items():
+                version += 1
+                start = time.perf_counter()
+                metrics = sync.push(version=version)
+                if repeat:
+                    times[mode].append(time.perf_counter() - start)
+                    sizes[mode] = metrics["sync/gb"] * 1e9
+        for sync in syncs.values():
+            sync.close()
+        asyncio.run(client.close())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    params = sum(p.numel() for n, p in model.named_parameters() if ".lora_" not in n)
+    print(f"model: {params / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers), LoRA rank {args.lora}")
+    for mode in ("merged", "adapter"):
+        t = times[mode]
+        print(f"{mode:>8}: {sizes[mode] / 1e6:8.2f} MB per push, {min(t):.3f} s best ({min(t):.3f}-{max(t):.3f} s)")
+    print(
+        f"adapter / merged: {sizes['adapter'] / sizes['merged']:.4f}x the bytes, "
+        f"{min(times['adapter']) / min(times['merged']):.2f}x the time (best of {args.repeats}, alternated)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--bucket-mb", type=float, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--size-gb", type=float, default=None, help="pick --layers so the fp32 weights are about this many GB"
+    )
+    parser.add_argument("--wire-format", default="flattened_bucket", choices=["flattened_bucket", "per_tensor"])
+    parser.add_argument(
+        "--trainer",
+        default="none",
+        choices=["none", "fsdp2"],
+        help="the trainer's strategy: `none` keeps the weights in one arena; `fsdp2` shards them "
+        "(one rank, as the quickstart does), so each push gathers and packs every tensor",
+    )
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="a source tree (its rlvr/, e.g. `git worktree add /tmp/before HEAD`) to measure as before, "
+        "alternating with this tree for --rounds rounds",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="before/after rounds with --baseline-src")
+    parser.add_argument(
+        "--lora", type=int, default=0, metavar="RANK",
+        help="LoRA: push a rank-RANK adapter (all linear layers) against the merged full weights of the same model",
+    )  # fmt: skip
+    parser.add_argument("--serve", nargs=2, metavar=("MODEL_DIR", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a --baseline-src round's child
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve[0], int(args.serve[1]))
+        return
+    if args.baseline_src:
+        argv = [a for a in sys.argv[1:] if a != "--json"]
+        drop = {"--baseline-src", "--rounds"}
+        argv = [a for i, a in enumerate(argv) if a not in drop and (i == 0 or argv[i - 1] not in drop)]
+        argv = [a for a in argv if not a.startswith(("--baseline-src=", "--rounds="))]
+        compare(args, argv)
+        return
+    if args.lora:
+        lora(args)
+        return
+    result = measure(args)
+    if args.json:
+        import json
+
+        print("JSON", json.dumps(result))
+        return
+    report(args, result)
 
 
 if __name__ == "__main__":

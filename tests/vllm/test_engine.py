@@ -120,12 +120,22 @@ def test_keep_mode_push_switches_versions_once_and_continues_on_the_new_weights(
         requests
     ):  # seeded, as the loop's are: a re-prefilled seeded request must not crash vLLM-CPU
         request.params.seed = 100 + i
-    completions = during_generation(
-        vllm_server.url,
-        lambda: push(vllm_server.url, perturbed, version=1),
-        lambda: generate(vllm_server.url, requests),
-        min_tokens=24 * 8,  # every sample has tokens of version 0, and 392 to go
-    )
+    from rlvr.sync.broadcast import BroadcastSync
+
+    model = reference_model()  # the group is set up by a push of the base first (see the abort test)
+    sync = BroadcastSync(model, client=VLLMClient([vllm_server.url]), timeout_s=120, pause_mode="in_place")
+    sync.push(version=0)
+
+    def keep_push() -> dict:
+        model.load_state_dict(perturbed.state_dict())
+        return sync.push(version=1)
+
+    try:  # every sample has tokens of version 0 (8 or more), and the rest to go
+        completions = during_generation(
+            vllm_server.url, keep_push, lambda: generate(vllm_server.url, requests), min_tokens=24 * 8
+        )
+    finally:
+        sync.close()
     switched = 0
     for completion in completions:
         versions = completion.token_versions
@@ -155,16 +165,22 @@ def test_abort_mode_episode_continues_or_restarts(vllm_server, base, partial: bo
                 *(run_episode(client, prompt_ids=p, params=params, partial=partial) for p in prompts)
             )
 
+    from rlvr.sync.broadcast import BroadcastSync
+
+    # The group is set up by a first push of the base (version 0, what the server holds): under load that
+    # takes seconds, and the push that matters must land while the episodes still generate.
+    model = reference_model()
+    sync = BroadcastSync(model, client=VLLMClient([vllm_server.url]), timeout_s=120, pause_mode="abort")
+    sync.push(version=0)
+
     def abort_push() -> dict:
-        from rlvr.sync.broadcast import BroadcastSync
+        model.load_state_dict(perturbed.state_dict())
+        return sync.push(version=1)
 
-        sync = BroadcastSync(perturbed, client=VLLMClient([vllm_server.url]), timeout_s=120, pause_mode="abort")
-        try:
-            return sync.push(version=1)
-        finally:
-            sync.close()
-
-    completions = during_generation(vllm_server.url, abort_push, lambda: asyncio.run(episodes()), min_tokens=16 * 8)
+    try:
+        completions = during_generation(vllm_server.url, abort_push, lambda: asyncio.run(episodes()), min_tokens=16 * 8)
+    finally:
+        sync.close()
     interrupted = [c for c in completions if len(set(c.token_versions)) > 1]
     for completion in completions:
         assert len(completion.token_ids) == 400
