@@ -31,17 +31,18 @@ Wire formats (`wire_format`), both SGLang's `/update_weights_from_distributed`:
 Pipelining (flattened): bucket k+1 is gathered and packed into the other buffer while
 bucket k is on the wire. On gloo two buckets are in flight: rank 0 sends bucket k+1's
 request (and starts its broadcast) as soon as bucket k's broadcast is done, without
-waiting for the engines' answer to bucket k; so each engine finds request k+1 waiting
-when it has landed bucket k, instead of idling for an HTTP round trip per bucket (a
-1.4 GB push in 16 MB buckets: ~1.5 s -> ~1.0 s, bench/sync.py). Order is kept without
-trusting HTTP: gloo's TCP transport sends a buffer only after the receiver posted its
-receive, so a finished broadcast of bucket k means every engine rank is inside request k;
-request k+1 can only queue behind it, and each engine runs one weight update at a time
-(`rlvr serve`: the engine lock; SGLang 0.5.23: its tokenizer manager holds `is_pause_cond`
-around the scheduler call while paused, the model-update writer lock otherwise; vLLM: the
-engine core runs utility calls one by one). NCCL's broadcast completes on the sender
-without that proof (the CPU does not wait for the kernel, and a small bucket fits NCCL's
-buffers), so on NCCL the answer to bucket k is awaited before request k+1, as before.
+waiting for the engines' answer to bucket k; so each engine finds request k+1 waiting when
+it has landed bucket k, instead of idling for an HTTP round trip per bucket (a 1.4 GB push
+in 16 MB buckets, bench/sync.py: 41-43% -> 59-65% of a raw gloo broadcast of the same
+bytes). Order is kept without trusting HTTP: gloo's TCP transport sends a buffer only
+after the receiver posted its receive, so a finished broadcast of bucket k means every
+engine rank is inside request k; request k+1 can only queue behind it, and each engine
+runs one weight update at a time (`rlvr serve`: the engine lock; SGLang 0.5.23: its
+tokenizer manager holds `is_pause_cond` around the scheduler call while paused, the
+model-update writer lock otherwise; vLLM: the engine core runs utility calls one by one).
+NCCL's broadcast completes on the sender without that proof (the CPU does not wait for the
+kernel, and a small bucket fits NCCL's buffers), so on NCCL the answer to bucket k is
+awaited before request k+1, as before.
 
 Failures: see `rlvr.sync.base`. A broken broadcast tears the group down on rank 0 (so
 healthy receivers stop waiting at once), rank 0 still gathers to the end (the other
