@@ -39,3 +39,18 @@ def test_scheduler_drives_the_optimizer_lr_and_resumes():
     sched2 = build_scheduler(opt2, cfg, total_steps=5)
     load_scheduler_state(sched2, sched.state_dict())
     assert opt2.param_groups[0]["lr"] == pytest.approx(0.0)
+
+
+def test_the_host_heap_is_trimmed_once_before_adams_first_step(tiny_model_dir, monkeypatch) -> None:
+    """glibc's heap is trimmed where Adam allocates its moments (the first optimizer step), on CPU, and
+    not after later steps (that costs page faults on every next forward)."""
+    from rlvr.trainer import engine as engine_module
+
+    from .conftest import build_actor, make_batch
+
+    calls: list[int] = []
+    actor = build_actor(tiny_model_dir)
+    monkeypatch.setattr(engine_module, "trim_host_heap", lambda: calls.append(len(actor.optimizer.state)))
+    for _ in range(3):
+        actor.train_step(make_batch())
+    assert calls == [0]  # once, while Adam held no state yet
