@@ -16,30 +16,12 @@ import pytest
 import torch
 
 from rlvr.rollout.clients import ServeClient
-from rlvr.rollout.engine import GenerateRequest, RolloutError, SamplingParams
+from rlvr.rollout.engine import GenerateRequest, RolloutError
 from tests.conftest import embedded_server
 
-ROOT = Path(__file__).resolve().parents[2]
-POLICY = ROOT / "recipes" / "quickstart" / "policy"
-PROMPTS = [[2, 10, 11, 12, 13], [2, 40, 41, 7], [2, 60, 5, 5, 9, 3], [2, 88]]
-LOGPROB_TOL = 1e-4
-
-
-def write_adapter(path: Path, targets: list[str], *, seed: int, r: int = 4, alpha: int = 8) -> Path:
-    """A peft adapter folder for the quickstart policy whose lora_A and lora_B are random (seeded),
-    large enough to change greedy output (peft starts lora_B at zero: a no-op adapter)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(POLICY, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.15)
-    model.save_pretrained(str(path))
-    return path
+# The transformers reference and the adapter folders are the vLLM tests' and the merge tests' own.
+from tests.unit.rollout.test_lora_merge import write_adapter
+from tests.vllm.helpers import LOGPROB_TOL, POLICY, PROMPTS, forward_logprobs, greedy, greedy_continuation
 
 
 @functools.cache
@@ -50,24 +32,6 @@ def peft_reference(adapter: Path | None) -> Any:
 
     base = AutoModelForCausalLM.from_pretrained(POLICY, dtype=torch.float32).eval()
     return base if adapter is None else PeftModel.from_pretrained(base, adapter).eval()
-
-
-def greedy_continuation(model: Any, prefix: list[int], count: int) -> list[int]:
-    ids = list(prefix)
-    with torch.no_grad():
-        for _ in range(count):
-            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prefix) :]
-
-
-def forward_logprobs(model: Any, prompt: list[int], ids: list[int]) -> list[float]:
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
-
-
-def greedy(prompt: list[int], tokens: int = 24) -> GenerateRequest:
-    return GenerateRequest(prompt, SamplingParams(temperature=0, max_new_tokens=tokens, ignore_eos=True))
 
 
 def assert_serves(completions: list, model: Any, *, version: int) -> None:
