@@ -49,7 +49,9 @@ def make_weight_sync(
     if d.rank() == 0:
         method = resolve_method(cfg.method, has_client=client is not None, has_engine=engine is not None)
     method = d.broadcast_object(method)
-    adapters = getattr(model, "rlvr_lora", None) is not None and getattr(cfg, "lora", "merged") == "adapter"
+    from rlvr.trainer.lora import is_lora
+
+    adapters = is_lora(model) and getattr(cfg, "lora", "merged") == "adapter"
     if adapters and method != "inprocess":  # a LoRA policy's adapters only, whatever the method
         from rlvr.sync.adapter import AdapterSync
 

@@ -65,8 +65,9 @@ def _options(part: Trainable) -> Any:
 
 
 def _lora_rank(part: Trainable) -> int:
-    cfg = getattr(part.model, "rlvr_lora", None)
-    return int(cfg.r) if cfg is not None else 0
+    from rlvr.trainer.lora import lora_rank
+
+    return lora_rank(part.model)
 
 
 def _dcp_state(parts: Mapping[str, Trainable]) -> dict[str, Any]:

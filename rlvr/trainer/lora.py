@@ -67,7 +67,13 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, *, seed: int) -> nn.Module:
 
 
 def is_lora(model: nn.Module) -> bool:
-    return getattr(model, "rlvr_lora", None) is not None
+    return lora_rank(model) > 0
+
+
+def lora_rank(model: nn.Module) -> int:
+    """The adapters' rank r, 0 for a model without LoRA (the one place that reads the marker)."""
+    cfg: Any = getattr(model, "rlvr_lora", None)
+    return int(cfg.r) if cfg is not None else 0
 
 
 def lora_modules(model: nn.Module) -> dict[str, nn.Module]:

@@ -34,9 +34,9 @@ def weight_sources(model: nn.Module, *, skip_tied: bool = True) -> list[Source]:
     hf_sources = getattr(model, "hf_sources", None)
     if hf_sources is not None:
         return hf_sources(skip_tied=skip_tied)
-    if getattr(model, "rlvr_lora", None) is not None:  # adapters merged in (rlvr.trainer.lora)
-        from rlvr.trainer.lora import merged_sources
+    from rlvr.trainer.lora import is_lora, merged_sources
 
+    if is_lora(model):  # adapters merged in
         return merged_sources(model, skip_tied=skip_tied)
     seen: set[int] = set()
     out: list[Source] = []
