@@ -3,7 +3,7 @@
     python bench/sync.py                         # ~70M-param Qwen3 (hidden 768, 8 layers), fp32
     python bench/sync.py --hidden 512 --layers 8 --bucket-mb 64 --repeats 5
     python bench/sync.py --size-gb 1.4 --repeats 3   # real sizes: layers chosen to reach 1.4 GB
-    python bench/sync.py --size-gb 6 --repeats 2     # needs ~4x that in free RAM (trainer + server + copies)
+    python bench/sync.py --size-gb 6 --repeats 2 --raw-only --raw-chunk-mb 1024   # ~3.3x that in free RAM
     python bench/sync.py --size-gb 1.4 --trainer fsdp2 --bucket-mb 16 --baseline-src /tmp/before --rounds 3
 
 Two processes: this one (trainer rank 0, one trainer rank: the FSDP2 gather is not what
@@ -54,7 +54,7 @@ def serve(model_dir: str, port: int) -> None:
     buffers: dict[int, torch.Tensor] = {}
     preallocated: list[torch.Tensor] = []
 
-    def receive(nbytes: int, group_name: str, specs: list | None, reuse: bool) -> None:
+    def receive(nbytes: int, group_name: str, specs: list | None, reuse: bool, chunk: int) -> None:
         import torch.distributed as dist
 
         from rlvr.rollout.dist import receive_broadcast, receive_into, torch_dtype
@@ -68,15 +68,25 @@ def serve(model_dir: str, port: int) -> None:
             names, dtypes, shapes = zip(*specs, strict=True)
             receive_broadcast(engine._weight_groups[group_name], names, dtypes, shapes, device="cpu")
             return
-        buffer = buffers.setdefault(nbytes, torch.empty(nbytes, dtype=torch.uint8))
+        # One message, or (--raw-chunk-mb, at sizes where a second copy of the weights does not fit
+        # beside the server's) consecutive chunks into one reused buffer.
+        step = chunk or nbytes
+        buffer = buffers.setdefault(step, torch.empty(step, dtype=torch.uint8))
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        engine._weight_groups[group_name].broadcast([buffer], options).wait()
+        for start in range(0, nbytes, step):
+            part = buffer[: min(step, nbytes - start)]
+            engine._weight_groups[group_name].broadcast([part], options).wait()
 
     async def bench_raw(request: web.Request) -> web.Response:
         body = await request.json()
         await asyncio.to_thread(
-            receive, int(body["nbytes"]), str(body["group_name"]), body.get("specs"), bool(body.get("reuse"))
+            receive,
+            int(body["nbytes"]),
+            str(body["group_name"]),
+            body.get("specs"),
+            bool(body.get("reuse")),
+            int(body.get("chunk") or 0),
         )
         return web.json_response({"success": True})
 
@@ -164,10 +174,13 @@ def measure(args: argparse.Namespace) -> dict:
         tensors = [t for _, t in iter_full_weights(model)]
         specs = [[s.name, s.dtype, list(s.shape)] for s in sync.specs]  # type: ignore[attr-defined]
 
+        chunk = int(args.raw_chunk_mb * 1e6)
+
         def send(group, per_tensor: bool) -> None:
-            works = [group.broadcast([t], options) for t in (tensors if per_tensor else [raw])]
-            for work in works:
-                work.wait()
+            chunks = [raw[i : i + chunk] for i in range(0, nbytes, chunk)] if chunk else [raw]
+            parts = tensors if per_tensor else chunks
+            for part in parts:  # in order, one at a time: the receiver reuses one chunk buffer
+                group.broadcast([part], options).wait()
 
         async def raw_once(per_tensor: bool = False, reuse: bool = False) -> float:
             group = sync._group  # type: ignore[attr-defined]
@@ -176,6 +189,7 @@ def measure(args: argparse.Namespace) -> dict:
                 "group_name": sync._group_label,  # type: ignore[attr-defined]
                 "specs": specs if per_tensor else None,
                 "reuse": reuse,
+                "chunk": 0 if per_tensor else chunk,
             }
             async with aiohttp.ClientSession() as session:
                 settle = await session.post(url + "/bench_settle")
@@ -193,8 +207,9 @@ def measure(args: argparse.Namespace) -> dict:
                 times["sync"].append(metrics["sync/seconds"])
                 times["transfer"].append(metrics["sync/transfer_seconds"])
                 times["raw"].append(asyncio.run(raw_once()))
-                times["fresh"].append(asyncio.run(raw_once(per_tensor=True)))
-                times["floor"].append(asyncio.run(raw_once(per_tensor=True, reuse=True)))
+                if not args.raw_only:
+                    times["fresh"].append(asyncio.run(raw_once(per_tensor=True)))
+                    times["floor"].append(asyncio.run(raw_once(per_tensor=True, reuse=True)))
         sync.close()
         asyncio.run(client.close())
     finally:
@@ -210,7 +225,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 def report(args: argparse.Namespace, result: dict, label: str = "") -> None:
     gb = result["nbytes"] / 1e9
-    best = {key: min(result[key]) for key in ("sync", "transfer", "raw", "fresh", "floor")}
+    best = {key: min(result[key]) for key in ("sync", "transfer", "raw", "fresh", "floor") if result[key]}
     if not label:
         print(
             f"model: {result['params'] / 1e6:.1f}M params, fp32, {gb * 1e3:.0f} MB, buckets of {args.bucket_mb:g} MB, "
@@ -224,8 +239,9 @@ def report(args: argparse.Namespace, result: dict, label: str = "") -> None:
         print(f"{head}sync end to end (pause..resume): {gb / best['sync']:.2f} GB/s ({best['sync'] * 1e3:.0f} ms)")
         print(f"{head}ratio end to end / raw: {best['raw'] / best['sync']:.0%}")
         return
-    print(f"per-tensor broadcast into fresh tensors (the old receive, no load): {gb / best['fresh']:.2f} GB/s")
-    print(f"per-tensor broadcast into preallocated tensors (wire floor): {gb / best['floor']:.2f} GB/s")
+    if "floor" in best:
+        print(f"per-tensor broadcast into fresh tensors (the old receive, no load): {gb / best['fresh']:.2f} GB/s")
+        print(f"per-tensor broadcast into preallocated tensors (wire floor): {gb / best['floor']:.2f} GB/s")
     print(f"sync end to end (pause..resume):               {gb / best['sync']:.2f} GB/s ({best['sync'] * 1e3:.0f} ms)")
     print(
         f"sync transfer only (buckets, no pause/resume):  {gb / best['transfer']:.2f} GB/s ({best['transfer'] * 1e3:.0f} ms)"
@@ -237,9 +253,11 @@ def report(args: argparse.Namespace, result: dict, label: str = "") -> None:
         r / s for r, s in zip(result["raw"], result["sync"], strict=True)
     )  # each repeat with its own baseline
     print(f"ratio end to end / raw per repeat: {paired[0]:.0%}..{paired[-1]:.0%} over {len(paired)}")
-    print(
-        f"ratio end to end / per-tensor floor: {best['floor'] / best['sync']:.0%}   floor / raw: {best['raw'] / best['floor']:.0%}"
-    )
+    if "floor" in best:
+        print(
+            f"ratio end to end / per-tensor floor: {best['floor'] / best['sync']:.0%}   "
+            f"floor / raw: {best['raw'] / best['floor']:.0%}"
+        )
 
 
 def compare(args: argparse.Namespace, argv: list[str]) -> None:
@@ -363,6 +381,14 @@ def main() -> None:
         "alternating with this tree for --rounds rounds",
     )
     parser.add_argument("--rounds", type=int, default=3, help="before/after rounds with --baseline-src")
+    parser.add_argument(
+        "--raw-only", action="store_true",
+        help="only the raw baseline (the per-tensor ones receive a second copy of the weights into the server)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--raw-chunk-mb", type=float, default=0,
+        help="send the raw baseline in chunks of this size into one reused buffer (0: one message of every byte)",
+    )  # fmt: skip
     parser.add_argument(
         "--lora", type=int, default=0, metavar="RANK",
         help="LoRA: push a rank-RANK adapter (all linear layers) against the merged full weights of the same model",

@@ -224,6 +224,8 @@ class VLLMClient(ServerPool):
     ) -> None:
         """One bucket; the version travels with `end_weight_update` (vLLM sets it when the session ends)."""
         update = {"names": list(names), "dtype_names": list(dtypes), "shapes": [list(s) for s in shapes]}
+        if version is not None:  # the last bucket (the trainer sends the version with it alone)
+            update["last"] = True
         if load_format is not None:
             update["load_format"] = load_format
         await self._broadcast("/update_weights", {"update_info": update})

@@ -20,9 +20,14 @@ become placeholders that each layer rebuilds once all of its tensors arrived),
 `receive_weights` once per bucket (one uint8 broadcast of the bucket's bytes for
 `load_format = "flattened_bucket"`, else one broadcast per tensor), which answers once the
 bytes are in and hands them to a loader thread (`load_weights`, in bucket order), so vLLM's
-load of bucket k overlaps the transfer of bucket k + 1; `finish_weight_update` waits for every
-load (a failed one fails the finish, so vLLM sets no version), finalizes the reload and re-packs
-the LM head (see below).
+load of bucket k overlaps the transfer of bucket k + 1. Each bucket is checked against the
+served model's names and shapes before it loads (a tensor that fails inside the reload cannot
+be undone). The last bucket (`last`: it carries the version) waits for every load and raises
+the push's first refusal or load failure, after closing the reload: raised from an update,
+vLLM ends the session and sets no version; raised earlier, vLLM would refuse the next bucket
+before receiving it and leave the trainer's send waiting; raised from the finish, vLLM would
+keep the session open and refuse every later push. `finish_weight_update` finalizes the
+reload and re-packs the LM head (see below).
 
 A LoRA adapter push (`RlvrUpdateInfo.adapter_path`, `VLLMClient.load_lora_adapter`) loads, in
 the same session, the base weights plus a peft adapter merged into them
@@ -104,6 +109,8 @@ class RlvrUpdateInfo(_UpdateBase):
     """A HF safetensors folder to load instead of a broadcast (`sync.method = "disk"`)."""
     adapter_path: str | None = None
     """A peft LoRA adapter folder to merge into the base weights instead of a broadcast."""
+    last: bool = False
+    """The push's last bucket (the one that carries its version): a refusal is reported with it."""
 
 
 class RlvrWeightTransfer(_engine_base()):
@@ -120,6 +127,11 @@ class RlvrWeightTransfer(_engine_base()):
         self._loads: list[Any] = []
         self._adapter_weights: frozenset[str] = frozenset()  # what the last adapter merged
         self._quiet: Any = None  # the reload-warning filter of an adapter session
+        self._base_shapes: dict[str, list[int]] | None = None  # the served weights' names and shapes
+        # Why a bucket of this push was refused. The refusal is raised with the last bucket, not at
+        # once: vLLM then refuses every later request of the push before receiving it, and the
+        # trainer's gloo send of that bucket would wait for a receive that never comes.
+        self._refusal: str | None = None
 
     def init_transfer_engine(self, init_info: RlvrInitInfo) -> None:
         from rlvr.rollout.dist import join_group_like_sglang
@@ -157,11 +169,9 @@ class RlvrWeightTransfer(_engine_base()):
                 with torch.no_grad():
                     self.model.load_weights(_folder_weights(update_info.path))
             except BaseException:
-                from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
                 # start_weight_update made every parameter a placeholder, and vLLM ends a session whose
                 # update raised without finalizing it: put the untouched weights back.
-                finalize_layerwise_reload(self.model, self.model_config)
+                self._close_failed_session()
                 raise
             return
         if update_info.adapter_path is not None:
@@ -188,15 +198,28 @@ class RlvrWeightTransfer(_engine_base()):
                 self.group, update_info.names, update_info.dtype_names, update_info.shapes, device=device
             )
         received = time.perf_counter()
-        if self._loader is None:  # no session (vLLM starts one first): load here
+        if self._refusal is None:
+            try:
+                self._check_bucket(weights)
+            except ValueError as exc:  # the rest of the push is received, not loaded (see _refusal)
+                self._refusal = str(exc)
+        if self._refusal is None and self._loader is None:  # no session (vLLM starts one first): load here
             self._load(weights, received - start)
-        else:  # answer now, so the trainer sends the next bucket while this one loads
+        elif self._refusal is None:  # answer now, so the trainer sends the next bucket while this one loads
             self._loads.append(self._loader.submit(self._load, weights, received - start))
+        if update_info.last:  # every load in, or the session's failure, before the version is set
+            try:
+                self._wait_loads()
+            except BaseException as exc:  # noqa: BLE001 - reported like a refused bucket
+                self._refusal = self._refusal or f"{type(exc).__name__}: {exc}"
+            if self._refusal is not None:
+                refusal, self._refusal = self._refusal, None
+                self._close_failed_session()
+                raise ValueError(refusal)
 
     def _load_adapter(self, path: str) -> None:
         """Merge a peft adapter into the base and load what it changes (module docstring)."""
         import torch
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         from rlvr.rollout.lora_merge import AdapterMerge
 
@@ -212,14 +235,39 @@ class RlvrWeightTransfer(_engine_base()):
         except BaseException:
             if merge is not None:  # part may be in: the next adapter puts these back to the base too
                 self._adapter_weights = self._adapter_weights | merge.merged
-            finalize_layerwise_reload(self.model, self.model_config)  # vLLM will not: its session ends here
-            self._quiet = _loud(self._quiet)
+            self._close_failed_session()
             raise
         self._adapter_weights = merge.merged
         log.info(
             "rlvr LoRA adapter %s: %d weights merged, %d back to the base, %d fused siblings in %.3f s",
             path, len(merge.merged), len(merge.restored), len(merge.siblings), time.perf_counter() - start,
         )  # fmt: skip
+
+    def _check_bucket(self, weights: list[tuple[str, Any]]) -> None:
+        """Every tensor of a bucket must be a base weight of its shape, checked before any of it
+        loads: like a bad folder (`_check_folder`), a tensor that fails inside vLLM's layerwise
+        reload cannot be undone. Raising here (vLLM's update_weights) also ends vLLM's session."""
+        from rlvr.rollout.lora_merge import base_index
+
+        if self._base_shapes is None:
+            index = base_index(_base_folder(self.vllm_config))
+            self._base_shapes = {name: list(tensor.shape) for name, tensor in index.items()}
+        for name, tensor in weights:
+            want = self._base_shapes.get(name)
+            if want is None:
+                raise ValueError(f"bucket tensor {name} is not a weight of the served model")
+            if list(tensor.shape) != want:
+                raise ValueError(f"bucket tensor {name} has shape {list(tensor.shape)}, the served model's is {want}")
+
+    def _close_failed_session(self) -> None:
+        """Finalize the reload after a failed update: the buckets that loaded stay, every other layer
+        gets its own tensors back (vLLM ends a session whose update raised without finalizing it)."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        with contextlib.suppress(Exception):  # the refusal being raised is the failure to report
+            self._wait_loads()
+        finalize_layerwise_reload(self.model, self.model_config)
+        self._quiet = _loud(self._quiet)
 
     def _load(self, weights: list[tuple[str, Any]], receive_s: float) -> None:
         import torch
@@ -248,8 +296,12 @@ class RlvrWeightTransfer(_engine_base()):
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         start = time.perf_counter()
+        if self._refusal is not None or self._loads:  # a push the trainer gave up before its last bucket
+            self._refusal = None
+            self._close_failed_session()
+            log.warning("rlvr weights: a push ended before its last bucket; its weight version is not set")
+            return
         try:
-            self._wait_loads()
             finalize_layerwise_reload(self.model, self.model_config)
         finally:
             self._quiet = _loud(self._quiet)

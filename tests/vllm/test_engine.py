@@ -232,3 +232,33 @@ def test_a_failed_disk_load_keeps_the_served_weights_and_the_next_push_works(vll
     perturbed = reference_model(perturb_seed=41)
     push(vllm_server.url, perturbed, version=4)
     _assert_serves(vllm_server.url, perturbed, version=4)
+
+
+def test_a_refused_bucket_fails_the_push_and_the_next_push_works(vllm_server, base) -> None:
+    """A broadcast bucket holding a tensor of the wrong shape (here in the last of several buckets, so
+    earlier ones already loaded): the push fails with the tensor, both shapes and the engine in one
+    line, within the push (no broadcast waits for a receive that never comes); the backend checks
+    the bucket before it loads any of it and closes the reload itself (a bad tensor inside vLLM's
+    reload killed the engine), so the engine stays up, paused on its mixed weights as any engine a
+    push failed on, and the next push lands whole and resumes it."""
+    from torch import nn
+
+    from rlvr.sync import SyncError
+    from rlvr.sync.broadcast import BroadcastSync
+
+    model = reference_model(perturb_seed=51)
+    last = model.model.layers[-1].mlp.down_proj
+    last.weight = nn.Parameter(last.weight.detach()[:, :-1].clone())  # [128, 511]: not the served [128, 512]
+    sync = BroadcastSync(model, client=VLLMClient([vllm_server.url]), timeout_s=120, bucket_mb=0.5)
+    assert len(sync.buckets) > 2
+    try:
+        with pytest.raises(SyncError) as failed:
+            sync.push(version=5)
+    finally:
+        sync.close()
+    line = str(failed.value)
+    assert "\n" not in line and vllm_server.url in line, line
+    assert "model.layers.2.mlp.down_proj.weight has shape [128, 511], the served model's is [128, 512]" in line, line
+    perturbed = reference_model(perturb_seed=52)
+    push(vllm_server.url, perturbed, version=6)
+    _assert_serves(vllm_server.url, perturbed, version=6)
