@@ -132,6 +132,7 @@ class RlvrWeightTransfer(_engine_base()):
         # once: vLLM then refuses every later request of the push before receiving it, and the
         # trainer's gloo send of that bucket would wait for a receive that never comes.
         self._refusal: str | None = None
+        self._session = False  # between start_weight_update and the reload's finalize
 
     def init_transfer_engine(self, init_info: RlvrInitInfo) -> None:
         from rlvr.rollout.dist import join_group_like_sglang
@@ -155,13 +156,13 @@ class RlvrWeightTransfer(_engine_base()):
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         self._wait_loads()  # a session left open by a failed push
+        self._refusal = None
         initialize_layerwise_reload(self.model)
+        self._session = True
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-weight-load")
 
     def receive_weights(self, update_info: RlvrUpdateInfo) -> None:
         import torch
-
-        from rlvr.rollout.dist import receive_broadcast, receive_into, torch_dtype
 
         if update_info.path is not None:
             try:
@@ -180,23 +181,11 @@ class RlvrWeightTransfer(_engine_base()):
         if self.group is None:
             raise RuntimeError("no weight-update group: call /init_weight_transfer_engine first")
         start = time.perf_counter()
-        device = self.group.device
-        if update_info.load_format == "flattened_bucket":
-            dtypes = [torch_dtype(d) for d in update_info.dtype_names]
-            sizes = [
-                _numel(s) * torch.empty((), dtype=d).element_size()
-                for s, d in zip(update_info.shapes, dtypes, strict=True)
-            ]
-            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)  # fresh: the reload keeps views
-            receive_into(self.group, [flat])
-            weights, offset = [], 0
-            for name, dtype, shape, size in zip(update_info.names, dtypes, update_info.shapes, sizes, strict=True):
-                weights.append((name, flat[offset : offset + size].view(dtype).view(tuple(shape))))
-                offset += size
-        else:
-            weights = receive_broadcast(
-                self.group, update_info.names, update_info.dtype_names, update_info.shapes, device=device
-            )
+        try:
+            weights = self._receive_bucket(update_info)
+        except BaseException:  # a broken group: vLLM ends its session, so the reload must not stay open
+            self._close_failed_session()
+            raise
         received = time.perf_counter()
         if self._refusal is None:
             try:
@@ -213,9 +202,33 @@ class RlvrWeightTransfer(_engine_base()):
             except BaseException as exc:  # noqa: BLE001 - reported like a refused bucket
                 self._refusal = self._refusal or f"{type(exc).__name__}: {exc}"
             if self._refusal is not None:
-                refusal, self._refusal = self._refusal, None
+                refusal = self._refusal
                 self._close_failed_session()
                 raise ValueError(refusal)
+
+    def _receive_bucket(self, update_info: RlvrUpdateInfo) -> list[tuple[str, Any]]:
+        """One bucket's tensors off the group (for a flattened bucket: views of one fresh buffer,
+        since the reload keeps the tensors it is given)."""
+        import torch
+
+        from rlvr.rollout.dist import receive_broadcast, receive_into, torch_dtype
+
+        device = self.group.device
+        if update_info.load_format != "flattened_bucket":
+            return receive_broadcast(
+                self.group, update_info.names, update_info.dtype_names, update_info.shapes, device=device
+            )
+        dtypes = [torch_dtype(d) for d in update_info.dtype_names]
+        sizes = [
+            _numel(s) * torch.empty((), dtype=d).element_size() for s, d in zip(update_info.shapes, dtypes, strict=True)
+        ]
+        flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+        receive_into(self.group, [flat])
+        weights, offset = [], 0
+        for name, dtype, shape, size in zip(update_info.names, dtypes, update_info.shapes, sizes, strict=True):
+            weights.append((name, flat[offset : offset + size].view(dtype).view(tuple(shape))))
+            offset += size
+        return weights
 
     def _load_adapter(self, path: str) -> None:
         """Merge a peft adapter into the base and load what it changes (module docstring)."""
@@ -246,7 +259,7 @@ class RlvrWeightTransfer(_engine_base()):
     def _check_bucket(self, weights: list[tuple[str, Any]]) -> None:
         """Every tensor of a bucket must be a base weight of its shape, checked before any of it
         loads: like a bad folder (`_check_folder`), a tensor that fails inside vLLM's layerwise
-        reload cannot be undone. Raising here (vLLM's update_weights) also ends vLLM's session."""
+        reload cannot be undone. What it raises becomes the push's refusal (see `_refusal`)."""
         from rlvr.rollout.lora_merge import base_index
 
         if self._base_shapes is None:
@@ -266,8 +279,23 @@ class RlvrWeightTransfer(_engine_base()):
 
         with contextlib.suppress(Exception):  # the refusal being raised is the failure to report
             self._wait_loads()
-        finalize_layerwise_reload(self.model, self.model_config)
-        self._quiet = _loud(self._quiet)
+        self._refusal = None
+        if not self._session:
+            return
+        self._session = False
+        try:
+            finalize_layerwise_reload(self.model, self.model_config)
+        finally:
+            self._quiet = _loud(self._quiet)
+        self._repack_head()  # an earlier bucket may have brought a new embedding
+
+    def _repack_head(self) -> None:
+        """Re-pack a tied LM head's CPU copy from the (shared, maybe updated) embedding (module docstring)."""
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        for module in self.model.modules():
+            if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
+                module.quant_method.process_weights_after_loading(module)
 
     def _load(self, weights: list[tuple[str, Any]], receive_s: float) -> None:
         import torch
@@ -292,22 +320,19 @@ class RlvrWeightTransfer(_engine_base()):
                 loader.shutdown(wait=True)
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         start = time.perf_counter()
         if self._refusal is not None or self._loads:  # a push the trainer gave up before its last bucket
-            self._refusal = None
             self._close_failed_session()
             log.warning("rlvr weights: a push ended before its last bucket; its weight version is not set")
             return
+        self._session = False
         try:
             finalize_layerwise_reload(self.model, self.model_config)
         finally:
             self._quiet = _loud(self._quiet)
-        for module in self.model.modules():
-            if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
-                module.quant_method.process_weights_after_loading(module)
+        self._repack_head()
         log.info("rlvr weights: reload finished in %.3f s", time.perf_counter() - start)
 
     def shutdown(self) -> None:

@@ -262,3 +262,31 @@ def test_a_refused_bucket_fails_the_push_and_the_next_push_works(vllm_server, ba
     perturbed = reference_model(perturb_seed=52)
     push(vllm_server.url, perturbed, version=6)
     _assert_serves(vllm_server.url, perturbed, version=6)
+
+
+def test_a_push_the_trainer_gives_up_midway_leaves_the_engine_ready_for_the_next(vllm_server, base) -> None:
+    """The trainer fails after two buckets have loaded (here: packing the third raises): it ends the
+    engine's session without a version; the backend closes the half-done reload instead of leaving
+    vLLM's layers as placeholders, and the next push serves its weights exactly."""
+    from rlvr.sync import SyncError
+    from rlvr.sync.broadcast import BroadcastSync
+
+    sync = BroadcastSync(reference_model(perturb_seed=61), client=VLLMClient([vllm_server.url]), timeout_s=120,
+                         bucket_mb=0.5)  # fmt: skip
+    pack, packed = sync._pack, []
+
+    def failing_pack(weights, bucket, *, slot):
+        if len(packed) == 2:
+            raise RuntimeError("the trainer broke while packing a bucket")
+        packed.append(bucket)
+        return pack(weights, bucket, slot=slot)
+
+    sync._pack = failing_pack  # pyright: ignore[reportAttributeAccessIssue]
+    try:
+        with pytest.raises(SyncError, match="the trainer broke while packing a bucket"):
+            sync.push(version=7)
+    finally:
+        sync.close()
+    perturbed = reference_model(perturb_seed=62)
+    push(vllm_server.url, perturbed, version=8)
+    _assert_serves(vllm_server.url, perturbed, version=8)
