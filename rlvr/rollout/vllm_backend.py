@@ -275,24 +275,23 @@ class RlvrWeightTransfer(_engine_base()):
     def _close_failed_session(self) -> None:
         """Finalize the reload after a failed update: the buckets that loaded stay, every other layer
         gets its own tensors back (vLLM ends a session whose update raised without finalizing it)."""
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
         with contextlib.suppress(Exception):  # the refusal being raised is the failure to report
             self._wait_loads()
         self._refusal = None
-        if not self._session:
-            return
+        if self._session:
+            self._finalize()  # an earlier bucket may have brought a new embedding: the head is re-packed too
+
+    def _finalize(self) -> None:
+        """End the session's reload (every layer that got tensors is rebuilt), then re-pack a tied LM
+        head's CPU copy from the (shared, maybe updated) embedding (module docstring)."""
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
         self._session = False
         try:
             finalize_layerwise_reload(self.model, self.model_config)
         finally:
             self._quiet = _loud(self._quiet)
-        self._repack_head()  # an earlier bucket may have brought a new embedding
-
-    def _repack_head(self) -> None:
-        """Re-pack a tied LM head's CPU copy from the (shared, maybe updated) embedding (module docstring)."""
-        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-
         for module in self.model.modules():
             if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
                 module.quant_method.process_weights_after_loading(module)
@@ -320,19 +319,12 @@ class RlvrWeightTransfer(_engine_base()):
                 loader.shutdown(wait=True)
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
         start = time.perf_counter()
         if self._refusal is not None or self._loads:  # a push the trainer gave up before its last bucket
             self._close_failed_session()
             log.warning("rlvr weights: a push ended before its last bucket; its weight version is not set")
             return
-        self._session = False
-        try:
-            finalize_layerwise_reload(self.model, self.model_config)
-        finally:
-            self._quiet = _loud(self._quiet)
-        self._repack_head()
+        self._finalize()
         log.info("rlvr weights: reload finished in %.3f s", time.perf_counter() - start)
 
     def shutdown(self) -> None:

@@ -20,7 +20,7 @@ from rlvr.rollout.engine import GenerateRequest, RolloutError
 from tests.conftest import embedded_server
 
 # The transformers reference and the adapter folders are the vLLM tests' and the merge tests' own.
-from tests.unit.rollout.test_lora_merge import write_adapter
+from tests.unit.rollout.test_lora_merge import two_adapters
 from tests.vllm.helpers import LOGPROB_TOL, POLICY, PROMPTS, forward_logprobs, greedy, greedy_continuation
 
 
@@ -46,11 +46,7 @@ def assert_serves(completions: list, model: Any, *, version: int) -> None:
 
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("serve-lora")
-    return {
-        "qvd": write_adapter(root / "qvd", ["q_proj", "v_proj", "down_proj"], seed=1),
-        "oq": write_adapter(root / "oq", ["o_proj", "q_proj"], seed=2, r=2, alpha=16),
-    }
+    return two_adapters(tmp_path_factory.mktemp("serve-lora"))
 
 
 @pytest.fixture(scope="module")

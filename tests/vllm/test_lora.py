@@ -22,8 +22,8 @@ from tests.integration.test_serve_lora import (
     greedy,
     greedy_continuation,
     peft_reference,
-    write_adapter,
 )
+from tests.unit.rollout.test_lora_merge import two_adapters
 
 from .helpers import generate, push, reference_model
 
@@ -32,11 +32,7 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vllm-lora")
-    return {
-        "qvd": write_adapter(root / "qvd", ["q_proj", "v_proj", "down_proj"], seed=1),
-        "oq": write_adapter(root / "oq", ["o_proj", "q_proj"], seed=2, r=2, alpha=16),
-    }
+    return two_adapters(tmp_path_factory.mktemp("vllm-lora"))
 
 
 @pytest.fixture

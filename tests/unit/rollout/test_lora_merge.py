@@ -41,6 +41,14 @@ def write_adapter(path: Path, targets: list[str], *, seed: int, r: int = 4, alph
     return path
 
 
+def two_adapters(root: Path) -> dict[str, Path]:
+    """The adapters the LoRA merge tests share: q/v/down at rank 4, and o/q at rank 2 with another alpha."""
+    return {
+        "qvd": write_adapter(root / "qvd", ["q_proj", "v_proj", "down_proj"], seed=1),
+        "oq": write_adapter(root / "oq", ["o_proj", "q_proj"], seed=2, r=2, alpha=16),
+    }
+
+
 def peft_merged(adapter: Path) -> dict[str, torch.Tensor]:
     """peft's own merge of the folder (read back from disk, as an engine reads it)."""
     from peft import PeftModel
@@ -50,11 +58,7 @@ def peft_merged(adapter: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("adapters")
-    return {
-        "qvd": write_adapter(root / "qvd", ["q_proj", "v_proj", "down_proj"], seed=1),
-        "oq": write_adapter(root / "oq", ["o_proj", "q_proj"], seed=2, r=2, alpha=16),
-    }
+    return two_adapters(tmp_path_factory.mktemp("adapters"))
 
 
 @pytest.fixture(scope="module")
