@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,7 +167,7 @@ class RlvrWeightTransfer(_engine_base()):
 
         if update_info.path is not None:
             try:
-                _check_folder(update_info.path, _base_folder(self.vllm_config))
+                self._check_folder(update_info.path)
                 with torch.no_grad():
                     self.model.load_weights(_folder_weights(update_info.path))
             except BaseException:
@@ -189,13 +190,14 @@ class RlvrWeightTransfer(_engine_base()):
         received = time.perf_counter()
         if self._refusal is None:
             try:
-                self._check_bucket(weights)
+                self._check_shapes(("bucket tensor ", name, list(tensor.shape)) for name, tensor in weights)
             except ValueError as exc:  # the rest of the push is received, not loaded (see _refusal)
                 self._refusal = str(exc)
-        if self._refusal is None and self._loader is None:  # no session (vLLM starts one first): load here
-            self._load(weights, received - start)
-        elif self._refusal is None:  # answer now, so the trainer sends the next bucket while this one loads
-            self._loads.append(self._loader.submit(self._load, weights, received - start))
+            else:
+                if self._loader is None:  # no session (vLLM starts one first): load here
+                    self._load(weights, received - start)
+                else:  # answer now, so the trainer sends the next bucket while this one loads
+                    self._loads.append(self._loader.submit(self._load, weights, received - start))
         if update_info.last:  # every load in, or the session's failure, before the version is set
             try:
                 self._wait_loads()
@@ -256,21 +258,28 @@ class RlvrWeightTransfer(_engine_base()):
             path, len(merge.merged), len(merge.restored), len(merge.siblings), time.perf_counter() - start,
         )  # fmt: skip
 
-    def _check_bucket(self, weights: list[tuple[str, Any]]) -> None:
-        """Every tensor of a bucket must be a base weight of its shape, checked before any of it
-        loads: like a bad folder (`_check_folder`), a tensor that fails inside vLLM's layerwise
-        reload cannot be undone. What it raises becomes the push's refusal (see `_refusal`)."""
+    def _check_shapes(self, tensors: Iterable[tuple[str, str, list[int]]]) -> None:
+        """Every (where, name, shape) must be a served weight of that shape, checked before any of
+        them loads: a tensor that fails half-way through vLLM's layerwise reload cannot be undone
+        (finalizing the reload replays it and fails again), and the engine dies. Raises ValueError
+        with `where` + the name (for a bucket, that becomes the push's refusal: see `_refusal`)."""
         from rlvr.rollout.lora_merge import base_index
 
-        if self._base_shapes is None:
+        if self._base_shapes is None:  # the folder vLLM was started on, read once
             index = base_index(_base_folder(self.vllm_config))
             self._base_shapes = {name: list(tensor.shape) for name, tensor in index.items()}
-        for name, tensor in weights:
+        for where, name, shape in tensors:
             want = self._base_shapes.get(name)
             if want is None:
-                raise ValueError(f"bucket tensor {name} is not a weight of the served model")
-            if list(tensor.shape) != want:
-                raise ValueError(f"bucket tensor {name} has shape {list(tensor.shape)}, the served model's is {want}")
+                raise ValueError(f"{where}{name} is not a weight of the served model")
+            if shape != want:
+                raise ValueError(f"{where}{name} has shape {shape}, the served model's is {want}")
+
+    def _check_folder(self, path: str) -> None:
+        """A pushed folder's tensors, from its safetensors headers (no tensor read), as `_check_shapes`."""
+        from rlvr.rollout.lora_merge import base_index
+
+        self._check_shapes((f"{t.file.name} in {path}: ", name, list(t.shape)) for name, t in base_index(path).items())
 
     def _close_failed_session(self) -> None:
         """Finalize the reload after a failed update: the buckets that loaded stay, every other layer
@@ -370,24 +379,6 @@ def _base_folder(vllm_config: Any) -> str:
         model, revision=vllm_config.model_config.revision, cache_dir=vllm_config.load_config.download_dir,
         local_files_only=True, allow_patterns=["*.safetensors", "*.json"],
     )  # fmt: skip
-
-
-def _check_folder(path: str, base: str) -> None:
-    """A pushed folder must hold the base folder's tensors with their shapes, checked from the
-    headers before any weight moves: a tensor that fails half-way through vLLM's layerwise reload
-    cannot be undone (finalizing the reload replays it and fails again), and the engine dies."""
-    from rlvr.rollout.lora_merge import base_index
-
-    pushed, expected = base_index(path), base_index(base)
-    for name, tensor in pushed.items():
-        want = expected.get(name)
-        if want is None:
-            raise ValueError(f"{tensor.file.name} in {path}: {name} is not a weight of the served model")
-        if tensor.shape != want.shape:
-            raise ValueError(
-                f"{tensor.file.name} in {path}: {name} has shape {list(tensor.shape)}, the served model's is "
-                f"{list(want.shape)}"
-            )
 
 
 def _folder_weights(path: str) -> Any:

@@ -90,11 +90,11 @@ def trim_host_heap() -> None:
     the first large free) resident, so the first backward's freed activations stay in the RSS
     when Adam allocates its two moments at the first optimizer step. Trimmed just before, the
     first step peaks at the live tensors (358M fp32 model, bench/memory.py: 5.2x -> 4.4x its
-    weights). Only there: after every step it would also lower the RSS between steps (5.9x ->
-    3.3x), but the next forward then faults its activations in again (about 1 s of a 14 s step
-    at that size), the cost the reverted mmap-threshold pin paid on every allocation. Later
-    steps peak higher anyway (6.8-7.3x: those activations, ~2x the weights, beside the grads):
-    activation checkpointing is what lowers that (to 4.8-5.4x).
+    weights). Only there: after every step it lowers only the RSS between steps (5.9x ->
+    3.3x), not the later steps' peak (4.70-4.74x vs 4.72-4.78x with checkpointing), and the next
+    forward faults its memory in again (about 1 s of a 14 s step at that size). Later steps peak
+    higher (6.8-7.3x without checkpointing: the activations, ~2x the weights, beside the grads);
+    activation checkpointing is what lowers that (to 4.7-5.0x), see docs/benchmarks.md.
     """
     trim = _malloc_trim()
     if trim is not None:
