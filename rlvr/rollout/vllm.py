@@ -228,7 +228,10 @@ class VLLMClient(ServerPool):
             update["last"] = True
         if load_format is not None:
             update["load_format"] = load_format
-        await self._broadcast("/update_weights", {"update_info": update})
+        try:
+            await self._broadcast("/update_weights", {"update_info": update})
+        except RolloutError as exc:  # the backend's reason, not vLLM's error body around it
+            raise RolloutError(_load_failure("weight bucket", exc)) from exc
         if version is not None:
             self._pending_version = version
 
