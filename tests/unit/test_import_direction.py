@@ -16,7 +16,7 @@ RLVR = Path(__file__).resolve().parents[2] / "rlvr"
 
 # Lowest first. A module may import its own layer and those before it, never one after it.
 LAYERS: list[tuple[str, ...]] = [
-    ("rlvr", "rlvr.types", "rlvr.rundir", "rlvr.process", "rlvr.rendezvous"),
+    ("rlvr", "rlvr.types", "rlvr.rundir", "rlvr.process", "rlvr.rendezvous", "rlvr.models"),
     ("rlvr.recipe",),
     ("rlvr.data", "rlvr.rewards", "rlvr.algorithms", "rlvr.weight_arena", "rlvr.tiny"),
     ("rlvr.rollout", "rlvr.trainer", "rlvr.tools", "rlvr.quickstart"),
