@@ -9,12 +9,15 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from rlvr.rollout.commands import quiet_loading_bars
 from rlvr.rollout.commands import serve as serve_command
+
+if TYPE_CHECKING:
+    from rlvr.recipe.hub import HubMode
 
 app = typer.Typer(
     name="rlvr",
@@ -41,29 +44,49 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def load_or_exit(path: Path, overrides: list[str] | None, *, check_data: bool = True, check_machine: bool = True):
+def load_or_exit(
+    path: Path,
+    overrides: list[str] | None,
+    *,
+    check_data: bool = True,
+    check_machine: bool = True,
+    hub: HubMode = "download",
+):
     """The validated recipe, checked against this machine, with every data file parsed, or one
     error line and exit 2. `validate` and every command that starts processes call this, so
     `validate` ok means the worker's start-up checks pass too (`plan` previews a run that may be
-    meant for another machine, so it skips the machine checks)."""
-    return load_checked(path, overrides, check_data=check_data, check_machine=check_machine)[0]
+    meant for another machine, so it skips the machine checks). `hub`: how much of a hub id's
+    snapshot to fetch (`rlvr.recipe.hub`): `validate` and `plan` never fetch the weights."""
+    return load_checked(path, overrides, check_data=check_data, check_machine=check_machine, hub=hub)[0]
 
 
-def load_checked(path: Path, overrides: list[str] | None, *, check_data: bool = True, check_machine: bool = True):
+def load_checked(
+    path: Path,
+    overrides: list[str] | None,
+    *,
+    check_data: bool = True,
+    check_machine: bool = True,
+    hub: HubMode = "download",
+):
     """`load_or_exit`, and what the data checks found (None without `check_data`): the rows each
     domain loaded and how many prompts are longer than `data.max_prompt_tokens` (`rlvr plan`'s
-    table). A warning line each on stderr for the domains that lose rows to the prompt limit."""
+    table). A warning line each on stderr for the domains that lose rows to the prompt limit; a
+    line each on stdout for the hub snapshot a key resolved to."""
     from rlvr.recipe.checks import machine_problems
-    from rlvr.recipe.load import Locator, RecipeError, load_recipe
+    from rlvr.recipe.hub import pending_values, report_lines
+    from rlvr.recipe.load import Locator, RecipeError, load_recipe_with_hub
     from rlvr.rewards.registry import add_plugin_dir
 
     try:
-        recipe = load_recipe(path, overrides or [])
+        recipe, snapshots = load_recipe_with_hub(path, overrides or [], hub=hub, announce=typer.echo)
     except RecipeError as exc:
         raise fail(str(exc)) from None
+    for line in report_lines(snapshots, slurm=recipe.cluster.kind == "slurm"):
+        typer.echo(line)
     add_plugin_dir(path.parent)  # `my_reward:score` beside the recipe; the processes launch starts inherit it
     where = Locator(path, path.read_text(), overrides or [])
-    problem = check_rewards(recipe) or (machine_problems(recipe) if check_machine else None)
+    pending = pending_values(snapshots)  # validate's peek at an uncached id: launch downloads the rest
+    problem = check_rewards(recipe) or (machine_problems(recipe, pending=pending) if check_machine else None)
     if problem:
         raise fail(where.error(*problem))
     from rlvr.recipe.staleness import staleness_warnings
@@ -148,7 +171,7 @@ def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
 
     Example: rlvr validate recipes/quickstart.toml --set rollout.n=16
     """
-    load_or_exit(recipe, set_)
+    load_or_exit(recipe, set_, hub="peek")
     typer.echo(f"{recipe}: ok")
 
 
@@ -167,7 +190,7 @@ def plan(
     from rlvr.recipe.plan import PlanError, make_plan
     from rlvr.rundir import RunDir, write_atomic
 
-    resolved, data = load_checked(recipe, set_, check_machine=False)
+    resolved, data = load_checked(recipe, set_, check_machine=False, hub="peek")
     try:
         launch = make_plan(resolved)
     except PlanError as exc:

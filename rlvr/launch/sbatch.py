@@ -15,7 +15,8 @@ import shlex
 from pathlib import Path
 
 from rlvr.launch.slurm import SIGNAL, SIGNAL_DELAY_S
-from rlvr.recipe.plan import LaunchPlan, make_plan
+from rlvr.recipe.plan import NODE_LOCAL as NODE_LOCAL  # the rule lives with the plan; the hub cache uses it too
+from rlvr.recipe.plan import LaunchPlan, make_plan, node_local_root
 from rlvr.recipe.schema import Recipe
 from rlvr.rundir import RECIPE_FILE, SERVERS_DIR, SLURM_DIR, STATUS_FILE, RunDir
 
@@ -158,9 +159,6 @@ def render_sbatch(recipe: Recipe, *, run_dir: str | Path, recipe_json_path: str 
     return "\n".join(lines)
 
 
-NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")  # on every cluster, each node has its own
-
-
 def node_local_paths(recipe: Recipe, *, run_dir: str | Path, python: str) -> list[str]:
     """One warning per path the job needs that lives on the submitting node's own disk.
 
@@ -173,8 +171,7 @@ def node_local_paths(recipe: Recipe, *, run_dir: str | Path, python: str) -> lis
     return [
         f"{key} = {value} is node-local ({root}): other nodes cannot see it; use a shared filesystem"
         for key, value in found
-        for root in NODE_LOCAL
-        if value == root or value.startswith(root + "/")
+        if (root := node_local_root(value))
     ]
 
 

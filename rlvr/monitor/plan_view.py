@@ -33,7 +33,7 @@ def print_plan(
         tables.append(tools_table(recipe))
     tables += [algorithm_table(recipe), cluster_table(recipe, plan)]
     memory = memory_table(recipe, plan)
-    if memory is not None:
+    if isinstance(memory, Table):
         tables.append(memory)
     widen_for_files(console, tables)
     console.rule(f"[bold]{exp.name}[/]")
@@ -44,6 +44,8 @@ def print_plan(
     )
     for table in tables:
         console.print(table)
+    if isinstance(memory, str):
+        console.print(memory, markup=False, highlight=False)
     if resolved_path is not None:
         console.print(f"resolved recipe written to [green]{resolved_path}[/]")
 
@@ -160,14 +162,15 @@ def _gpus(gpus: list[int]) -> str:
     return ",".join(map(str, gpus))
 
 
-def memory_table(recipe: Recipe, plan: LaunchPlan) -> Table | None:
+def memory_table(recipe: Recipe, plan: LaunchPlan) -> Table | str:
     """Per GPU of each role: what it holds at its peak (`rlvr.recipe.memory`), against the GPU's
-    memory; `~` marks estimates (activations, KV cache at a memory fraction), the rest is exact."""
+    memory; `~` marks estimates (activations, KV cache at a memory fraction), the rest is exact.
+    Without an estimate, the one line that says why (a plan that is silent looks like a bug)."""
     from rlvr.recipe.memory import estimate, gib
 
     est = estimate(recipe, plan)
     if est.skipped:
-        return None
+        return f"Memory per GPU: no estimate ({est.skipped})"
     gpu = f"{gib(est.gpu_bytes)} GiB per GPU ({est.gpu_source})" if est.gpu_bytes else "GPU memory unknown"
     table = Table(title=f"Memory per GPU (estimate; {gpu})", title_justify="left")
     for column in ("GPU(s)", "role", "holds", "GiB"):

@@ -1,7 +1,7 @@
 """Start-up checks against this machine, run by `rlvr validate` and by `launch` before any process.
 
 The schema checks what a recipe says; these check that the machine can do it: the model
-folder is there (a hub id is never downloaded) with its weights, its tokenizer is there and
+folder is there (a hub id is its snapshot in the hub cache, `rlvr.recipe.hub`) with its weights, its tokenizer is there and
 works (encodes text, has an eos token), and a local run does not ask for more trainer ranks
 than the machine has. Each failure is `(key path, message)`, so the CLI prints the usual
 `file:line: key: message` (or `--set KEY`) line and exits 2 instead of a worker dying 10 s into
@@ -19,18 +19,21 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from rlvr.recipe.hub import looks_like_hub_id
 from rlvr.recipe.schema import Recipe
 from rlvr.recipe.tokenizer import TokenizerProblem, eos_problem, has_tokenizer_files, load_tokenizer
 
 Problem = tuple[tuple[str, ...], str]
 
 
-def machine_problems(recipe: Recipe) -> Problem | None:
-    """The first thing this machine cannot run, or None."""
+def machine_problems(recipe: Recipe, *, pending: frozenset[str] = frozenset()) -> Problem | None:
+    """The first thing this machine cannot run, or None. `pending`: the hub snapshots (folders, or
+    ids) that `launch` has yet to download (`rlvr.recipe.hub.pending_values`), whose weights and
+    tokenizer are not checked here."""
     return (
-        model_problem(recipe)
-        or tokenizer_problem(recipe)
-        or judge_problem(recipe)
+        model_problem(recipe, pending=pending)
+        or tokenizer_problem(recipe, pending=pending)
+        or judge_problem(recipe, pending=pending)
         or ranks_problem(recipe)
         or split_problem(recipe)
         or sglang_problem(recipe)
@@ -122,11 +125,11 @@ def memory_problem(recipe: Recipe) -> Problem | None:
     return estimate(recipe, plan).problem()
 
 
-def model_problem(recipe: Recipe) -> Problem | None:
+def model_problem(recipe: Recipe, *, pending: frozenset[str] = frozenset()) -> Problem | None:
     """`model.path` must be a folder with config.json; on SLURM an absolute path this machine
     does not see may live on the compute nodes' disk, so only that case is let through."""
     path = recipe.model.path
-    if path is None:
+    if path is None or path in pending:
         return None
     folder = Path(path)
     if (folder / "config.json").exists():
@@ -138,17 +141,17 @@ def model_problem(recipe: Recipe) -> Problem | None:
         return None
     message = f"no model folder {path!r} (a relative path starts at the recipe's folder)"
     if looks_like_hub_id(path):
-        message += f"; hub ids are not downloaded: huggingface-cli download {path} --local-dir DIR, then path = DIR"
+        message += f"; as a hub id it is read from the hub cache: fill it with hf download {path}"
     return ("model", "path"), message
 
 
-def tokenizer_problem(recipe: Recipe) -> Problem | None:
+def tokenizer_problem(recipe: Recipe, *, pending: frozenset[str] = frozenset()) -> Problem | None:
     """The tokenizer (`model.tokenizer`, else the model folder's) must be there and work: the
     worker loads it first thing, and transformers turns a folder without tokenizer files into an
     empty tokenizer that encodes every prompt to []."""
     tokenizer = recipe.model.tokenizer
     folder = tokenizer or recipe.model.path
-    if folder is None:
+    if folder is None or folder in pending:
         return None
     key = ("model", "tokenizer") if tokenizer else ("model", "path")
     if not Path(folder).is_dir():
@@ -161,9 +164,9 @@ def tokenizer_problem(recipe: Recipe) -> Problem | None:
     return (key, problem) if problem else None
 
 
-def judge_problem(recipe: Recipe) -> Problem | None:
+def judge_problem(recipe: Recipe, *, pending: frozenset[str] = frozenset()) -> Problem | None:
     """The `[judge]` model folder (the loader checked its config.json) needs weights and a tokenizer too."""
-    if recipe.judge is None or not (Path(recipe.judge.model) / "config.json").exists():
+    if recipe.judge is None or recipe.judge.model in pending or not (Path(recipe.judge.model) / "config.json").exists():
         return None
     folder = recipe.judge.model
     problem = weights_problem(Path(folder)) or usable_tokenizer_problem(folder, model_folder=folder, trust=False)
@@ -211,11 +214,6 @@ def weights_problem(folder: Path) -> str | None:
                 "the download is incomplete"
             )
     return None
-
-
-def looks_like_hub_id(path: str) -> bool:
-    """`Qwen/Qwen2.5-0.5B`: one slash, no leading dot or slash (what a user copies from the hub)."""
-    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path) is not None
 
 
 def ranks_problem(recipe: Recipe) -> Problem | None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from rlvr.recipe.hub import HubError, HubIds, HubMode, Kind, Snapshot, looks_like_hub_id
 from rlvr.recipe.schema import KeyedError, Recipe
 
 
@@ -22,8 +24,29 @@ class RecipeError(Exception):
     """A bad recipe, override or data file; `str()` is the one line a user sees."""
 
 
-def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, check_files: bool = True) -> Recipe:
-    """Parse, override, validate; data paths become absolute (relative to the recipe file)."""
+def load_recipe(
+    path: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    check_files: bool = True,
+    hub: HubMode | None = None,
+) -> Recipe:
+    """Parse, override, validate; data paths become absolute (relative to the recipe file), and hub
+    ids local snapshot folders (`hub`: see `rlvr.recipe.hub`; default `peek`, or `cached` without
+    `check_files`)."""
+    return load_recipe_with_hub(path, overrides, check_files=check_files, hub=hub)[0]
+
+
+def load_recipe_with_hub(
+    path: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    check_files: bool = True,
+    hub: HubMode | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> tuple[Recipe, list[Snapshot]]:
+    """`load_recipe`, and the snapshot each hub id of the recipe resolved to (what the CLI prints);
+    `announce` hears of a download before it starts."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -42,8 +65,11 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *
         recipe = Recipe.model_validate(raw)
     except ValidationError as exc:
         raise RecipeError(format_validation_error(exc, where)) from None
-    _resolve_paths(recipe, path.parent, check_files=check_files, where=where)
-    return recipe
+    hub_ids = HubIds(
+        hub or ("peek" if check_files else "cached"), slurm=recipe.cluster.kind == "slurm", announce=announce
+    )
+    _resolve_paths(recipe, path.parent, check_files=check_files, where=where, hub_ids=hub_ids)
+    return recipe, hub_ids.snapshots
 
 
 class Locator:
@@ -200,7 +226,7 @@ def _split_key(key: str) -> list[str]:
     return [part.strip().strip("\"'") for part in key.split(".")]
 
 
-def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, where: Locator) -> None:
+def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, where: Locator, hub_ids: HubIds) -> None:
     for name, domain in recipe.domains.items():
         for attr in ("files", "eval_files"):
             resolved = []
@@ -218,10 +244,7 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, where: Loca
                 loc = ("domains", name, "search_corpus")
                 raise RecipeError(where.error(loc, f"no such corpus file {str(corpus)!r}"))
             domain.search_corpus = str(corpus)
-    for key in ("path", "tokenizer"):  # relative to the recipe file, as data files are (a hub-style id stays)
-        value = getattr(recipe.model, key)
-        if value and not Path(value).is_absolute() and (candidate := (base / value).resolve()).exists():
-            setattr(recipe.model, key, str(candidate))
+    _resolve_model(recipe, base, where=where, hub_ids=hub_ids)
     config_json = Path(recipe.model.path or "") / "config.json"
     if recipe.model.path and config_json.exists():
         try:
@@ -236,11 +259,59 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, where: Loca
         except KeyedError as exc:
             raise RecipeError(where.error(exc.path, exc.message)) from None
     if recipe.judge is not None:
-        judge = Path(recipe.judge.model)
-        judge = judge if judge.is_absolute() else (base / judge).resolve()
+        value = recipe.judge.model
+        judge = Path(value) if Path(value).is_absolute() else (base / value).resolve()
+        if not judge.exists() and looks_like_hub_id(value):
+            snapshot = _hub(hub_ids, value, key=("judge", "model"), revision=None, kind="model", where=where)
+            if snapshot is None:  # `cached` mode, not in the cache: the id stays
+                return
+            judge = Path(snapshot.value)
         if check_files and not (judge / "config.json").exists():
             raise RecipeError(where.error(("judge", "model"), f"no model folder at {judge}"))
         recipe.judge.model = str(judge)
+
+
+def _resolve_model(recipe: Recipe, base: Path, *, where: Locator, hub_ids: HubIds) -> None:
+    """`model.path` and `model.tokenizer`: relative to the recipe file, as data files are; a value
+    that is no folder there and looks like `org/name` is a hub id, resolved to its snapshot."""
+    written = recipe.model.path
+    hub_path = False
+    for key in ("path", "tokenizer"):
+        value = getattr(recipe.model, key)
+        if not value:
+            continue
+        local = Path(value) if Path(value).is_absolute() else (base / value).resolve()
+        if local.exists():  # a folder always wins over the hub
+            if not Path(value).is_absolute():
+                setattr(recipe.model, key, str(local))
+            continue
+        if not looks_like_hub_id(value):
+            continue  # the machine checks say what is missing
+        revision = recipe.model.revision if value == written else None
+        snapshot = _hub(
+            hub_ids,
+            value,
+            key=("model", key),
+            revision=revision,
+            kind="model" if key == "path" else "tokenizer",
+            where=where,
+        )
+        hub_path = hub_path or key == "path"
+        if snapshot is not None:
+            setattr(recipe.model, key, snapshot.value)
+    if recipe.model.revision is not None and not hub_path:
+        what = f"model.path {written!r} is no hub id (a folder there wins)" if written else "model.config is set"
+        raise RecipeError(where.error(("model", "revision"), f"a revision picks a hub snapshot, but {what}; remove it"))
+
+
+def _hub(
+    hub_ids: HubIds, value: str, *, key: tuple[str, ...], revision: str | None, kind: Kind, where: Locator
+) -> Snapshot | None:
+    """`HubIds.resolve`, its error as the recipe's `file:line: key: message` line."""
+    try:
+        return hub_ids.resolve(value, key=key, revision=revision, kind=kind)
+    except HubError as exc:
+        raise RecipeError(where.error(exc.key, exc.message)) from None
 
 
 def resolved_json(recipe: Recipe) -> str:

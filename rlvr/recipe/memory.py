@@ -161,6 +161,19 @@ def model_shape(recipe: Recipe) -> ModelShape | None:
         return None
 
 
+def unknown_shape(recipe: Recipe) -> str:
+    """Why `model_shape` has no answer, in the words `rlvr plan` prints (a SLURM model folder that
+    lives on the nodes only is the common case). With config.json alone (a hub id `plan` peeked
+    at) there is an answer: Llama-family shapes from the config."""
+    path = recipe.model.path
+    if path is not None and not (Path(path) / "config.json").is_file():
+        return f"no {Path(path) / 'config.json'} on this machine to read the model's shapes from"
+    return (
+        "the model's shapes are unknown (config.json lacks hidden_size, num_attention_heads, num_hidden_layers or "
+        "vocab_size, and there are no safetensors headers to read)"
+    )
+
+
 def lora_params(tensors: dict[str, Shape], *, rank: int, targets: list[str] | str) -> int:
     """Adapter parameters r * (in + out) of every adapted linear weight: each 2-D weight of a decoder
     block ("all-linear"; never the embeddings or the LM head), or those whose module name is listed."""
@@ -404,7 +417,7 @@ def estimate(recipe: Recipe, plan: LaunchPlan, *, gpu_bytes: int | None = None) 
         return MemoryEstimate([], None, "", skipped="CPU run: no GPU memory to estimate")
     shape = model_shape(recipe)
     if shape is None:
-        return MemoryEstimate([], gpu_bytes, source, skipped="the model's tensor shapes are unknown")
+        return MemoryEstimate([], gpu_bytes, source, skipped=unknown_shape(recipe))
     gpus = plan.trainer_gpus or list(range(plan.gpus_per_node))  # SLURM: every GPU of a trainer node
     trainer = GpuLoad("trainer rank", gpus, trainer_terms(recipe, plan, shape, on_gpu=True))
     first = plan.servers[0]  # every server of a plan is alike: one stands for all

@@ -172,3 +172,14 @@ def check_local_split(recipe: Recipe, *, gpus: int) -> None:
             f"trainer.ranks = {ranks} plus {servers} = {ranks + served} GPUs, but {source} = {gpus}; "
             "lower them, or set rollout.colocate = true to share the GPUs"
         )
+
+
+NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+"""Folders each node of a cluster has its own copy of: a path under one on the submitting machine is
+a different (usually empty) folder on a compute node. `rlvr sbatch` and a SLURM `launch` warn about
+the recipe's paths there, and the hub cache (`rlvr.recipe.hub`) is refused there."""
+
+
+def node_local_root(path: str) -> str | None:
+    """The `NODE_LOCAL` root `path` lies under (a folder, not a prefix: /tmpfs-shared is not /tmp), or None."""
+    return next((root for root in NODE_LOCAL if path == root or path.startswith(root + "/")), None)

@@ -47,11 +47,16 @@ class ExperimentConfig(Section):
 
 class ModelConfig(Section):
     path: str | None = None
-    """A local HF model folder (config, tokenizer, safetensors), e.g. a Qwen2.5 checkout."""
+    """A local HF model folder (config, tokenizer, safetensors), e.g. a Qwen2.5 checkout, or a hub id
+    such as `Qwen/Qwen2.5-0.5B` (no such folder beside the recipe): resolved once to its snapshot in
+    the hub cache, which `launch` downloads before anything starts (docs/recipes.md, "Hub ids")."""
+    revision: str | None = None
+    """The hub revision (branch, tag or commit) of a hub id in `path`, and of `tokenizer` when it
+    names the same repo (default: `main`)."""
     config: dict[str, Any] | None = None
     """Build a randomly initialised model from this HF config dict instead (tests, tiny runs)."""
     tokenizer: str | None = None
-    """Tokenizer folder when it differs from `path`."""
+    """Tokenizer folder (or hub id) when it differs from `path`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     """Parameter dtype for rollout and the compute dtype for training (fp32 on CPU is faster)."""
     chat_template: str = "auto"
@@ -573,7 +578,7 @@ class JudgeServerConfig(Section):
     exported to the rewards as RLVR_JUDGE_URL (llm_judge's default when `judge_url` is unset)."""
 
     model: str
-    """A local HF model folder for the judge (relative to the recipe or absolute)."""
+    """A local HF model folder for the judge (relative to the recipe or absolute), or a hub id."""
     max_batch: int = Field(default=64, ge=1)
     """Sequences the judge server decodes together."""
 

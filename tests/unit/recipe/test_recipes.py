@@ -147,10 +147,10 @@ BAD_CASES = {
         MINIMAL.replace('reward = "math_rule"', 'reward = "math_rule"\neval_files = ["{code}"]'),
         "code.jsonl:1: math_rule rows need 'ground_truth'",
     ),
-    "hub id as model path": (
-        MINIMAL.replace("config = {{ hidden_size = 32 }}", 'path = "Qwen/Qwen2.5-0.5B"'),
-        "recipe.toml:7: model.path: no model folder 'Qwen/Qwen2.5-0.5B' (a relative path starts at the recipe's "
-        "folder); hub ids are not downloaded",
+    "hub id as model path, not in the hub cache, offline": (  # tests run with HF_HUB_OFFLINE=1 (tests/conftest.py)
+        MINIMAL.replace("config = {{ hidden_size = 32 }}", 'path = "rlvr-test/in-no-cache"'),
+        "recipe.toml:7: model.path: rlvr-test/in-no-cache is neither a folder (a relative path starts at the "
+        "recipe's folder) nor in the hub cache",
     ),
     "missing model folder": (
         MINIMAL.replace("config = {{ hidden_size = 32 }}", 'path = "./models/policy"'),
