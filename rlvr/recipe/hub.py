@@ -87,6 +87,10 @@ class Snapshot:
         return f"{self.key}: {self.repo_id} @ {self.revision} -> {where} ({why})"
 
 
+PYPI_PREFIX = "pypi:"
+"""`model.path = "pypi:smollm2"`: a real model built from a PyPI wheel (rlvr.models)."""
+
+
 def looks_like_hub_id(value: str) -> bool:
     """`Qwen/Qwen2.5-0.5B`: one slash, no leading dot or slash (what a user copies from the hub)."""
     return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value) is not None
@@ -179,6 +183,34 @@ class HubIds:
         snapshot = Snapshot(".".join(key), repo_id, revision, found.cache, found.folder, found.state)
         self.snapshots.append(snapshot)
         return snapshot
+
+    def resolve_pypi(self, value: str, *, key: tuple[str, ...]) -> Snapshot | None:
+        """`pypi:smollm2`: a model rlvr builds from a PyPI wheel (`rlvr models get`), the same way
+        as a hub id: `launch` builds it once into the models cache, `validate`/`plan` only look."""
+        from rlvr.models.pypi import ModelBuildError, cache_root, ensure_model, is_built, lookup, model_dir
+
+        name = value.removeprefix(PYPI_PREFIX)
+        label = ".".join(key)
+        try:
+            spec = lookup(name)
+        except ModelBuildError as exc:
+            raise HubError(key, str(exc).replace("unknown model", f"unknown {PYPI_PREFIX} model")) from None
+        cache, folder = str(cache_root()), str(model_dir(name))
+        if is_built(name):
+            found = Snapshot(label, value, spec.requirement, cache, folder, "cached")
+        elif self.mode == "cached":
+            return None
+        elif self.mode == "peek":
+            found = Snapshot(label, value, spec.requirement, cache, None, "not fetched")
+        else:
+            self.announce(f"building {value} from {spec.requirement} into {folder} (once, before anything starts)")
+            try:
+                ensure_model(name)
+            except ModelBuildError as exc:
+                raise HubError(key, f"{value}: {exc}; or build it where PyPI answers: rlvr models get {name}") from None
+            found = Snapshot(label, value, spec.requirement, cache, folder, "downloaded")
+        self.snapshots.append(found)
+        return found
 
     def _fetch(self, repo_id: str, *, revision: str, key: tuple[str, ...], kind: Kind) -> Snapshot | None:
         cache = hub_cache()
