@@ -93,6 +93,10 @@ def load_checked(
 
     for warning in staleness_warnings(recipe):  # what asynchronous rollout asks of the lr
         typer.echo(f"warning: {warning}", err=True)
+    from rlvr.recipe.checks import cpu_dtype_note
+
+    if note := cpu_dtype_note(recipe):
+        typer.echo(f"note: {note}", err=True)
     if not check_data:
         return recipe, None
     from rlvr.data.prompt_fit import check_data as check_rows

@@ -326,6 +326,17 @@ def longest_sequence(recipe: Recipe) -> int:
     return min(longest, limit) if limit else longest
 
 
+def cpu_dtype_note(recipe: Recipe) -> str | None:
+    """A local run with no GPU serves and trains in float32 whatever `model.dtype` says (bf16 matmuls
+    are several times slower on CPUs): say so, instead of doing it silently."""
+    if recipe.cluster.kind != "local" or recipe.model.dtype == "float32" or visible_gpus():
+        return None
+    return (
+        f"model.dtype = {recipe.model.dtype!r} applies on GPUs: with none here the rollout servers serve and "
+        'the trainer computes in float32 (bf16 is slower on CPUs); set model.dtype = "float32" to say so'
+    )
+
+
 def visible_gpus() -> int:
     """NVIDIA GPUs this process may use, without importing torch (CUDA_VISIBLE_DEVICES, else /dev)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
