@@ -23,6 +23,14 @@ activations come and go), the resident set between steps, and each step's second
 Needs free memory of about 6x the weights for the trainer part; run nothing else at once.
 
 Build a 358M-parameter Qwen3 of Qwen2.5-0.5B's shape (fp32, 1.43 GB) with `--build DIR`.
+
+`logits` (`--part logits`, a model from `--build-qwen25 DIR`: Qwen2.5-0.5B's exact shape with its
+151,936-token vocabulary and tied head, random weights, 494M parameters, 1.98 GB fp32): the
+trainer part's single step on one micro-batch of `--response-tokens` response tokens (8 sequences,
+full activation checkpointing, no export), with the full `[K, V]` logits
+(`trainer.logits_chunk_tokens = 0`, before) and in chunks of `--chunk` tokens (after), alternated
+`--rounds` times; prints each peak RSS over the weights and the ranges. `--max-rss-gb` kills a run
+whose resident set passes it (reported as not fitting) instead of letting the machine swap or OOM.
 """
 
 from __future__ import annotations
@@ -61,6 +69,29 @@ def build_model(out: Path) -> None:
     model.save_pretrained(out)
     for file in source.iterdir():
         if file.name.startswith(("tokenizer", "chat_template", "generation")):
+            shutil.copy(file, out / file.name)
+    print(f"built {out}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params")
+
+
+def build_qwen25(out: Path) -> None:
+    """Qwen2.5-0.5B's config (qwen2: q/k/v biases, 151,936-token vocabulary, tied head), random
+    weights in fp32: the vocabulary projection at its real size."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out)
+    source = ROOT / "recipes/quickstart/policy"
+    for file in source.iterdir():  # a tokenizer folder beside the weights; the trainer never tokenizes here
+        if file.name.startswith(("tokenizer", "chat_template")):
             shutil.copy(file, out / file.name)
     print(f"built {out}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params")
 
@@ -136,6 +167,8 @@ steps = int(sys.argv[3])
 actor = Actor.build(recipe.model, recipe.trainer, recipe.algorithm, total_steps=max(3, steps), device=torch.device("cpu"))
 built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 n, prompt, response = 8, recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens
+if os.environ.get("BENCH_BATCH"):  # "sequences,prompt,response" (the logits part)
+    n, prompt, response = (int(x) for x in os.environ["BENCH_BATCH"].split(","))
 g = torch.Generator().manual_seed(0)
 peaks, seconds = [], []
 for _ in range(steps):
@@ -149,6 +182,10 @@ for _ in range(steps):
     peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 stepped = peaks[0]
 idle = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+if os.environ.get("BENCH_EXPORT") == "0":
+    print("RESULT", json.dumps({"built": built, "stepped": stepped, "peak": max(peaks), "peaks": peaks,
+                                "seconds": seconds, "idle": idle}))
+    sys.exit(0)
 from rlvr.sync import disk
 out = tempfile.mkdtemp() + "/v1"
 if hasattr(disk, "write_weights"):
@@ -163,20 +200,92 @@ print("RESULT", json.dumps({"built": built, "stepped": stepped, "peak": exported
 """
 
 
-def measure_trainer(recipe_path: str, model: Path, steps: int, sets: list[str]) -> dict:
+def measure_trainer(
+    recipe_path: str, model: Path, steps: int, sets: list[str], *, env: dict[str, str] | None = None,
+    max_rss: int | None = None,
+) -> dict:  # fmt: skip
+    """The trainer child's RESULT; with `max_rss` (bytes) the child is killed once its resident set
+    passes it, and the result is `{"over": max_rss}`."""
     from rlvr.process import free_port
 
-    env = {**os.environ, "MASTER_PORT": str(free_port())}
-    out = subprocess.run(
-        [sys.executable, "-c", TRAINER_CHILD, recipe_path, str(model), str(steps), *sets],
-        env=env,
-        capture_output=True,
-        text=True,
+    env = {**os.environ, **(env or {}), "MASTER_PORT": str(free_port())}
+    argv = [sys.executable, "-c", TRAINER_CHILD, recipe_path, str(model), str(steps), *sets]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, text=True)
+        over = False
+        while proc.poll() is None:
+            time.sleep(0.05)
+            if max_rss is not None and _rss(proc.pid) > max_rss:
+                proc.kill()
+                over = True
+        proc.wait()
+        if over:
+            return {"over": max_rss}
+        out.seek(0)
+        err.seek(0)
+        for line in out.read().splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[len("RESULT ") :])
+        raise RuntimeError(f"trainer child failed: {err.read()[-3000:]}")
+
+
+def _rss(pid: int) -> int:
+    """VmRSS of a live process, bytes (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def measure_logits(args: argparse.Namespace) -> None:
+    """Full logits (before) and chunked (after), alternated: one training step each, peak RSS over
+    the weights."""
+    weights = weight_bytes(args.model)
+    seqs = 8
+    response = -(-args.response_tokens // seqs)
+    prompt = 32
+    tokens = seqs * (prompt + response)
+    sets = [
+        "trainer.activation_checkpointing=full",
+        f"trainer.max_tokens_per_micro_batch={tokens}",  # one micro-batch
+        f"rollout.max_new_tokens={response}",
+        f"data.max_prompt_tokens={prompt}",
+        *args.set,
+    ]
+    env = {"BENCH_BATCH": f"{seqs},{prompt},{response}", "BENCH_EXPORT": "0"}
+    max_rss = int(args.max_rss_gb * 1e9) if args.max_rss_gb else None
+    print(
+        f"logits: {seqs} x ({prompt} + {response}) tokens = {seqs * response} response tokens in one micro-batch, "
+        f"weights {weights / 1e9:.2f} GB, chunk {args.chunk}",
+        flush=True,
     )
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    raise RuntimeError(f"trainer child failed: {out.stderr[-3000:]}")
+    ratios: dict[str, list[float]] = {"before": [], "after": []}
+    for r in range(args.rounds):
+        for label, chunk in (("before", 0), ("after", args.chunk)):
+            res = measure_trainer(
+                args.recipe, args.model, 1, [*sets, f"trainer.logits_chunk_tokens={chunk}"], env=env, max_rss=max_rss
+            )
+            if "over" in res:
+                print(
+                    f"round {r + 1} {label:6} (chunk {chunk}): over {res['over'] / 1e9:.1f} GB RSS, killed", flush=True
+                )
+                continue
+            ratios[label].append(res["peak"] / weights)
+            print(
+                f"round {r + 1} {label:6} (chunk {chunk}): peak RSS {res['peak'] / 1e9:.2f} GB = "
+                f"{res['peak'] / weights:.2f}x weights (after build {res['built'] / weights:.2f}x); "
+                f"step {res['seconds'][0]:.0f} s",
+                flush=True,
+            )
+    for label, values in ratios.items():
+        if values:
+            print(f"{label}: peak {min(values):.2f}-{max(values):.2f}x the weights ({len(values)} runs)")
+    if ratios["before"] and ratios["after"]:
+        print(f"after / before: {min(ratios['after']) / max(ratios['before']):.2f}-"
+              f"{max(ratios['after']) / min(ratios['before']):.2f}")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -218,7 +327,14 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="a HF model folder (see --build)")
     parser.add_argument("--build", type=Path, help="build the 358M model into this folder and exit")
     parser.add_argument("--recipe", default=str(ROOT / "recipes/quickstart.toml"))
-    parser.add_argument("--part", choices=["serve", "trainer", "both"], default="both")
+    parser.add_argument("--build-qwen25", type=Path, help="build Qwen2.5-0.5B's exact shape into this folder and exit")
+    parser.add_argument("--part", choices=["serve", "trainer", "both", "logits"], default="both")
+    parser.add_argument(
+        "--response-tokens", type=int, default=8192, help="logits part: response tokens in the micro-batch"
+    )
+    parser.add_argument("--chunk", type=int, default=1024, help="logits part: trainer.logits_chunk_tokens after")
+    parser.add_argument("--rounds", type=int, default=2, help="logits part: before/after pairs")
+    parser.add_argument("--max-rss-gb", type=float, default=0.0, help="logits part: kill a run past this RSS")
     parser.add_argument(
         "--steps", type=int, default=3, help="trainer steps (the first allocates Adam's moments; later ones are steady)"
     )
@@ -234,8 +350,14 @@ def main() -> None:
     if args.build:
         build_model(args.build)
         return
+    if args.build_qwen25:
+        build_qwen25(args.build_qwen25)
+        return
     if args.model is None:
         parser.error("--model DIR (or --build DIR first)")
+    if args.part == "logits":
+        measure_logits(args)
+        return
     if args.json:
         print("JSON", json.dumps(run(args)))
         return

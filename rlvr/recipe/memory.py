@@ -282,7 +282,9 @@ def detected_gpu_bytes() -> int | None:
         return None
 
 
-def activation_bytes(shape: ModelShape, *, tokens: int, compute: int, checkpointing: bool) -> int:
+def activation_bytes(
+    shape: ModelShape, *, tokens: int, compute: int, checkpointing: bool, logits_chunk: int = 0
+) -> int:
     """Activations one micro-batch of `tokens` tokens keeps for backward, at its peak.
 
     Per token and layer, what a Llama block saves (HF code, sdpa/flash attention): each RMSNorm its
@@ -292,13 +294,19 @@ def activation_bytes(shape: ModelShape, *, tokens: int, compute: int, checkpoint
     stays, and one block's activations are rebuilt at a time. The log-probs add `tokens x vocab`
     logits: the fp32 log-softmax kept for backward, and in backward its gradient, the upcast's
     fp32 gradient and the compute-dtype one (counted for every token: an upper bound, as only
-    response positions reach the vocabulary projection).
+    response positions reach the vocabulary projection). With `logits_chunk` > 0
+    (`trainer.logits_chunk_tokens`, rlvr.trainer.chunked_logprobs) only one chunk's logits exist:
+    the head's compute-dtype output and two fp32 blocks, plus, below fp32, the head gradient's fp32
+    accumulator.
     """
     h, q, kv, i = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
     per_layer = 2 * (FP32 * h + compute * h) + compute * (4 * q + 3 * kv + 4 * i) + FP32 * shape.heads
     kept = shape.layers * per_layer if not checkpointing else shape.layers * compute * h + per_layer
-    logits = shape.vocab * (compute + 3 * FP32)
-    return tokens * (kept + logits)
+    if logits_chunk <= 0:
+        return tokens * (kept + shape.vocab * (compute + 3 * FP32))
+    chunk = min(tokens, logits_chunk) * shape.vocab * (compute + 2 * FP32)
+    accumulator = shape.vocab * h * FP32 if compute != FP32 else 0
+    return tokens * kept + chunk + accumulator
 
 
 def trainer_terms(recipe: Recipe, plan: LaunchPlan, shape: ModelShape, *, on_gpu: bool) -> list[Term]:
@@ -327,8 +335,9 @@ def trainer_terms(recipe: Recipe, plan: LaunchPlan, shape: ModelShape, *, on_gpu
         terms.append(Term(f"gathered blocks ({t.param_dtype})", gathered, ranks_key, ranks_hint, exact=False))
     checkpointing = t.activation_checkpointing != "none" or recipe.model.gradient_checkpointing
     tokens = t.max_tokens_per_micro_batch
-    act = activation_bytes(shape, tokens=tokens, compute=compute, checkpointing=checkpointing)
-    other = activation_bytes(shape, tokens=tokens, compute=compute, checkpointing=not checkpointing)
+    chunk = t.logits_chunk_tokens
+    act = activation_bytes(shape, tokens=tokens, compute=compute, checkpointing=checkpointing, logits_chunk=chunk)
+    other = activation_bytes(shape, tokens=tokens, compute=compute, checkpointing=not checkpointing, logits_chunk=chunk)
     label = "with" if checkpointing else "without"
     hint = f"lower trainer.max_tokens_per_micro_batch (now {tokens})"
     if not checkpointing:

@@ -446,6 +446,10 @@ class TrainerConfig(Section):
     """Pack several sequences per row (position ids reset, attention kept per sequence)."""
     max_tokens_per_micro_batch: int = Field(default=8192, ge=16)
     """Token budget of one packed micro-batch (dynamic batching)."""
+    logits_chunk_tokens: int = Field(default=1024, ge=0)
+    """Response tokens whose vocabulary logits exist at once: log-probs and entropies are computed
+    (and their gradients recomputed) chunk by chunk, never as one [tokens x vocab] matrix
+    (0: all at once). Models that transform logits after the head (soft-capping) always use 0."""
     param_dtype: Literal["float32", "bfloat16"] = "bfloat16"
     """FSDP2 mixed-precision parameter dtype on GPU (CPU always trains in fp32)."""
     reduce_dtype: Literal["float32", "bfloat16"] = "float32"

@@ -44,6 +44,7 @@ class Actor(EngineHandles):
         self.algorithm = algorithm
         self.temperature = temperature
         self.max_response_len = max_response_len
+        self.chunk_tokens = trainer.logits_chunk_tokens
 
     @classmethod
     def build(
@@ -89,7 +90,9 @@ class Actor(EngineHandles):
             raise ValueError("no reference model: the algorithm has kl_in = 'none'")
 
         def fn(mb: MicroBatch) -> tuple[torch.Tensor, ...]:
-            logp, ent = token_logprobs(engine.model, mb, temperature=self.temperature, entropy="detached")
+            logp, ent = token_logprobs(
+                engine.model, mb, temperature=self.temperature, entropy="detached", chunk_tokens=self.chunk_tokens
+            )
             assert ent is not None
             return logp, ent
 
@@ -138,7 +141,13 @@ class Actor(EngineHandles):
         def loss_fn(
             mb: MicroBatch, local: TrainBatch, counts: tuple[float, float]
         ) -> tuple[torch.Tensor, dict[str, float], float]:
-            logp, ent = token_logprobs(self.engine.model, mb, temperature=self.temperature, entropy=entropy_mode)
+            logp, ent = token_logprobs(
+                self.engine.model,
+                mb,
+                temperature=self.temperature,
+                entropy=entropy_mode,
+                chunk_tokens=self.chunk_tokens,
+            )
             dev = logp.device
 
             def field(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -3,29 +3,63 @@
 The vocabulary projection only runs on positions that predict a response token
 (`logits_to_keep=predict_mask`), and log-softmax runs in fp32 whatever the compute dtype,
 so the ratio pi/pi_old is not dominated by bf16 rounding.
+
+With `chunk_tokens > 0` (`trainer.logits_chunk_tokens`) the `[K, V]` logits are never built:
+the model's LM head is swapped, for the one call, for `rlvr.trainer.chunked_logprobs`, which
+computes log-probs and entropies a chunk of tokens at a time in forward and backward. The swap
+happens inside the model's own forward (not by calling the decoder body and then the head
+weight) because under FSDP2 the head's weight is only gathered while the root module's forward
+runs, and its gradient is reduce-scattered by the hooks on that forward's outputs. Models whose
+forward changes the logits after the head (soft-capping, logit scales) keep the full path.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
 
+from rlvr.trainer.chunked_logprobs import EntropyMode, chunked_token_logprobs
 from rlvr.trainer.packing import MicroBatch, unpack
 
-EntropyMode = Literal["none", "detached", "grad"]
+log = logging.getLogger(__name__)
+
+# Config keys of transformers models that transform the logits after the LM head
+# (Gemma 2/3 soft-capping, Cohere's logit_scale, Granite's logits_scaling).
+POST_HEAD_KEYS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+UNCHUNKED_MARK = "_rlvr_full_logits"  # set on a model whose forward was seen to change the head's output
 
 
 def token_logprobs(
-    model: nn.Module, mb: MicroBatch, *, temperature: float = 1.0, entropy: EntropyMode = "detached"
+    model: nn.Module,
+    mb: MicroBatch,
+    *,
+    temperature: float = 1.0,
+    entropy: EntropyMode = "detached",
+    chunk_tokens: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(response token | prefix) and the policy entropy at each response position, [b, width].
 
     `temperature` divides the logits as the sampler did, so pi_old matches what generated
-    the tokens. Entropy costs one more pass over [K, V]: `"grad"` keeps its graph (entropy
-    bonus in the loss), `"detached"` only reports it.
+    the tokens. `"grad"` keeps the entropy's graph (entropy bonus in the loss), `"detached"`
+    only reports it. `chunk_tokens`: response tokens per block of logits (0: all at once).
     """
+    head = _plain_head(model) if chunk_tokens > 0 else None
+    if head is not None:
+        got = _chunked(model, head, mb, temperature=temperature, entropy=entropy, chunk_tokens=chunk_tokens)
+        if got is not None:
+            return got
+    return _full_logits(model, mb, temperature=temperature, entropy=entropy)
+
+
+def _full_logits(
+    model: nn.Module, mb: MicroBatch, *, temperature: float, entropy: EntropyMode
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The `[K, V]` logits at once: entropy costs one more pass over them."""
     out = model(**mb.model_kwargs(), logits_to_keep=mb.predict_mask, use_cache=False)
     logits = out.logits.reshape(-1, out.logits.shape[-1]).float()  # [K, V] (boolean keep flattens)
     if temperature != 1.0:
@@ -38,6 +72,77 @@ def token_logprobs(
             src = logp_all if entropy == "grad" else logp_all.detach()
             ent = unpack(-(src.exp() * src).sum(-1), mb)
     return unpack(logp, mb), ent
+
+
+def _plain_head(model: nn.Module) -> nn.Linear | None:
+    """The model's LM head if the chunked path can stand in for it: a plain linear layer (not a
+    LoRA-wrapped one, not vocabulary-parallel: `TitanLM` answers None then) whose output the
+    model's forward returns unchanged."""
+    if getattr(model, UNCHUNKED_MARK, False):
+        return None
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(head, nn.Linear):
+        return None
+    config = getattr(model, "config", None)
+    configs = [config]
+    text = getattr(config, "get_text_config", None)
+    if callable(text):
+        configs.append(text())
+    if any(getattr(c, key, None) is not None for c in configs for key in POST_HEAD_KEYS):
+        return None
+    return head
+
+
+def _chunked(
+    model: nn.Module, head: nn.Linear, mb: MicroBatch, *, temperature: float, entropy: EntropyMode, chunk_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The model's forward with `head` computing (log-prob, entropy) per kept position instead of
+    logits; None when the model changed what the head returned (then it is marked for the full path)."""
+    returned: list[torch.Tensor] = []
+
+    def project(hidden: torch.Tensor) -> torch.Tensor:
+        logp, ent = chunked_token_logprobs(
+            hidden.reshape(-1, hidden.shape[-1]),
+            head.weight,  # inside the forward: FSDP2 has gathered it (a plain tensor)
+            head.bias,
+            mb.targets,
+            temperature=temperature,
+            entropy=entropy,
+            chunk_tokens=chunk_tokens,
+        )
+        # one tensor out, so the hooks FSDP2 puts on the forward's outputs see every gradient
+        packed = logp[:, None] if ent is None else torch.stack([logp, ent], dim=-1)
+        returned.append(packed)
+        return packed
+
+    with _forward_replaced(head, project):
+        out = model(**mb.model_kwargs(), logits_to_keep=mb.predict_mask, use_cache=False)
+    if not returned or out.logits is not returned[-1]:
+        log.warning("%s changes its LM head's output; using full logits", type(model).__name__)
+        setattr(model, UNCHUNKED_MARK, True)
+        return None
+    packed = returned[-1]
+    ent = None
+    if entropy != "none":
+        ent = packed[:, 1] if entropy == "grad" else packed[:, 1].detach()
+        ent = unpack(ent, mb)
+    return unpack(packed[:, 0], mb), ent
+
+
+@contextmanager
+def _forward_replaced(module: nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
+    """`module.forward` is `forward` for the block: an instance attribute shadows the class's
+    method, and `module(...)` still runs the module's hooks (FSDP2's gather) around it."""
+    before = module.__dict__.get("forward")
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if before is None:
+            del module.forward
+        else:
+            module.forward = before
 
 
 def token_values(model: nn.Module, mb: MicroBatch) -> torch.Tensor:

@@ -265,14 +265,20 @@ class TitanLM(nn.Module):
     sequence boundaries, not a mask). `adapter` is torchtitan's state-dict adapter.
     """
 
-    def __init__(self, decoder: Any, *, hf_config: Any, adapter: Any, kind: str):
+    def __init__(self, decoder: Any, *, hf_config: Any, adapter: Any, kind: str, vocab_parallel: bool = False):
         super().__init__()
         self.decoder = decoder
         self.config = hf_config
         self.adapter = adapter
         self.kind = kind
+        self.vocab_parallel = vocab_parallel  # tensor parallel shards the head over the vocabulary
         self.generation_config = None
         decoder._skip_lm_head = True  # the head runs on the kept rows only (forward)
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        """The LM head, as transformers models answer; None under tensor parallel, where its
+        output is a vocabulary-sharded DTensor: `token_logprobs` then takes the full logits."""
+        return None if self.vocab_parallel else self.decoder.lm_head
 
     def forward(
         self,
@@ -429,7 +435,9 @@ def build_titan_model(
     decoder.to_empty(device=device)
     with torch.no_grad():
         decoder.init_states(buffer_device=device)
-    model = TitanLM(decoder, hf_config=hf_config, adapter=Adapter(model_cfg, None), kind=kind)
+    model = TitanLM(
+        decoder, hf_config=hf_config, adapter=Adapter(model_cfg, None), kind=kind, vocab_parallel=trainer.tp_size > 1
+    )
     _load_weights(model, hf_state_dict(cfg, kind=kind, seed=seed))
     return model
 

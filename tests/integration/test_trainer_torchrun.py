@@ -40,10 +40,13 @@ def synthetic_batch():
 def configs(strategy: str, *, tp_size: int = 1, activation_checkpointing: str = "none", lora_rank: int = 0):
     from rlvr.recipe.schema import AlgorithmConfig, LoraConfig, TrainerConfig
 
+    # the one-process reference takes the full logits; the 2-rank runs 5-token chunks (FSDP2 gathers the
+    # head inside the forward the chunks run in; under tensor parallel the head stays whole)
     trainer = TrainerConfig(
         strategy=strategy, lr=1e-3, packing=True, max_tokens_per_micro_batch=40, lr_schedule="cosine", warmup_steps=1,
         tp_size=tp_size, activation_checkpointing=activation_checkpointing,  # pyright: ignore[reportArgumentType]
         lora=LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank or 16.0),
+        logits_chunk_tokens=0 if strategy == "none" else 5,
     )  # fmt: skip
     algorithm = AlgorithmConfig(preset="grpo", mini_batches=2, kl_coef=0.01)
     return trainer, algorithm
@@ -60,6 +63,7 @@ def run(
     from rlvr.trainer import dist as d
     from rlvr.trainer.actor import Actor
     from rlvr.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
+    from rlvr.trainer.forward import UNCHUNKED_MARK
     from rlvr.trainer.weights import iter_full_weights
 
     trainer, algorithm = configs(
@@ -83,6 +87,7 @@ def run(
         if save_dir is not None and not resume and step + 1 == SAVE_AT:
             extra = {"step": step + 1, "losses": list(losses), "torch_rng": torch.get_rng_state()}
             save_checkpoint(save_dir, step + 1, {"actor": actor}, extra=extra, keep_last=2)
+    assert not getattr(actor.model, UNCHUNKED_MARK, False)  # the chunked head's output came back as the logits
     weights = {name: t.clone() for name, t in iter_full_weights(actor.model)}
     if export_dir is not None:
         export_hf(actor.model, None, export_dir)

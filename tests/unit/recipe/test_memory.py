@@ -120,6 +120,20 @@ def test_checkpointing_shrinks_the_activation_estimate() -> None:
     assert 0 < activations(full) < activations(plain)
 
 
+def test_chunked_logits_count_one_chunk_not_every_token() -> None:
+    from rlvr.recipe.memory import activation_bytes
+
+    shape = model_shape(load_recipe(RECIPE, []))
+    assert shape is not None
+    common = {"tokens": 8192, "compute": 2, "checkpointing": True}
+    full = activation_bytes(shape, **common)
+    chunked = activation_bytes(shape, **common, logits_chunk=1024)
+    whole_logits = 8192 * shape.vocab * (2 + 3 * 4)
+    one_chunk = 1024 * shape.vocab * (2 + 2 * 4) + shape.vocab * shape.hidden * 4
+    assert full - chunked == whole_logits - one_chunk
+    assert activation_bytes(shape, **common, logits_chunk=10**6) == activation_bytes(shape, **common, logits_chunk=8192)
+
+
 def test_validate_refuses_a_trainer_that_does_not_fit_naming_its_largest_term_and_the_fix() -> None:
     recipe = load_recipe(RECIPE, ["cluster.gpus_per_node=2", "cluster.gpu_memory_gb=0.05"])
     key, message = memory_problem(recipe) or ((), "")
