@@ -230,7 +230,7 @@ def launch(
     """
     from rlvr.rundir import RunActive, RunDir
 
-    resolved = load_or_exit(recipe, set_)
+    resolved, data = load_checked(recipe, set_)
     if resolved.model.path is None:
         raise fail(f"{recipe}: model.path: launching needs a model folder (model.config is for tests and plans)")
     resume = resume_or_exit(resume)
@@ -256,7 +256,10 @@ def launch(
             typer.echo(f"run directory: {paths.root}")
             for line in changes:
                 typer.echo(line)
-            code = _launch_local(resolved, run_dir=paths.root, resume=resume, dashboard=dashboard)
+            prompt_tokens = data.longest_prompt if data is not None else None  # sizes the servers' KV cache
+            code = _launch_local(
+                resolved, run_dir=paths.root, resume=resume, dashboard=dashboard, prompt_tokens=prompt_tokens
+            )
         else:
             for line in changes:
                 typer.echo(line)
@@ -296,13 +299,13 @@ def recipe_changes(paths, recipe_json: str) -> list[str]:
     return [f"recipe changed since the last launch: {line}" for line in lines]
 
 
-def _launch_local(resolved, *, run_dir: Path, resume: str, dashboard: bool) -> int:
+def _launch_local(resolved, *, run_dir: Path, resume: str, dashboard: bool, prompt_tokens: int | None = None) -> int:
     from rlvr.launch.local import LaunchError, run_local
     from rlvr.monitor.metrics import mark_failed
     from rlvr.monitor.progress import final_line
 
     try:
-        code = run_local(resolved, run_dir=run_dir, resume=resume, dashboard=dashboard)
+        code = run_local(resolved, run_dir=run_dir, resume=resume, dashboard=dashboard, prompt_tokens=prompt_tokens)
     except LaunchError as exc:
         mark_failed(run_dir, str(exc), name=resolved.experiment.name, max_steps=resolved.experiment.max_steps)
         typer.echo(final_line(run_dir, code=1, max_steps=resolved.experiment.max_steps))
@@ -424,12 +427,28 @@ def eval_(
     args: Annotated[str, typer.Option(metavar="JSON", help="reward_args as JSON (with --reward).")] = "{}",
     n: Annotated[int, typer.Option(metavar="N", help="Samples per prompt.")] = 1,
     temperature: Annotated[float, typer.Option(metavar="T", help="0 is greedy.")] = 0.0,
-    max_new_tokens: Annotated[int, typer.Option(metavar="N", help="Response length limit.")] = 256,
-    out: Annotated[Path | None, typer.Option(metavar="FILE", help="Write per-row results (jsonl) here.")] = None,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N", min=1, help="Response length limit (default: the recipe's rollout.max_new_tokens, else 256)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="Write per-row results (jsonl: prompt, completion, finish_reason, score)."),
+    ] = None,
+    export_dir: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            help="Export a checkpoint here and keep it (reused by a later eval with the same DIR); "
+            "default: a temporary folder under ~/.cache/rlvr/exports, removed after the eval.",
+        ),
+    ] = None,
 ) -> None:
     """Score a model or checkpoint on held-out rows with the reward registry.
 
-    A checkpoint is exported once to ~/.cache/rlvr/exports (reused by later evals). Rows judged by
+    A checkpoint is exported, then removed after (--export-dir DIR keeps it). Rows judged by
     llm_judge use the recipe's \\[judge], started here as launch starts it, or judge_url / RLVR_JUDGE_URL.
 
     Example: rlvr eval runs/quickstart --data recipes/quickstart/data/math_eval.jsonl
@@ -479,12 +498,21 @@ def eval_(
             f"rows tagged {', '.join(unjudged)} are scored by llm_judge but no judge is set: pass --args "
             '\'{"judge_url": "http://HOST:PORT"}\', export RLVR_JUDGE_URL, or use a recipe with a [judge] table'
         )
-    from rlvr.evaluation import cached_export, evaluate
+    from rlvr.evaluation import DEFAULT_MAX_NEW_TOKENS, ExportDirError, evaluate, exported_for_eval
 
+    if max_new_tokens is None:
+        max_new_tokens = parsed.rollout.max_new_tokens if parsed else DEFAULT_MAX_NEW_TOKENS
+        origin = f"rollout.max_new_tokens of {source}" if parsed else "the default without a recipe"
+        typer.echo(f"max new tokens: {max_new_tokens} ({origin}; --max-new-tokens N overrides it)")
     quiet_loading_bars()
-    if checkpoint is not None:
-        model = cached_export(checkpoint, announce=typer.echo)
-    with judge_for_eval(parsed) if serve_judge else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        if checkpoint is not None:
+            try:
+                model = stack.enter_context(exported_for_eval(checkpoint, export_dir=export_dir, announce=typer.echo))
+            except ExportDirError as exc:
+                raise fail(str(exc)) from None
+        if serve_judge:
+            stack.enter_context(judge_for_eval(parsed))
         rows = evaluate(
             model, samples, rewards=rewards, chat_template=template, n=n, temperature=temperature,
             max_new_tokens=max_new_tokens,
@@ -495,15 +523,17 @@ def eval_(
     from rlvr.evaluation import summarize, write_rows
 
     table = Table(title="eval")
-    for column in ("tag", "count", "mean", "accuracy", "failed"):
+    for column in ("tag", "count", "mean", "accuracy", "failed", "truncated"):
         table.add_column(column, justify="left" if column == "tag" else "right")
     for tag, stats in summarize(rows).items():
         table.add_row(
-            tag, str(stats["count"]), f"{stats['mean']:.3f}", f"{stats['accuracy']:.3f}", str(stats["failed"])
-        )
+            tag, str(stats["count"]), f"{stats['mean']:.3f}", f"{stats['accuracy']:.3f}", str(stats["failed"]),
+            str(stats["truncated"]),
+        )  # fmt: skip
+    table.caption = f"truncated: responses cut at max_new_tokens = {max_new_tokens}"
     console = Console(soft_wrap=True)  # a long model path stays whole (a caption wrapped it mid-word)
     console.print(table)
-    console.print(f"model: {model}", markup=False, highlight=False)
+    console.print(f"model: {checkpoint or model}", markup=False, highlight=False)
     if out is not None:
         write_rows(rows, out)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,22 +47,77 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, *, merge: bool = True) ->
     return exported
 
 
-def cached_export(checkpoint: Path, *, announce: Callable[[str], Any] = print) -> Path:
-    """A HF folder of `checkpoint` in the user's cache (`XDG_CACHE_HOME`, else ~/.cache), not beside
-    the checkpoint (a 7B model is 15 GB in a run directory nobody asked to grow): exported once,
-    reused while the checkpoint is unchanged."""
-    import hashlib
+EXPORT_MARK = ".rlvr-export.json"
+"""Written into an `rlvr eval --export-dir` folder: which checkpoint (and its meta.json's mtime) it
+holds, so a later eval into the same folder reuses it instead of exporting again."""
+
+
+def exports_cache() -> Path:
+    """`XDG_CACHE_HOME/rlvr/exports` (else ~/.cache): where `rlvr eval` exports a checkpoint for the
+    eval's length, not beside the checkpoint (a 7B model is 15 GB in a run directory nobody asked to grow)."""
     import os
 
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlvr" / "exports"
+
+
+def export_stamp(checkpoint: Path) -> str:
+    """The checkpoint and its meta.json's mtime: a checkpoint rewritten in place is another export."""
     checkpoint = checkpoint.resolve()
-    stamp = f"{checkpoint}:{(checkpoint / 'meta.json').stat().st_mtime_ns}"
-    digest = hashlib.sha1(stamp.encode()).hexdigest()[:10]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlvr" / "exports"
-    folder = cache / f"{checkpoint.parent.parent.name}-{checkpoint.name}-{digest}"
-    if (folder / "config.json").exists():
-        return folder
-    announce(f"exporting {checkpoint} to {folder} (reused by later evals; delete it freely)")
-    return export_checkpoint(checkpoint, folder)
+    return f"{checkpoint}:{(checkpoint / 'meta.json').stat().st_mtime_ns}"
+
+
+def _export_stamp_in(mark: Path) -> str | None:
+    try:
+        return json.loads(mark.read_text()).get("stamp")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+class ExportDirError(ValueError):
+    """`--export-dir` names a folder that holds something other than this checkpoint's export."""
+
+
+@contextmanager
+def exported_for_eval(
+    checkpoint: Path, *, export_dir: Path | None = None, announce: Callable[[str], Any] = print
+) -> Iterator[Path]:
+    """A HF folder of `checkpoint` for the length of the `with`.
+
+    Without `export_dir`: a fresh folder under `exports_cache()`, removed when the `with` ends
+    (however it ends), so an eval leaves no 500 MB-15 GB copy behind. With `export_dir`: the folder
+    is kept, and reused by a later eval of the same checkpoint (`EXPORT_MARK` says which); a
+    folder that holds anything else is an ExportDirError (never overwritten)."""
+    import shutil
+    import tempfile
+
+    stamp = export_stamp(checkpoint)
+    if export_dir is not None:
+        mark = export_dir / EXPORT_MARK
+        if (export_dir / "config.json").is_file() and _export_stamp_in(mark) == stamp:
+            announce(f"reusing the export of {checkpoint} in {export_dir}")
+            yield export_dir
+            return
+        if export_dir.exists() and (not export_dir.is_dir() or any(export_dir.iterdir())):
+            raise ExportDirError(
+                f"--export-dir {export_dir}: holds something other than an export of {checkpoint}; "
+                "expected a new or empty folder (or one an earlier eval of this checkpoint exported into)"
+            )
+        announce(f"exporting {checkpoint} to {export_dir} (kept: a later eval with this --export-dir reuses it)")
+        export_checkpoint(checkpoint, export_dir)
+        mark.write_text(json.dumps({"checkpoint": str(checkpoint.resolve()), "stamp": stamp}) + "\n")
+        yield export_dir
+        return
+    cache = exports_cache()
+    cache.mkdir(parents=True, exist_ok=True)
+    run = checkpoint.resolve().parent.parent.name
+    scratch = Path(tempfile.mkdtemp(prefix=f"{run}-{checkpoint.name}-", dir=cache))
+    folder = scratch / "hf"
+    announce(f"exporting {checkpoint} to {folder} (removed after the eval; --export-dir DIR keeps it)")
+    try:
+        export_checkpoint(checkpoint, folder)
+        yield folder
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @dataclass
@@ -71,6 +127,8 @@ class EvalRow:
     score: float
     reason: str
     failed: str | None = None  # the reward could not judge it: left out of the means, counted
+    prompt: str = ""  # the prompt as the model read it (chat template and special tokens included)
+    finish_reason: str = ""  # "stop", or "length": cut at max_new_tokens
 
 
 def load_rows(files: list[Path], *, reward: str | None, tag_rewards: dict[str, tuple[str, dict]]) -> list[Sample]:
@@ -94,6 +152,10 @@ def load_rows(files: list[Path], *, reward: str | None, tag_rewards: dict[str, t
     return samples
 
 
+DEFAULT_MAX_NEW_TOKENS = 256
+"""`rlvr eval`'s response limit when neither --max-new-tokens nor a recipe gives one."""
+
+
 def evaluate(
     model_dir: Path,
     samples: list[Sample],
@@ -102,23 +164,30 @@ def evaluate(
     chat_template: str = "auto",
     n: int = 1,
     temperature: float = 0.0,
-    max_new_tokens: int = 256,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     max_batch: int = 64,
 ) -> list[EvalRow]:
-    """Generate with the embedded engine and score each sample with its tag's reward."""
-    from rlvr.data.chat import encode_prompt
+    """Generate with the embedded engine and score each sample with its tag's reward.
+
+    The prompts are tokenized first, so the engine's KV cache is sized for what this eval makes
+    (its longest prompt plus `max_new_tokens`, at most `max_batch` sequences at once), not for the
+    engine's default 2048 tokens x 64 sequences."""
+    from transformers import AutoTokenizer
+
+    from rlvr.data.chat import encode_prompt, render_prompt
     from rlvr.rewards.pool import RewardPool
     from rlvr.rollout.embedded import EmbeddedEngine
     from rlvr.rollout.engine import GenerateRequest, SamplingParams
 
-    engine = EmbeddedEngine(model_dir, max_batch=max_batch)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)  # the engine's own (it loads the same folder)
+    prompts = [render_prompt(s.messages, tokenizer=tokenizer, template=chat_template) for s in samples]
+    ids = [encode_prompt(s.messages, tokenizer=tokenizer, template=chat_template) for s in samples]
+    longest = max(map(len, ids), default=1)
+    engine = EmbeddedEngine(
+        model_dir, max_batch=max(1, min(max_batch, len(samples) * n)), max_seq_len=longest + max_new_tokens
+    )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=0)
-    requests = [
-        GenerateRequest(
-            input_ids=encode_prompt(s.messages, tokenizer=engine.tokenizer, template=chat_template), params=params, n=n
-        )
-        for s in samples
-    ]
+    requests = [GenerateRequest(input_ids=prompt_ids, params=params, n=n) for prompt_ids in ids]
     pool = RewardPool.from_domains(rewards)
 
     async def run() -> list[Group]:
@@ -136,9 +205,15 @@ def evaluate(
             close()
     return [
         EvalRow(
-            sample=g.sample, completion=c.text, score=r.score, reason=str(r.info.get("reason", "")), failed=r.failed
-        )
-        for g in groups
+            sample=g.sample,
+            completion=c.text,
+            score=r.score,
+            reason=str(r.info.get("reason", "")),
+            failed=r.failed,
+            prompt=prompt,
+            finish_reason=c.finish_reason,
+        )  # fmt: skip
+        for g, prompt in zip(groups, prompts, strict=True)
         for c, r in zip(g.completions, g.rewards, strict=True)
     ]
 
@@ -216,6 +291,7 @@ def _stats(rows: list[EvalRow]) -> dict[str, float]:
         "mean": sum(scores) / max(len(scores), 1),
         "accuracy": sum(x >= 1 for x in scores) / max(len(scores), 1),
         "failed": len(rows) - len(scores),
+        "truncated": sum(row.finish_reason == "length" for row in rows),
     }
 
 
@@ -227,7 +303,9 @@ def write_rows(rows: list[EvalRow], path: Path) -> None:
                     {
                         "id": row.sample.id,
                         "tag": row.sample.tag,
+                        "prompt": row.prompt,
                         "completion": row.completion,
+                        "finish_reason": row.finish_reason,
                         "score": None if row.failed else row.score,
                         "verdict": "failed" if row.failed else "scored",
                         "reason": row.reason,

@@ -8,11 +8,15 @@ client, rewards) and the recorder; then runs the loop. Reads like the list of pa
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rlvr.rundir import RunDir
+
+log = logging.getLogger("rlvr.worker")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", default="auto", help="auto (latest checkpoint), none, or a checkpoint path")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # logs/trainer.log: what was loaded (below), weight-sync groups, servers lost and back
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import torch
 
@@ -53,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(recipe.model)
     if tokenizer is None:
         raise SystemExit("model.path (or model.tokenizer) must name a folder with a tokenizer to run the loop")
+    if info.is_main:
+        for line in startup_lines(recipe, actor, tokenizer, on_gpu=info.device.type == "cuda"):
+            log.info("%s", line)
 
     planned = len(make_plan(recipe).servers)
     servers = wait_for_servers(args.run_dir, count=planned, timeout_s=recipe.rollout.timeout_s)
@@ -102,6 +111,66 @@ def main(argv: list[str] | None = None) -> int:
             recorder.close(state, error=error)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def startup_lines(recipe, actor, tokenizer, *, on_gpu: bool) -> list[str]:
+    """What the trainer loaded, for logs/trainer.log: the model (folder, architecture, the dtype its
+    weights really have, parameters, tied head, vocabulary), the reference model, and the token ids
+    that end a response (what the rollout servers stop on: the tokenizer's, config's and
+    generation config's eos, and `rollout.stop_token_ids`)."""
+    model, cfg = actor.model, recipe.model
+    config = getattr(model, "config", None)
+    arch = (getattr(config, "architectures", None) or [type(model).__name__.removeprefix("FSDP")])[0]
+    params = list(model.parameters())
+    dtype = str(params[0].dtype).removeprefix("torch.") if params else "?"
+    if on_gpu and recipe.trainer.strategy == "fsdp2":
+        dtype += f", computed in {recipe.trainer.param_dtype} (trainer.param_dtype)"
+    total = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    inputs = _call(model, "get_input_embeddings")
+    outputs = _call(model, "get_output_embeddings")
+    if inputs is not None and outputs is not None:
+        tied = "yes" if getattr(outputs, "weight", None) is getattr(inputs, "weight", 0) else "no"
+    else:
+        tied = "yes" if getattr(config, "tie_word_embeddings", False) else "no (or unknown)"
+    vocab = getattr(config, "vocab_size", None)
+    source = cfg.path or "model.config (built, not loaded)"
+    lines = [
+        f"model: {source} · {arch} · weights {dtype} (model.dtype = {cfg.dtype}) · {total / 1e6:.1f}M parameters"
+        + (f" ({trainable / 1e6:.2f}M trainable)" if trainable != total else "")
+        + f" · tied head: {tied} · vocab {vocab} (tokenizer {len(tokenizer)})",
+    ]
+    if actor.reference is not None:
+        lines.append(f"reference model: loaded (a frozen copy of {source}, algorithm.kl_in = {recipe.algorithm.kl_in})")
+    elif recipe.algorithm.needs_reference:
+        lines.append("reference model: the policy with its LoRA adapters off (not a second copy)")
+    else:
+        lines.append(f"reference model: none (algorithm.kl_in = {recipe.algorithm.kl_in!r})")
+    stops: dict[str, Any] = {
+        "tokenizer eos": _token(tokenizer, getattr(tokenizer, "eos_token_id", None)),
+        "config eos": getattr(config, "eos_token_id", None),
+        "generation_config eos": getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        "pad": _token(tokenizer, getattr(tokenizer, "pad_token_id", None)),
+        "rollout.stop_token_ids": list(recipe.rollout.stop_token_ids),
+        "rollout.stop": list(recipe.rollout.stop),
+    }
+    lines.append("stop: " + " · ".join(f"{k} {v}" for k, v in stops.items() if v not in (None, [])))
+    return lines
+
+
+def _call(model, name: str):
+    method = getattr(model, name, None)
+    try:
+        return method() if callable(method) else None
+    except (NotImplementedError, AttributeError):
+        return None
+
+
+def _token(tokenizer, token_id) -> str | None:
+    """`2 '<|im_end|>'`."""
+    if token_id is None:
+        return None
+    return f"{token_id} {tokenizer.convert_ids_to_tokens(token_id)!r}"
 
 
 def judges_problem(recipe) -> str | None:

@@ -95,6 +95,13 @@ def prompt_lengths(
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
+def prompt_example(sample: Sample, *, tokenizer: Any, template: str, messages: Messages | None = None) -> PromptExample:
+    """`sample`'s prompt rendered as the rollout renders it, and its length in tokens."""
+    text = render_prompt(messages(sample) if messages else sample.messages, tokenizer=tokenizer, template=template)
+    (tokens,) = prompt_lengths([sample], tokenizer=tokenizer, template=template, messages=messages)
+    return PromptExample(row_id=sample.id, text=text, tokens=tokens)
+
+
 def fit_prompts(
     samples: Sequence[Sample],
     *,
@@ -147,6 +154,28 @@ class DataCheck:
     """The same for the domains that have eval_files."""
     not_counted: str = ""
     """Why prompt tokens were not counted (no tokenizer on this machine), else empty."""
+    examples: dict[str, PromptExample] = field(default_factory=dict)
+    """Per domain: its first training row's prompt as the model reads it (`rlvr plan` shows it)."""
+
+    @property
+    def longest_prompt(self) -> int | None:
+        """The longest prompt of every training and eval row, in tokens, when every row of every
+        domain was counted (None when counting was skipped, or estimated from a sample): what the
+        rollout servers' KV cache must hold besides the response (`rlvr launch` sizes it so)."""
+        fits = [*self.fits.values(), *self.eval_fits.values()]
+        if self.not_counted or not fits or any(fit.sampled for fit in fits):
+            return None
+        return max(fit.longest for fit in fits)
+
+
+@dataclass
+class PromptExample:
+    """One row's prompt exactly as the model reads it: chat template, system message, special
+    tokens and tool instructions included."""
+
+    row_id: str
+    text: str
+    tokens: int
 
 
 def counting_tokenizer(recipe: Any) -> tuple[Any | None, str]:
@@ -226,6 +255,9 @@ def _check_domain_rows(
             with_tools = " (with the domain's tool instructions in a system message)" if render else ""
             return ("domains", name, attr), f"{exc}{with_tools}"
         (check.fits if training else check.eval_fits)[name] = fit
+        if training:
+            template = recipe.model.chat_template
+            check.examples[name] = prompt_example(samples[0], tokenizer=tokenizer, template=template, messages=render)
     files = getattr(recipe.domains[name], attr)
     if not samples or (fit is not None and fit.none_fit):
         why = _no_usable_row(name, files, report, fit, limit, train=training, tools=render is not None)

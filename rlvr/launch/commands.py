@@ -54,9 +54,15 @@ def trainer_command(
 
 
 def server_command(
-    recipe: Recipe, spec: ServerSpec, *, host: str = "127.0.0.1", python: str = sys.executable
+    recipe: Recipe,
+    spec: ServerSpec,
+    *,
+    host: str = "127.0.0.1",
+    python: str = sys.executable,
+    prompt_tokens: int | None = None,
 ) -> list[str]:
-    """The rollout server for one slot: `rlvr serve` (embedded) or SGLang's launcher."""
+    """The rollout server for one slot: `rlvr serve` (embedded) or SGLang's launcher. `prompt_tokens`:
+    the longest prompt measured in the data (`embedded_max_seq_len`), None when not measured."""
     stub = os.environ.get(SERVER_MODULE_ENV)
     if stub:
         return [sys.executable, "-m", stub, "--host", host, "--port", str(spec.port)]
@@ -95,7 +101,7 @@ def server_command(
     command += ["--max-batch", str(recipe.rollout.max_batch)]
     command += ["--dtype", "float32" if not spec.gpus else recipe.model.dtype]
     # The KV cache holds what a step can make, not the engine's default 2048 tokens a sequence.
-    command += ["--max-seq-len", str(longest_sequence(recipe))]
+    command += ["--max-seq-len", str(embedded_max_seq_len(recipe, prompt_tokens))]
     if recipe.rollout.kv_cache_gb is not None:
         command += ["--kv-cache-gb", str(recipe.rollout.kv_cache_gb)]
     if recipe.rollout.api_key:
@@ -110,6 +116,26 @@ def prepare_servers(recipe: Recipe) -> None:
         from rlvr.rollout.vllm_env import ensure_plugin_dir
 
         ensure_plugin_dir()
+
+
+PROMPT_ROUND = 64
+"""A measured prompt length is rounded up to a multiple of this for the KV cache (a margin)."""
+
+
+def embedded_max_seq_len(recipe: Recipe, prompt_tokens: int | None = None) -> int:
+    """`rlvr serve --max-seq-len` (its KV cache is `rollout.max_batch` sequences of this many
+    tokens): the longest sequence a step can make. Sized from `data.max_prompt_tokens` (default
+    1024), or, where launch measured the longest prompt of every training and eval row
+    (`DataCheck.longest_prompt`), from that length rounded up to a multiple of PROMPT_ROUND (never
+    above the limit): a recipe whose prompts are 60 tokens then gets 64 x (128 + the response),
+    not 64 x (1024 + the response). The rollout never sends a longer prompt: it skips rows over
+    `data.max_prompt_tokens` and the data was measured as the rollout tokenizes it."""
+    limit = recipe.data.max_prompt_tokens
+    if prompt_tokens is None or prompt_tokens >= limit:
+        return longest_sequence(recipe)
+    rounded = min(limit, -(-max(prompt_tokens, 1) // PROMPT_ROUND) * PROMPT_ROUND)
+    measured = recipe.model_copy(update={"data": recipe.data.model_copy(update={"max_prompt_tokens": rounded})})
+    return longest_sequence(measured)
 
 
 def vllm_max_model_len(recipe: Recipe) -> int:

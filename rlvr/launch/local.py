@@ -124,8 +124,19 @@ def colocate_flags(engine: str) -> list[str]:
 
 
 class LocalLauncher:
-    def __init__(self, recipe: Recipe, *, run_dir: Path, resume: str = "auto", env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        recipe: Recipe,
+        *,
+        run_dir: Path,
+        resume: str = "auto",
+        env: dict[str, str] | None = None,
+        prompt_tokens: int | None = None,
+    ):
+        """`prompt_tokens`: the longest prompt launch measured in the data (None: not measured),
+        which sizes the embedded servers' KV cache (`server_command`)."""
         self.recipe = recipe
+        self.prompt_tokens = prompt_tokens
         self.run_dir = run_dir
         self.resume = resume
         self.plan: LaunchPlan = make_plan(recipe, master_port=free_port())
@@ -168,7 +179,7 @@ class LocalLauncher:
         port = free_port()
         spec = ServerSpec(index=spec.index, node=spec.node, port=port, gpus=spec.gpus, engine=spec.engine)
         env = gpu_env(spec.gpus)
-        name, command = f"rollout-{spec.index}", server_command(self.recipe, spec)
+        name, command = f"rollout-{spec.index}", server_command(self.recipe, spec, prompt_tokens=self.prompt_tokens)
         if self.plan.colocate and not os.environ.get(SERVER_MODULE_ENV):
             command += colocate_flags(spec.engine)
         self._launch[name] = (command, env)  # a restart reuses the port: its URL is the one registered
@@ -259,14 +270,20 @@ class LocalLauncher:
 
 
 def run_local(
-    recipe: Recipe, *, run_dir: Path, resume: str = "auto", dashboard: bool = True, stop_timeout_s: float = 900.0
+    recipe: Recipe,
+    *,
+    run_dir: Path,
+    resume: str = "auto",
+    dashboard: bool = True,
+    stop_timeout_s: float = 900.0,
+    prompt_tokens: int | None = None,
 ) -> int:
     """Start, watch, and always tear down; returns the trainer's exit code (130 after Ctrl-C).
 
     `stop_timeout_s` bounds the wait for a stopping trainer: a step plus its checkpoint, never
     a hung rank forever.
     """
-    launcher = LocalLauncher(recipe, run_dir=run_dir, resume=resume)
+    launcher = LocalLauncher(recipe, run_dir=run_dir, resume=resume, prompt_tokens=prompt_tokens)
     live = dashboard and sys.stdout.isatty()  # else (a log file, a pipe, --no-dashboard): a plain line per step
     plain = None if live else PlainProgress(run_dir, emit=lambda line: print(line, flush=True))
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.measure import Measurement
+from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from rlvr.data.mixture import QuotaSchedule
-from rlvr.data.prompt_fit import DataCheck
+from rlvr.data.prompt_fit import DataCheck, PromptExample
 from rlvr.recipe.plan import LaunchPlan
 from rlvr.recipe.presets import resolve_algorithm
 from rlvr.recipe.schema import Recipe
 
 QUOTA_STEPS = 4
+PROMPT_HEAD_CHARS = 900
+PROMPT_TAIL_CHARS = 300
+"""A rendered prompt longer than head + tail characters shows its start and its end (where the
+generation prompt is) with the cut between them counted."""
 
 
 def print_plan(
@@ -42,8 +48,11 @@ def print_plan(
         f"{recipe.data.prompts_per_step} prompts x n={recipe.rollout.n} = "
         f"[bold]{recipe.data.prompts_per_step * recipe.rollout.n}[/] sequences/step · seed {exp.seed}"
     )
-    for table in tables:
+    for i, table in enumerate(tables):
         console.print(table)
+        if i == 0 and data is not None:  # under the task mix: what one prompt of each domain looks like
+            for name, example in data.examples.items():
+                console.print(prompt_panel(name, example))
     if isinstance(memory, str):
         console.print(memory, markup=False, highlight=False)
     if resolved_path is not None:
@@ -94,6 +103,29 @@ def domain_table(recipe: Recipe, data: DataCheck | None) -> Table:
         )
     table.caption = prompt_caption(recipe, data)
     return table
+
+
+def prompt_panel(domain: str, example: PromptExample) -> RenderableType:
+    """A domain's first prompt exactly as the model reads it (chat template, its system message
+    and special tokens included); `↵` marks each newline and `␠` a space that ends a line, so what
+    ends the prompt is seen too. A long prompt keeps its first PROMPT_HEAD_CHARS and last
+    PROMPT_TAIL_CHARS characters."""
+    text = example.text
+    body = Text()
+    cut = len(text) - PROMPT_HEAD_CHARS - PROMPT_TAIL_CHARS
+    parts = [text] if cut <= 0 else [text[:PROMPT_HEAD_CHARS], text[-PROMPT_TAIL_CHARS:]]
+    for i, part in enumerate(parts):
+        if i:
+            body.append(f"\n… {cut:,} characters cut …\n", style="italic yellow")
+        for j, line in enumerate(part.split("\n")):
+            if j:
+                body.append("↵\n", style="dim")
+            stripped = line.rstrip(" ")
+            body.append(stripped)
+            body.append("␠" * (len(line) - len(stripped)), style="dim")  # a trailing space, seen
+    title = f"prompt of domains.{domain}: row {example.row_id}, {example.tokens} tokens, as the model reads it"
+    legend = "↵ newline · ␠ trailing space"
+    return Panel(body, title=title, title_align="left", expand=False, subtitle=legend, subtitle_align="right")
 
 
 def prompt_caption(recipe: Recipe, data: DataCheck | None) -> str:

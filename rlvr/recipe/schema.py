@@ -611,12 +611,20 @@ class Recipe(Section):
             probs = self.data.domain_interleave_probs = {next(iter(self.domains)): 1.0}
         missing = sorted(set(self.domains) - set(probs))
         extra = sorted(set(probs) - set(self.domains))
+        if extra:  # before `missing`: a typo'd key (`cod`) is the cause of its domain (`code`) missing
+            import difflib
+
+            names = []
+            for name in extra:
+                guess = difflib.get_close_matches(name, missing or list(self.domains), n=1)
+                names.append(f"{name!r}" + (f" (did you mean {guess[0]!r}?)" if guess else ""))
+            raise _at(
+                ("data", "domain_interleave_probs"),
+                f"unknown domain{'s' if len(extra) > 1 else ''} {', '.join(names)}; expected the recipe's domains "
+                f"{sorted(self.domains)}",
+            )
         if missing:
             raise _at(("data", "domain_interleave_probs"), f"missing domains {missing}")
-        if extra:
-            raise _at(
-                ("data", "domain_interleave_probs"), f"unknown domains {extra}; domains are {sorted(self.domains)}"
-            )
         for name, p in probs.items():
             if not (0.0 <= p <= 1.0):
                 raise _at(("data", "domain_interleave_probs", name), f"expected a probability in [0, 1], got {p}")

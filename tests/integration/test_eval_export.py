@@ -124,17 +124,45 @@ def test_export_takes_a_run_directory_or_latest_and_writes_readable_weights(tmp_
     assert result.exit_code == 2 and "no complete checkpoint here" in result.stderr
 
 
-def test_eval_exports_into_the_cache_not_the_checkpoint(tmp_path: Path, monkeypatch) -> None:
+def test_eval_exports_into_a_temporary_folder_it_removes_or_keeps_export_dir(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     run_dir, _ = make_run(tmp_path, lr_noise=0.0)
     rows = tmp_path / "rows.jsonl"
     rows.write_text((ROOT / "recipes" / "quickstart" / "data" / "math_eval.jsonl").read_text().splitlines()[0] + "\n")
-    result = CliRunner().invoke(app, ["eval", str(run_dir), "--data", str(rows), "--max-new-tokens", "4"])
+    out = tmp_path / "scores.jsonl"
+    result = CliRunner().invoke(app, ["eval", str(run_dir), "--data", str(rows), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert not (run_dir / "checkpoints" / "step_7" / "hf").exists()
+    text = " ".join(result.stdout.split())
+    # the recipe's response length (the quickstart's rollout.max_new_tokens), not a fixed 256
+    assert f"max new tokens: 64 (rollout.max_new_tokens of {run_dir / 'resolved_recipe.json'}" in text
+    assert "(removed after the eval; --export-dir DIR keeps it)" in text
     assert "Loading weights" not in result.output
-    assert list((tmp_path / "cache" / "rlvr" / "exports").glob("run-step_7-*/config.json"))
-    assert f"model: {tmp_path / 'cache'}" in " ".join(result.stdout.split())
+    assert not (run_dir / "checkpoints" / "step_7" / "hf").exists()
+    assert not any((tmp_path / "cache" / "rlvr" / "exports").iterdir())  # nothing left behind
+    assert f"model: {run_dir / 'checkpoints' / 'step_7'}" in text
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["prompt"].endswith("assistant: ") and row["finish_reason"] in ("stop", "length")
+
+    keep = tmp_path / "kept"
+    args = ["eval", str(run_dir), "--data", str(rows), "--max-new-tokens", "4", "--export-dir", str(keep)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert f"exporting {run_dir / 'checkpoints' / 'step_7'} to {keep} (kept" in " ".join(result.stdout.split())
+    assert (keep / "config.json").exists() and (keep / "tokenizer.json").exists()
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert f"reusing the export of {run_dir / 'checkpoints' / 'step_7'} in {keep}" in " ".join(again.stdout.split())
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["eval", str(run_dir), "--data", str(rows), "--export-dir", str(other)])
+    assert result.exit_code == 2, result.output
+    assert " ".join(result.stderr.split()) == (
+        f"error: --export-dir {other}: holds something other than an export of {run_dir / 'checkpoints' / 'step_7'}; "
+        "expected a new or empty folder (or one an earlier eval of this checkpoint exported into)"
+    )
+    assert (other / "notes.txt").read_text() == "mine"
 
 
 def test_eval_of_judge_rows_without_a_judge_stops_before_scoring(tmp_path: Path, monkeypatch) -> None:

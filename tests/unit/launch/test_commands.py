@@ -46,3 +46,32 @@ def test_local_quickstart_runs_embedded_servers_and_the_judge() -> None:
     assert argv[5:] == [*expected, "--max-seq-len", "128"]
     judge = judge_command(recipe, host="127.0.0.1", port=31000, python="python")
     assert judge[4].endswith("recipes/quickstart/judge") and "--port" in judge
+
+
+def test_the_embedded_kv_cache_is_sized_from_the_measured_prompts() -> None:
+    """launch measures every row's prompt (rlvr.data.prompt_fit): with the default prompt limit of
+    1024 and prompts of 60 tokens, a server's sequences are 64 + the response, not 1024 + it."""
+    from rlvr.launch.commands import embedded_max_seq_len
+
+    recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", ["data.max_prompt_tokens=1024", "model.path=/nowhere"])
+    assert embedded_max_seq_len(recipe) == 1024 + 64  # not measured: the limit
+    assert embedded_max_seq_len(recipe, 60) == 64 + 64  # rounded up to a multiple of 64
+    assert embedded_max_seq_len(recipe, 65) == 128 + 64
+    assert embedded_max_seq_len(recipe, 2000) == 1024 + 64  # longer rows are skipped: never above the limit
+    recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", ["data.max_prompt_tokens=100", "model.path=/nowhere"])
+    assert embedded_max_seq_len(recipe, 90) == 100 + 64  # the rounding stops at the limit too
+    plan = make_plan(recipe)
+    argv = server_command(recipe, plan.servers[0], python="python", prompt_tokens=30)
+    assert argv[argv.index("--max-seq-len") + 1] == str(64 + 64)
+
+
+def test_the_prompt_measure_is_none_unless_every_row_was_counted() -> None:
+    from rlvr.data.prompt_fit import DataCheck, PromptFit
+
+    counted = DataCheck(
+        fits={"a": PromptFit(rows=3, counted=3, longest=40)}, eval_fits={"a": PromptFit(2, 2, longest=57)}
+    )
+    assert counted.longest_prompt == 57
+    sampled = DataCheck(fits={"a": PromptFit(rows=30_000, counted=20_000, longest=40)})
+    assert sampled.longest_prompt is None  # a sample's longest is not every row's
+    assert DataCheck(not_counted="no tokenizer").longest_prompt is None

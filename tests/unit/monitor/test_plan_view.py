@@ -37,3 +37,36 @@ def test_quotas_shown_for_no_more_steps_than_the_run_has() -> None:
     assert "quota steps 1-3" in text and "quota steps 1-4" not in text
     row = next(line for line in text.splitlines() if "math_rule" in line)
     assert len(next(cell for cell in row.split("│") if cell.count("/") >= 2).strip().split("/")) == 3
+
+
+def test_plan_shows_each_domains_prompt_as_the_model_reads_it(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rlvr.cli import app
+
+    result = CliRunner().invoke(
+        app, ["plan", str(ROOT / "recipes" / "quickstart.toml"), "--out", str(tmp_path / "r.json")]
+    )
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    for domain, row, tokens in (("math", "math-0", 23), ("code", "code-0", 27), ("words", "words-0", 35)):
+        assert f"prompt of domains.{domain}: row {row}, {tokens} tokens, as the model reads it" in text
+    # the quickstart policy's template: "user: ...\nassistant: " (the newline and the final space shown)
+    assert "user: 2+3=?↵" in text and "assistant:␠" in text
+    assert text.index("Task mix") < text.index("prompt of domains.math") < text.index("Algorithm")
+
+
+def test_a_long_prompt_keeps_its_start_and_its_end() -> None:
+    from rich.console import Console
+
+    from rlvr.data.prompt_fit import PromptExample
+    from rlvr.monitor.plan_view import PROMPT_HEAD_CHARS, PROMPT_TAIL_CHARS, prompt_panel
+
+    text = "<|im_start|>system\n" + "x" * 5000 + "<|im_end|>\n<|im_start|>assistant\n"
+    console = Console(record=True, width=100)
+    console.print(prompt_panel("math", PromptExample(row_id="r1", text=text, tokens=1234)))
+    shown = console.export_text()
+    cut = len(text) - PROMPT_HEAD_CHARS - PROMPT_TAIL_CHARS
+    assert f"… {cut:,} characters cut …" in shown
+    assert "<|im_start|>system↵" in shown and "<|im_start|>assistant↵" in shown
+    assert "row r1, 1234 tokens" in shown

@@ -80,7 +80,8 @@ BAD_CASES = {
     ),
     "probs unknown domain": (
         MINIMAL.replace("code = 0.25", "cod = 0.25"),
-        "data.domain_interleave_probs: missing domains ['code']",
+        "data.domain_interleave_probs: unknown domain 'cod' (did you mean 'code'?); expected the recipe's domains "
+        "['code', 'math']",
     ),
     "missing data file": (
         MINIMAL.replace('files = ["{code}"]', 'files = ["nope.jsonl"]'),
