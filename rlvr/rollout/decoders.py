@@ -361,6 +361,20 @@ class StaticKVDecoder:
         if self._packer is not None:
             self._packer.join(timeout)
 
+    def close(self) -> None:
+        """Stop a rebuild of the packed copies and wait for it (it quits at its next weight).
+
+        Why: the packer is a daemon thread, and one still inside a oneDNN reorder (GIL released)
+        when the interpreter exits is killed by an unwind through C++ frames: "terminate called
+        without an active exception", exit status 134. A real model's rebuild takes seconds (2.2 s
+        for SmolLM2-135M's 121 projections), so a process that closed its engine within seconds of a
+        weight load and exited aborted (a pytest run did); a toy model's rebuild ends at once."""
+        with self._pack_lock:
+            self._pack_generation += 1
+            self._repack_pending = False
+        if self._packer is not None:
+            self._packer.join()
+
     def _linears(self) -> list[_Linear]:
         return [self.lm_head, *(linear for layer in self.layers for linear in layer.linears)]
 
@@ -530,6 +544,9 @@ class RecomputeDecoder:
 
     def wait_packed(self, timeout: float | None = None) -> None:
         """Nothing to wait for."""
+
+    def close(self) -> None:
+        """No thread to stop."""
 
     def prefill(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:
         for i, prompt in enumerate(prompts):

@@ -11,9 +11,11 @@ one batch; the n samples of one prompt share a single prefill and copy its KV), 
 decodes one token for all B. A finished sequence leaves at once: the last live slot is
 copied into its place, so the batch never carries dead rows.
 
-Stops mirror SGLang: an EOS or `stop_token_ids` token ends the sequence and *is* kept in
-`token_ids` (the trainer learns to emit it); a stop string ends it and is cut from the
-returned text, while the tokens that spelled it stay in `token_ids`.
+Stops mirror SGLang (docs/engines.md, "Stop tokens"): an EOS or `stop_token_ids` token ends
+the sequence and *is* kept in `token_ids` (the trainer learns to emit it) but not in the
+returned text; a stop string ends it and is cut from the returned text, while the tokens
+that spelled it stay in `token_ids`. The EOS ids are every one the model declares: config.json,
+generation_config.json (an int or a list) and the tokenizer's.
 
 Pause modes mirror SGLang's /pause_generation: `abort` returns every in-flight sequence
 at once with finish_reason "abort" (partial tokens kept); `retract` moves live sequences
@@ -551,7 +553,11 @@ class EmbeddedEngine:
     def _finish(self, seq: _Seq, reason: dict[str, Any]) -> None:
         seq.finish = reason
         seq.version = self.weight_version
-        text = self.tokenizer.decode(seq.out, skip_special_tokens=seq.params.skip_special_tokens)
+        # A matched stop token stays in token_ids but not in the text, as SGLang's detokenizer
+        # trims it (`trim_matched_stop`) whatever skip_special_tokens says: with
+        # skip_special_tokens=False, or a stop id that is an ordinary token, the text showed it.
+        ids = seq.out[:-1] if isinstance(reason.get("matched"), int) else seq.out
+        text = self.tokenizer.decode(ids, skip_special_tokens=seq.params.skip_special_tokens)
         if isinstance(reason.get("matched"), str):
             cut = text.find(reason["matched"])
             if cut >= 0:
@@ -907,6 +913,8 @@ class EmbeddedEngine:
             self._closed = True
             self._wakeup.notify()
         self._thread.join(timeout=10)
+        if self.backend is not None:
+            self.backend.close()  # no packer thread left running into interpreter exit (see its docstring)
 
     # -- the async Protocol -----------------------------------------------------------------
 
