@@ -93,11 +93,8 @@ def load_checked(
 
     for warning in staleness_warnings(recipe):  # what asynchronous rollout asks of the lr
         typer.echo(f"warning: {warning}", err=True)
-    from rlvr.recipe.checks import cpu_dtype_note
-
-    if note := cpu_dtype_note(recipe):
-        typer.echo(f"note: {note}", err=True)
     if not check_data:
+        notes(recipe)
         return recipe, None
     from rlvr.data.prompt_fit import check_data as check_rows
     from rlvr.data.prompt_fit import counting_tokenizer
@@ -117,7 +114,16 @@ def load_checked(
         raise fail(where.error(*data.problem))
     for warning in data.warnings:
         typer.echo(f"warning: {warning}", err=True)
+    notes(recipe)
     return recipe, data
+
+
+def notes(recipe) -> None:
+    """What a valid recipe will do that it does not say (after every check, so an error stays one line)."""
+    from rlvr.recipe.checks import cpu_dtype_note
+
+    if note := cpu_dtype_note(recipe):
+        typer.echo(f"note: {note}", err=True)
 
 
 def tool_messages(recipe, tokenizer, where) -> dict:
