@@ -94,7 +94,8 @@ def load_checked(
     for warning in staleness_warnings(recipe):  # what asynchronous rollout asks of the lr
         typer.echo(f"warning: {warning}", err=True)
     if not check_data:
-        notes(recipe)
+        if check_machine:
+            notes(recipe)
         return recipe, None
     from rlvr.data.prompt_fit import check_data as check_rows
     from rlvr.data.prompt_fit import counting_tokenizer
@@ -114,7 +115,8 @@ def load_checked(
         raise fail(where.error(*data.problem))
     for warning in data.warnings:
         typer.echo(f"warning: {warning}", err=True)
-    notes(recipe)
+    if check_machine:  # `plan` may preview a run meant for another machine
+        notes(recipe)
     return recipe, data
 
 
