@@ -14,6 +14,11 @@ the real server in tests/vllm. The client speaks vLLM's own routes (mounted with
   ignores the temperature. Unlike SGLang and `rlvr serve`, vLLM reports these *after*
   top-k/top-p truncation (renormalised over the kept tokens); with top_p = 1 and
   top_k = -1 the two are the same.
+- Stops: an EOS or `stop_token_ids` id ends a sample and is kept in `token_ids`, and its text is
+  not in `text` (vLLM's detokenizer leaves the stop token out, as SGLang trims it), rlvr's rule.
+  vLLM stops at the tokenizer's EOS and generation_config.json's `eos_token_id` (and config.json's
+  only without a generation_config.json), so `build_vllm_command` hands vLLM a generation config
+  with config.json's ids added when they are missing from it.
 - Pause: rlvr's `abort` is vLLM's `abort` (in-flight requests return with what they have;
   the episode continues or restarts them, `rollout.partial`); `in_place` and `retract`
   are vLLM's `keep` (requests freeze in the engine). `flush_cache` resets the prefix cache
@@ -47,6 +52,7 @@ from typing import Any
 from rlvr.recipe.schema import Recipe
 from rlvr.rollout.engine import GenerateRequest, PauseMode, RolloutError, SamplingParams
 from rlvr.rollout.http import ServerPool
+from rlvr.rollout.vllm_env import ensure_generation_config
 from rlvr.types import Completion
 
 VLLM_VERSION = "0.32.0"
@@ -308,7 +314,9 @@ def build_vllm_command(
     """argv for one vLLM server, its environment included (`env K=V ... python -m ...`), so the
     same argv works for a subprocess and for srun. `plugin_path` puts rlvr's weight-transfer
     backend on the server's path (`rlvr.rollout.vllm_env.plugin_dir`). The launcher sets
-    CUDA_VISIBLE_DEVICES for the server's GPUs (`on_gpu`), as for every server."""
+    CUDA_VISIBLE_DEVICES for the server's GPUs (`on_gpu`), as for every server. A model whose
+    config.json declares an EOS id its generation_config.json lacks gets `--generation-config`
+    (`rlvr.rollout.vllm_env.ensure_generation_config`, written into rlvr's cache here)."""
     cfg = recipe.rollout.vllm
     env = ["VLLM_SERVER_DEV_MODE=1", "HF_HUB_OFFLINE=1", f"PYTHONPATH={plugin_path}", "TOKENIZERS_PARALLELISM=false"]
     if not on_gpu:
@@ -321,6 +329,9 @@ def build_vllm_command(
     argv += ["--logprobs-mode", "processed_logprobs", "--weight-transfer-config", BACKEND_CONFIG]
     if recipe.model.tokenizer:
         argv += ["--tokenizer", str(recipe.model.tokenizer)]
+    generation_config = ensure_generation_config(model_path)
+    if generation_config is not None:  # an EOS id only config.json declares (vLLM would not stop at it)
+        argv += ["--generation-config", str(generation_config)]
     if on_gpu:
         argv += ["--gpu-memory-utilization", f"{cfg.gpu_memory_utilization:g}"]
     else:

@@ -13,11 +13,14 @@ Two things cross over:
   with it), and nothing else of rlvr's environment (whose torch and transformers must not
   shadow vLLM's). Made on the machine that starts the server (the local launcher, a SLURM
   node), keyed by where this package lives, rewritten only when it differs.
+- `ensure_generation_config(model)`: the folder for vLLM's `--generation-config` when the
+  model declares an EOS id vLLM would not stop at (see there), else None.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -56,4 +59,48 @@ def ensure_plugin_dir() -> Path:
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(PACKAGE, target_is_directory=True)
         tmp.replace(link)
+    return root
+
+
+def _eos_ids(value: object) -> list[int]:
+    """An `eos_token_id` field (an int or a list of ints, or absent) as a list."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def ensure_generation_config(model_path: str | Path) -> Path | None:
+    """A folder holding the model's generation_config.json with every EOS id its config.json declares
+    added to `eos_token_id`, for vLLM's `--generation-config`; None when nothing is missing.
+
+    Why: rlvr's engines stop at every EOS id the model declares (the tokenizer's, config.json's and
+    generation_config.json's: the embedded engine and SGLang read all three), but vLLM reads
+    config.json's `eos_token_id` only when the folder has no generation_config.json, so an id that
+    only config.json names would not end a response on vLLM (found with SmolLM2 and a config.json
+    naming a second id: vLLM ran past it, the embedded engine stopped). The file is otherwise the
+    model's own (vLLM takes only `eos_token_id` and the default `max_tokens` from it on rlvr's
+    route). Made on the machine that starts the server, keyed by its content, written once."""
+    folder = Path(model_path)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        generation = json.loads((folder / "generation_config.json").read_text())
+    except (OSError, ValueError):  # a hub id, or no generation_config.json (vLLM then reads config.json)
+        return None
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    declared = _eos_ids(config.get("eos_token_id")) + _eos_ids(text_config.get("eos_token_id"))
+    have = _eos_ids(generation.get("eos_token_id"))
+    missing = [i for i in dict.fromkeys(declared) if i not in have]
+    if not missing:
+        return None
+    generation["eos_token_id"] = have + missing
+    text = json.dumps(generation, indent=2, sort_keys=True) + "\n"
+    root = cache_root() / "vllm-generation-config" / hashlib.sha1(text.encode()).hexdigest()[:12]
+    target = root / "generation_config.json"
+    if not (target.exists() and target.read_text() == text):
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(target)
     return root

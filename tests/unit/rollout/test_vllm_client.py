@@ -68,6 +68,32 @@ def test_vllm_server_command_for_a_cpu_run() -> None:
     ]  # fmt: skip
 
 
+def test_an_eos_id_only_config_json_declares_reaches_vllm(tmp_path: Path, monkeypatch) -> None:
+    """vLLM reads config.json's eos_token_id only without a generation_config.json: the command hands it
+    the model's generation config with config.json's ids added (tests/vllm/test_real_model.py runs it)."""
+    import json
+    import shutil
+
+    from rlvr.rollout.vllm_env import ensure_generation_config
+
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    shutil.copytree(ROOT / "recipes" / "quickstart" / "policy", model)
+    assert ensure_generation_config(model) is None  # config.json and generation_config.json agree (eos 1)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"eos_token_id": [1, 7]}))
+    folder = ensure_generation_config(model)
+    assert folder is not None and ensure_generation_config(model) == folder
+    written = json.loads((folder / "generation_config.json").read_text())
+    assert written["eos_token_id"] == [1, 7] and written["bos_token_id"] == 2  # the rest is the model's own
+    recipe = load_recipe(QUICKSTART, ["rollout.engine=vllm", "rollout.vllm.python=/envs/vllm/bin/python",
+                                      f"model.path={model}"])  # fmt: skip
+    argv = server_command(recipe, make_plan(recipe).servers[0])
+    assert argv[argv.index("--generation-config") + 1] == str(folder)
+    (model / "generation_config.json").unlink()  # vLLM reads config.json itself then
+    assert ensure_generation_config(model) is None and ensure_generation_config("org/hub-model") is None
+
+
 def test_max_model_len_is_the_longest_sequence_capped_by_the_model() -> None:
     recipe = load_recipe(QUICKSTART, ["rollout.engine=vllm"])
     assert vllm_max_model_len(recipe) == 64 + 64  # max_prompt_tokens + max_new_tokens, under 512 positions
