@@ -161,7 +161,9 @@ def check_rewards(recipe) -> tuple[tuple[str, ...], str] | None:
         problem = check_reward_args(domain.reward, domain.reward_args)
         if problem:
             return ("domains", name, "reward_args"), problem
-    return check_tools(recipe)
+    from rlvr.data.gym import check_gym  # reasoning-gym's datasets, configs and prompts (docs/data.md)
+
+    return check_gym(recipe) or check_tools(recipe)
 
 
 def check_tools(recipe) -> tuple[tuple[str, ...], str] | None:

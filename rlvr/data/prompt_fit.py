@@ -217,7 +217,7 @@ def check_data(
     check.problem = _empty_file(recipe)
     for name, domain in recipe.domains.items():
         for attr in ("files", "eval_files"):
-            if check.problem is None and getattr(domain, attr):
+            if check.problem is None and _sources(domain, attr):
                 check.problem = _check_domain_rows(
                     recipe, check, name, attr, train=train, evals=evals, reports=reports, eval_reports=eval_reports,
                     tokenizer=tokenizer, render=(messages or {}).get(name),
@@ -258,13 +258,31 @@ def _check_domain_rows(
         if training:
             template = recipe.model.chat_template
             check.examples[name] = prompt_example(samples[0], tokenizer=tokenizer, template=template, messages=render)
-    files = getattr(recipe.domains[name], attr)
+    files = _sources(recipe.domains[name], attr)
+    key = attr if getattr(recipe.domains[name], attr) else "gym"  # rows only reasoning-gym generated
     if not samples or (fit is not None and fit.none_fit):
         why = _no_usable_row(name, files, report, fit, limit, train=training, tools=render is not None)
-        return ("domains", name, attr), why
+        return ("domains", name, key), why
     if fit is not None and fit.too_long:
-        check.warnings.append(_too_long_warning(name, attr, fit, limit))
+        check.warnings.append(_too_long_warning(name, attr, fit, limit, gym=key == "gym"))
+    if report.repeated:  # a small generator config: fewer distinct questions than rows asked for
+        asked = recipe.domains[name].gym.eval_size
+        check.warnings.append(
+            f"domains.{name}.gym: {report.repeated} of {asked} eval rows repeat a training question; they are left out"
+        )
     return None
+
+
+def _sources(domain: Any, attr: str) -> list[str]:
+    """Where a domain's training (attr = "files") or eval rows come from: its files, and the
+    reasoning-gym generators of its gym table (rlvr/data/gym.py)."""
+    out = list(getattr(domain, attr))
+    gym = getattr(domain, "gym", None)
+    if gym is not None and (attr == "files" or gym.eval_size):
+        from rlvr.data.gym import describe
+
+        out.append(describe(gym))
+    return out
 
 
 def _empty_file(recipe: Any) -> Problem | None:
@@ -282,9 +300,9 @@ def _no_usable_row(
     """Why a domain (or its eval set) is left without a row, e.g. `none of the 400 rows of x.jsonl
     fits data.max_prompt_tokens = 64: ...`."""
     where = files[0] if len(files) == 1 else f"its {len(files)} files"
-    total = report.loaded + report.skipped + report.filtered
+    total = report.loaded + report.skipped + report.filtered + report.repeated
     rendered = "chat template and tool instructions included" if tools else "chat template included"
-    if fit is not None and not report.skipped and not report.filtered:
+    if fit is not None and not report.skipped and not report.filtered and not report.repeated:
         fix = "raise data.max_prompt_tokens or shorten the prompts"
         if total == 1:
             return (
@@ -300,6 +318,8 @@ def _no_usable_row(
         reasons.append(f"{report.skipped} bad (skipped by data.on_bad_row = 'skip'; first: {report.first_skip})")
     if report.filtered:
         reasons.append(f"{report.filtered} filtered out by domains.{name}.filter")
+    if report.repeated:
+        reasons.append(f"{report.repeated} repeat a training question")
     if fit is not None:
         reasons.append(f"{fit.too_long} longer than data.max_prompt_tokens = {limit} (shortest {fit.shortest} tokens)")
     purpose = "train on" if train else "evaluate"
@@ -310,7 +330,7 @@ def _rows(count: int) -> str:
     return f"{count} row" if count == 1 else f"{count} rows"
 
 
-def _too_long_warning(name: str, attr: str, fit: PromptFit, limit: int) -> str:
+def _too_long_warning(name: str, attr: str, fit: PromptFit, limit: int, *, gym: bool = False) -> str:
     """`domains.math: 12 of 400 rows exceed data.max_prompt_tokens = 512 (longest 731 tokens); they are skipped`."""
     one = fit.estimated_too_long == 1
     count = f"{fit.too_long} of {fit.rows} rows"
@@ -318,5 +338,5 @@ def _too_long_warning(name: str, attr: str, fit: PromptFit, limit: int) -> str:
         count = f"about {fit.estimated_too_long} of {fit.rows} rows ({fit.too_long} of a sample of {fit.counted})"
     verb = "exceeds" if one else "exceed"
     fate = ("it is" if one else "they are") + (" skipped" if attr == "files" else " not evaluated")
-    key = f"domains.{name}" if attr == "files" else f"domains.{name}.eval_files"
+    key = f"domains.{name}" if attr == "files" else f"domains.{name}.{'gym' if gym else 'eval_files'}"
     return f"{key}: {count} {verb} data.max_prompt_tokens = {limit} (longest {fit.longest} tokens); {fate}"

@@ -35,6 +35,10 @@ def print_plan(
     exp, algo = recipe.experiment, recipe.algorithm
     model = recipe.model.path or "(built from model.config)"
     tables = [domain_table(recipe, data)]
+    from rlvr.monitor.gym_view import gym_table
+
+    if (gym := gym_table(recipe)) is not None:  # the domains whose rows reasoning-gym generates
+        tables.append(gym)
     if any(d.tools for d in recipe.domains.values()):
         tables.append(tools_table(recipe))
     tables += [algorithm_table(recipe), cluster_table(recipe, plan)]

@@ -185,14 +185,16 @@ def _suggest(loc: tuple[str, ...]) -> str:
     for part in loc[:-1]:
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
-            if model is not Recipe and getattr(model, "__name__", "") == "DomainConfig":
-                continue
+            if model is not Recipe and getattr(model, "__name__", "") == "DomainConfig" or part.isdigit():
+                continue  # a domain's NAME, a list item's index
             return ""
         annotation = field.annotation
         args = getattr(annotation, "__args__", None)
         model = args[-1] if args and getattr(annotation, "__origin__", None) is dict else annotation
-        if not hasattr(model, "model_fields"):
-            return ""
+        if not hasattr(model, "model_fields"):  # `X | None`, `list[X]`: the table X
+            model = next((a for a in args or () if hasattr(a, "model_fields")), None)
+            if model is None:
+                return ""
     known = list(getattr(model, "model_fields", {}))
     close = difflib.get_close_matches(loc[-1], known, n=1)
     return f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"

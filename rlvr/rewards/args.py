@@ -93,6 +93,7 @@ VALUE_RULES: dict[str, dict[str, object]] = {
         "max_concurrency": _COUNT, "temperature": _number(low=0), "max_tokens": _COUNT,
     },
     "qa_match": {"metric": _choice("em", "f1"), "format_weight": _FRACTION},
+    "gym": {},  # the verifier is the dataset's own; its system prompt is the domain's gym.system_prompt
 }  # fmt: skip
 
 

@@ -45,6 +45,10 @@ _BUILTINS: dict[str, tuple[str, str]] = {
         "rlvr.rewards.qa_match:score",
         "Normalised exact match / token F1 of the answer against ground_truth (a string or aliases).",
     ),
+    "gym": (
+        "rlvr.rewards.gym:score",
+        "Score the <answer> with the reasoning-gym dataset's own score_answer (rows from a gym table).",
+    ),
 }
 
 _REGISTERED: dict[str, RewardFn] = {}

@@ -37,6 +37,9 @@ async def test_garbage_never_raises(name):
         pytest.skip("bubblewrap is not usable here")
     fn = get_reward(name)
     sample = make_sample(ground_truth="42", case_type="stdin_stdout", test_cases=[{"input": "", "output": "42"}])
+    if name == "gym":  # its rows carry the reasoning-gym entry its verifier reads
+        entry = pytest.importorskip("reasoning_gym").create_dataset("basic_arithmetic", seed=0, size=1)[0]
+        sample.extra["gym"] = {"dataset": "basic_arithmetic", "config": {}, "entry": entry}
     for text in GARBAGE:
         result = await fn(sample, make_completion(text), **ARGS.get(name, {}))
         assert isinstance(result, RewardResult), (name, text[:30])
