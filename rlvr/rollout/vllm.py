@@ -50,13 +50,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlvr.recipe.schema import Recipe
+from rlvr.recipe.vllm_python import VLLM_VERSION as VLLM_VERSION  # re-exported: the release tests pin
 from rlvr.rollout.engine import GenerateRequest, PauseMode, RolloutError, SamplingParams
 from rlvr.rollout.http import ServerPool
 from rlvr.rollout.vllm_env import ensure_generation_config
 from rlvr.types import Completion
 
-VLLM_VERSION = "0.32.0"
-"""The vLLM release rlvr's client, backend and command line are tested against."""
+# VLLM_VERSION (rlvr.recipe.vllm_python): the vLLM release rlvr's client, backend and command line are tested against.
 
 BACKEND_CONFIG = '{"backend": "rlvr"}'
 """`--weight-transfer-config`: rlvr's backend (`rlvr.rollout.vllm_backend`)."""

@@ -109,7 +109,8 @@ def test_max_model_len_is_the_longest_sequence_capped_by_the_model() -> None:
         (["rollout.vllm.python=/no/such/python"], "rollout.vllm.python: '/no/such/python' does not exist"),
         (
             [f"rollout.vllm.python={sys.executable}"],
-            "has no vllm (build an env with: bash scripts/install-vllm.sh DIR)",
+            'has no vllm: build its env with bash scripts/install-vllm.sh (python = "auto" then finds it), or set '
+            "rollout.vllm.python to the Python of an env that has vLLM",
         ),
         (["rollout.vllm.tp_size=3"], "rollout.vllm.tp_size: 3 does not divide the model's num_attention_heads = 4"),
         (["rollout.vllm.gpu_memory_utilization=1.5"], "rollout.vllm.gpu_memory_utilization"),
