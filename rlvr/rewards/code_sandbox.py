@@ -1,4 +1,9 @@
-"""`code_sandbox`: run the response's last fenced Python block against the sample's tests.
+"""`code_sandbox`: run the response's program against the sample's tests.
+
+The program is found among the response's fenced Python blocks by `code_blocks.find_program`:
+the last block that defines what the tests call (or, for stdin_stdout, reads stdin), with the
+earlier blocks that define helpers; usage blocks after it are not run. A response cut at the
+token limit inside a fence scores 0 with `response truncated inside a code block`.
 
 `sample.case_type` picks how `sample.test_cases` is read:
 
@@ -37,10 +42,11 @@ from rlvr.recipe.checks import cpu_cores
 from rlvr.rewards.args import reject_unknown_args
 from rlvr.rewards.base import failed, zero
 from rlvr.rewards.cases import normalise_test_cases
+from rlvr.rewards.code_blocks import find_program
 from rlvr.rewards.deadline import queued
 from rlvr.rewards.registry import register
 from rlvr.rewards.sandbox import SANDBOX_FAILURES, Limits, RunResult
-from rlvr.rewards.text import last_code_block, split_think
+from rlvr.rewards.text import split_think
 from rlvr.types import Completion, RewardResult, Sample
 
 RUNNER = "_rlvr_run.py"
@@ -239,7 +245,7 @@ async def _run_e2b(job: Job, limits: Limits, reward_args: dict[str, Any]) -> tup
 
 @register("code_sandbox")
 async def score(sample: Sample, completion: Completion, **reward_args: Any) -> RewardResult:
-    """Run the last fenced code block against test cases in a sandbox (local bwrap or E2B)."""
+    """Run the response's program (its fenced Python blocks) against test cases in a sandbox (local bwrap or E2B)."""
     reject_unknown_args("code_sandbox", reward_args)
     backend = reward_args.get("sandbox", "local")
     if backend not in ("local", "e2b"):
@@ -252,9 +258,16 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
         max_scratch_mb=int(reward_args.get("max_scratch_mb", 64)),
     )
     text = completion.text if isinstance(completion.text, str) else ""
-    code = last_code_block(split_think(text)[0])
+    try:
+        cases = normalise_test_cases(sample.case_type, sample.test_cases)
+    except ValueError:
+        cases = None  # build_jobs below says why the sample is bad
+    program = find_program(
+        split_think(text)[0], sample.case_type, cases, truncated=completion.finish_reason == "length"
+    )
+    code = program.code
     if code is None or not code.strip():
-        return zero("no code block found")
+        return zero(program.reason or "no code block found")
     try:
         jobs = build_jobs(sample, code, max_procs=limits.max_procs, max_reply_bytes=limits.max_output_bytes)
     except ValueError as exc:
@@ -268,7 +281,7 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     passed = sum(v[0] for v in verdicts)
     total = sum(v[1] for v in verdicts)
     failures = [v[2] for v in verdicts if v[0] < v[1] or v[1] == 0]
-    info: dict[str, Any] = {"passed": passed, "total": total, "backend": backend}
+    info: dict[str, Any] = {"passed": passed, "total": total, "backend": backend, "blocks": list(program.blocks)}
     if any(r.killed == "timeout" for r in runs):
         info["timeout"] = True
     if total == 0:

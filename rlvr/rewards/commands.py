@@ -56,6 +56,10 @@ def row_to_sample(row: Any) -> tuple[Any, Any]:
     if not isinstance(messages, list):
         raise RowError("needs 'messages' (list of {role, content}) or 'prompt' (string)")
     known = {"id", "tag", "messages", "prompt", "ground_truth", "test_cases", "case_type", "difficulty", "completion"}
+    known |= {"finish_reason"}  # as `rlvr eval --out` writes it; "length": cut at the token limit
+    finish = row.get("finish_reason") or "stop"
+    if finish not in ("stop", "length", "abort"):
+        raise RowError(f"'finish_reason' must be 'stop', 'length' or 'abort', got {finish!r}")
     sample = Sample(
         id=str(row.get("id", "")),
         tag=str(row.get("tag", "")),
@@ -66,7 +70,7 @@ def row_to_sample(row: Any) -> tuple[Any, Any]:
         difficulty=row.get("difficulty"),
         extra={k: v for k, v in row.items() if k not in known},
     )
-    return sample, Completion(text=row["completion"], token_ids=[], logprobs=[])
+    return sample, Completion(text=row["completion"], token_ids=[], logprobs=[], finish_reason=finish)
 
 
 def _fail(message: str) -> typer.Exit:

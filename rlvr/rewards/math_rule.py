@@ -6,10 +6,11 @@ Extraction and equivalence are math-verify's own (`parse` with its LaTeX and exp
 configs, `\\boxed{}` first, then the rest of its anchors and, with `fallback =
 "last_number"`, anchorless matches; then `verify`): numbers with thousands separators or a
 decimal comma, fractions, `\\text{}` answers, several boxed answers, sets, intervals,
-inequalities, matrices, equations, percentages and units. Our own step in front: a
+inequalities, matrices, equations, percentages and units. Our own steps in front: a
 brace-matched `\\boxed{}` whose text equals the gold is accepted without a worker round
-trip. Everything else runs in a worker process because sympy can hang: a call past
-`timeout_s` kills and replaces its worker.
+trip, and `normalise` reads the answer kinds docs/rewards.md decides (inline math split over
+lines, `\\$10`, a trailing backslash). Everything else runs in a worker process because
+sympy can hang: a call past `timeout_s` kills and replaces its worker.
 
 reward_args:
   fallback        "last_number" (default) or "none": "none" accepts only anchored answers
@@ -18,6 +19,12 @@ reward_args:
   require_think   (default false) format_ok also needs a closed <think>...</think> first.
   timeout_s       per-verification deadline in seconds (default 10).
   max_answer_chars  longer extracted answers score 0 (default 1000; keeps sympy bounded).
+  float_rounding  decimal places numbers are rounded to before they are compared (default 6,
+                  math-verify's own): 2 accepts 0.33 for 1/3, for sets whose problems ask for
+                  rounded answers.
+  allow_set_relation_comp  (default false, math-verify's own) also accept a relation
+                  (`-2 \\le x \\le 7`) against a set or interval gold (`[-2, 7]`); an interval
+                  answer against a relation gold is always compared.
 """
 
 from __future__ import annotations
@@ -40,6 +47,15 @@ _DELIMITED_RE = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
 _WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")  # a word that is not a LaTeX command
 _NUMBER_ONLY_RE = re.compile(r"^\s*[-+]?\d[\d,. ]*\s*$")
 _NUMBER_RE = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s*/\s*\d+)?")
+# Words that are LaTeX arguments, not prose: `pmatrix` of \begin{pmatrix}, ` and ` of \text{ and }.
+_LATEX_WORDS_RE = re.compile(r"\\(?:begin|end|text|textbf|mathrm|operatorname)\s*\{[^{}]*\}")
+# Inline math whose delimiters sit alone at a line's end and start (`$` / `\(`, newline, the
+# answer, newline, `$` / `\)`), no blank line inside: TeX reads a single newline in math as a space.
+_SPLIT_DOLLAR_RE = re.compile(r"(?<![\\$\d])\$[^\S\n]*\n((?:[^\S\n]*[^\s$][^\n$]*\n){1,8})[^\S\n]*\$(?!\$)")
+_SPLIT_PAREN_RE = re.compile(r"\\\([^\S\n]*\n((?:[^\S\n]*(?!\\\))\S(?:(?!\\\))[^\n])*\n){1,8})[^\S\n]*\\\)")
+_ESCAPED_DOLLAR_RE = re.compile(r"\\\$\s?(?=[-+]?\.?\d)")  # `\$10`: a currency sign, like the `$` of `$10`
+_TRAILING_BREAK_RE = re.compile(r"\\\\\s*(?=\}|\$|\\\]|\\\)|\Z)")  # `\boxed{5 \\}`: a line break carries no value
+_TRAILING_BACKSLASH_RE = re.compile(r"(?<!\\)\\\s*\Z")
 
 
 def last_boxed(text: str) -> str | None:
@@ -106,13 +122,35 @@ def _configs(*, anchorless: bool) -> list:
 
 def _bare_answer(text: str) -> bool:
     """Short, no LaTeX delimiters, no prose words, and not a plain number with separators."""
-    if len(text) >= 200 or _DELIMITED_RE.search(text) or _WORD_RE.search(text):
+    if len(text) >= 200 or _DELIMITED_RE.search(text) or _WORD_RE.search(_LATEX_WORDS_RE.sub("", text)):
         return False
     return not (_NUMBER_ONLY_RE.match(text) and ", " not in text)
 
 
+def _join_lines(match: re.Match) -> str:
+    opener, closer = ("$", "$") if match.group(0).startswith("$") else ("\\(", "\\)")
+    return f"{opener} {' '.join(line.strip() for line in match.group(1).splitlines())} {closer}"
+
+
+def normalise(text: str) -> str:
+    """Our steps before math-verify reads a text (a response or a gold); each is decided in docs/rewards.md:
+
+    * inline math split over lines (`$` at a line's end, the answer, `$` at the next line's start;
+      the same with `\\(`/`\\)`) is joined onto one line, as TeX reads it (math-verify reads inline
+      math on one line only);
+    * an escaped dollar before a number (`\\$10`) is a currency sign and is dropped;
+    * a trailing line break `\\\\` before a closing brace or delimiter, and one trailing `\\`
+      at the very end, are dropped (`\\boxed{5 \\\\}`, `10\\`).
+    """
+    text = _SPLIT_DOLLAR_RE.sub(_join_lines, text)
+    text = _SPLIT_PAREN_RE.sub(_join_lines, text)
+    text = _ESCAPED_DOLLAR_RE.sub("", text)
+    text = _TRAILING_BREAK_RE.sub("", text)
+    return _TRAILING_BACKSLASH_RE.sub("", text)
+
+
 def _parse(text: str, *, anchorless: bool, seconds: int) -> list:
-    """math-verify's parse, with one step of ours in front: a short bare answer is read as LaTeX.
+    """math-verify's parse, with our steps in front: `normalise`, then a short bare answer is read as LaTeX.
 
     Plain math-verify reads `10, 4, -2` or `\\frac34i` without `$` as its last number
     (`-2`, `4`); a gold (or a one-line reply) is usually just the answer, so it is wrapped in
@@ -122,6 +160,7 @@ def _parse(text: str, *, anchorless: bool, seconds: int) -> list:
     from math_verify import parse
 
     configs = _configs(anchorless=anchorless)
+    text = normalise(text)
     if _bare_answer(text):
         parsed = parse(f"${text}$", extraction_config=configs, parsing_timeout=seconds)
         if parsed:
@@ -130,7 +169,14 @@ def _parse(text: str, *, anchorless: bool, seconds: int) -> list:
 
 
 def judge_text(
-    gold: str, text: str, *, fallback: str = "last_number", timeout_s: float = 5, max_chars: int = 1000
+    gold: str,
+    text: str,
+    *,
+    fallback: str = "last_number",
+    timeout_s: float = 5,
+    max_chars: int = 1000,
+    float_rounding: int = 6,
+    allow_set_relation_comp: bool = False,
 ) -> tuple[bool, str]:
     """(correct, extracted answer) for a whole response. Runs inside a pool worker.
 
@@ -147,7 +193,14 @@ def judge_text(
     gold_parsed = _parse(gold, anchorless=True, seconds=seconds)
     if not gold_parsed:
         return False, extracted
-    return bool(verify(gold_parsed, answer, timeout_seconds=seconds)), extracted
+    correct = verify(
+        gold_parsed,
+        answer,
+        float_rounding=float_rounding,
+        allow_set_relation_comp=allow_set_relation_comp,
+        timeout_seconds=seconds,
+    )
+    return bool(correct), extracted
 
 
 def format_ok(text: str, *, require_think: bool) -> bool:
@@ -170,6 +223,8 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
         raise ValueError(f"math_rule: format_weight must be in [0, 1], got {format_weight}")
     timeout_s = float(reward_args.get("timeout_s", 10.0))
     max_chars = int(reward_args.get("max_answer_chars", 1000))
+    float_rounding = int(reward_args.get("float_rounding", 6))
+    set_relation = bool(reward_args.get("allow_set_relation_comp", False))
 
     text = completion.text if isinstance(completion.text, str) else ""
     raw_golds = [str(g).strip() for g in _as_list(sample.ground_truth) if g is not None and str(g).strip()]
@@ -203,6 +258,8 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
             fallback=fallback,
             timeout_s=timeout_s,
             max_chars=max_chars,
+            float_rounding=float_rounding,
+            allow_set_relation_comp=set_relation,
         )
         if job.status == "ok":
             correct, found = job.value

@@ -35,7 +35,7 @@ _BUILTINS: dict[str, tuple[str, str]] = {
     ),
     "code_sandbox": (
         "rlvr.rewards.code_sandbox:score",
-        "Run the last fenced code block against test cases in a sandbox (local bwrap or E2B).",
+        "Run the program in the fenced Python blocks against test cases in a sandbox (local bwrap or E2B).",
     ),
     "llm_judge": (
         "rlvr.rewards.llm_judge:score",

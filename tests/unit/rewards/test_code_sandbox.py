@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from rlvr.rewards import code_sandbox
+from rlvr.rewards.code_blocks import python_blocks
 from rlvr.rewards.code_sandbox import score
-from rlvr.rewards.text import last_code_block
 
 from .conftest import code_completion, make_completion, make_sample, needs_bwrap
 
@@ -36,11 +36,12 @@ SAMPLES = {
 }
 
 
-def test_last_code_block():
+def test_python_blocks():
     text = "```python\nx = 1\n```\nthen\n```\ny = 2\n```\n```bash\nls\n```"
-    assert last_code_block(text) == "y = 2\n"
-    assert last_code_block("```python\nunclosed") is None
-    assert last_code_block("no code") is None
+    assert python_blocks(text) == (["x = 1\n", "y = 2\n"], False)
+    assert python_blocks("```python\nunclosed") == (["unclosed"], True)  # the model stopped there
+    assert python_blocks("```python\nunclosed", truncated=True) == ([], True)  # cut at the token limit
+    assert python_blocks("no code") == ([], False)
 
 
 @needs_bwrap

@@ -118,3 +118,15 @@ def test_check_code_rows_whose_test_cases_do_not_fit(tmp_path):
     assert result.stderr.strip() == (
         f"error: {rows}:2: test_cases for case_type 'assert' must be a string or a non-empty list of strings (got dict)"
     )
+
+
+def test_check_reads_a_rows_finish_reason():
+    """`rlvr eval --out` writes finish_reason; "length" tells a reward the response was cut."""
+    from rlvr.rewards.commands import RowError, row_to_sample
+
+    _, cut = row_to_sample({"prompt": "p", "completion": "```python\ndef f(", "finish_reason": "length"})
+    assert cut.finish_reason == "length"
+    sample, plain = row_to_sample({"prompt": "p", "completion": "x", "finish_reason": ""})
+    assert plain.finish_reason == "stop" and "finish_reason" not in sample.extra
+    with pytest.raises(RowError, match="finish_reason"):
+        row_to_sample({"prompt": "p", "completion": "x", "finish_reason": "eos"})

@@ -108,3 +108,61 @@ async def test_stuck_worker_is_killed_and_replaced():
         assert pool.stats.timeouts == 1 and pool.stats.restarts == 1
     finally:
         pool.close()
+
+
+# -- what real models write: each kind decided in docs/rewards.md (math_rule) ---------------------
+@pytest.mark.parametrize(
+    ("gold", "text", "args", "expected"),
+    [
+        # inline math split over lines: accepted, as TeX reads it (a single newline in math is a space)
+        ("2x+1", "The answer is $\n2x+1\n$.", {}, 1),
+        ("2x+1", "So we get \\(\n  2x+1\n\\)", {}, 1),
+        ("\\frac{1}{2}", "The answer is $\n\\frac{1}{2}\n$", {"fallback": "none"}, 1),
+        ("2x+1", "So we get \\(\n2x+1\n\n\\)", {}, 0),  # a blank line ends the math: not joined
+        ("3", "The answer is $\n3\n$", {}, 1),
+        # pmatrix, bmatrix, matrix: the same entries are the same matrix, either side
+        ("\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", "\\boxed{\\begin{bmatrix}1&2\\\\3&4\\end{bmatrix}}", {}, 1),
+        ("\\begin{bmatrix}1&2\\\\3&4\\end{bmatrix}", "$\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix}$", {}, 1),
+        ("\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", "\\boxed{\\begin{bmatrix}1&2\\\\3&5\\end{bmatrix}}", {}, 0),
+        # decimals against fractions and intervals: math-verify's 6 decimal places unless float_rounding says
+        ("\\frac{1}{3}", "\\boxed{0.33}", {}, 0),
+        ("\\frac{1}{3}", "\\boxed{0.333333}", {}, 1),
+        ("\\frac{1}{3}", "\\boxed{0.33}", {"float_rounding": 2}, 1),
+        ("0.33", "\\boxed{\\frac{1}{3}}", {"float_rounding": 2}, 1),
+        ("\\frac{1}{3}", "\\boxed{0.34}", {"float_rounding": 2}, 0),
+        ("(\\frac{3}{5},\\frac{8}{3}]", "\\boxed{(0.6,2.67]}", {}, 0),
+        ("(\\frac{3}{5},\\frac{8}{3}]", "\\boxed{(0.6,2.67]}", {"float_rounding": 2}, 1),
+        # an escaped dollar is a currency sign, like the `$` of `$10`
+        ("10", "\\$10", {}, 1),
+        ("10", "The total cost is \\$10.", {}, 1),
+        ("\\$10", "The answer is 10.", {}, 1),
+        ("10.50", "It costs \\$10.50 in all.", {}, 1),
+        ("10", "The total cost is \\$12.", {}, 0),
+        # a trailing backslash or line break carries no value
+        ("5", "\\boxed{5 \\\\}", {}, 1),
+        ("\\frac{1}{2}", "The answer is $\\frac{1}{2}\\\\$", {}, 1),
+        ("\\frac{1}{2}\\", "\\boxed{\\frac12}", {}, 1),
+        ("10", "10\\", {}, 1),
+        ("6", "\\boxed{5 \\\\}", {}, 0),
+        # inequalities and intervals: an interval answer to a relation gold is compared; a relation
+        # answer to an interval gold only with allow_set_relation_comp (a gold (0, 1) may be a point)
+        ("x > 3", "\\boxed{(3, \\infty)}", {}, 1),
+        ("-2 \\le x \\le 7", "\\boxed{[-2, 7]}", {}, 1),
+        ("x \\in [-2,7]", "\\boxed{-2 \\le x \\le 7}", {}, 0),
+        ("x \\in [-2,7]", "\\boxed{-2 \\le x \\le 7}", {"allow_set_relation_comp": True}, 1),
+        ("(3, \\infty)", "\\boxed{x > 3}", {"allow_set_relation_comp": True}, 1),
+        ("(3, \\infty)", "\\boxed{x \\ge 3}", {"allow_set_relation_comp": True}, 0),
+        ("(0, 1)", "\\boxed{0 < x < 1}", {}, 0),
+    ],
+)
+async def test_answer_kinds_real_models_write(gold, text, args, expected):
+    result = await score(make_sample(ground_truth=gold), make_completion(text), **args)
+    assert result.score == float(expected), result.info
+
+
+def test_new_knobs_are_checked():
+    from rlvr.rewards.args import check_arg_values
+
+    assert check_arg_values("math_rule", {"float_rounding": 2, "allow_set_relation_comp": True}) is None
+    assert "float_rounding" in (check_arg_values("math_rule", {"float_rounding": -1}) or "")
+    assert "allow_set_relation_comp" in (check_arg_values("math_rule", {"allow_set_relation_comp": "yes"}) or "")
