@@ -1,6 +1,6 @@
 """Rows for recipes/smollm2.toml: two-digit additions in words, answered in \\boxed{} (seeded, reproducible).
 
-    python recipes/smollm2/make_data.py     # rewrites data/sums_{train,eval}.jsonl
+python recipes/smollm2/make_data.py     # rewrites data/sums_{train,eval}.jsonl
 """
 
 import json

@@ -304,7 +304,7 @@ def vllm_probe(python: str, *, timeout_s: float = 30.0) -> tuple[str | None, str
         return None, f"{python!r} gave no answer"
     if not answer.get("found"):
         return None, (
-            f"{python!r} has no vllm: build its env with bash scripts/install-vllm.sh (python = \"auto\" then finds "
+            f'{python!r} has no vllm: build its env with bash scripts/install-vllm.sh (python = "auto" then finds '
             "it), or set rollout.vllm.python to the Python of an env that has vLLM"
         )
     return str(answer.get("version") or "?"), ""

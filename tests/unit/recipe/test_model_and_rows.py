@@ -28,7 +28,9 @@ runner = CliRunner()
 
 # MINIMAL with the policy folder instead of model.config, and limits its 512 positions hold.
 FOLDER = (
-    MINIMAL.replace("config = {{ hidden_size = 32 }}\n\n", 'path = "policy"\ndtype = "float32"\n')  # a CPU recipe, same lines
+    MINIMAL.replace(
+        "config = {{ hidden_size = 32 }}\n\n", 'path = "policy"\ndtype = "float32"\n'
+    )  # a CPU recipe, same lines
     .replace("prompts_per_step = 4", "prompts_per_step = 4\nmax_prompt_tokens = 64")
     .replace("n = 2", "n = 2\nmax_new_tokens = 64")
 )
