@@ -74,6 +74,21 @@ def _judge_template(value: object) -> str | None:
     return None
 
 
+GYM_ANSWER_SOURCES = ("tag", "boxed", "last_number")
+"""Where the `gym` reward may read the answer, tried in the order `answer_from` lists them."""
+
+
+def _sources(*options: str):
+    """A non-empty list drawn from `options`, no repeats: the order is the order of preference."""
+    allowed = ", ".join(map(repr, options))
+
+    def check(value: object) -> str | None:
+        good = isinstance(value, list) and value and all(v in options for v in value) and len(set(value)) == len(value)
+        return None if good else f"expected a non-empty list of {allowed} (each once, tried in order), got {value!r}"
+
+    return check
+
+
 _FRACTION = _number(low=0, high=1)
 _SECONDS = _number(positive=True)
 _COUNT = _number(low=1, integer=True)
@@ -94,7 +109,8 @@ VALUE_RULES: dict[str, dict[str, object]] = {
         "max_concurrency": _COUNT, "temperature": _number(low=0), "max_tokens": _COUNT,
     },
     "qa_match": {"metric": _choice("em", "f1"), "format_weight": _FRACTION},
-    "gym": {},  # the verifier is the dataset's own; its system prompt is the domain's gym.system_prompt
+    # The verifier is the dataset's own; its system prompt is the domain's gym.system_prompt.
+    "gym": {"answer_from": _sources(*GYM_ANSWER_SOURCES)},
 }  # fmt: skip
 
 

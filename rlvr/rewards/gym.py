@@ -3,11 +3,18 @@
 reasoning-gym (`pip install -e '.[gym]'`) generates tasks procedurally, each dataset with its own
 `score_answer(answer, entry)`. A row carries what that call needs in its `gym` field (`sample.extra`):
 `{"dataset": NAME, "config": {...}, "entry": {"question", "answer", "metadata"}}` — the rows of a
-`[domains.NAME.gym]` domain get it when they are generated (rlvr/data/gym.py). The answer is taken
-as reasoning-gym takes it, with its own `extract_answer` (the last `<answer>...</answer>` block),
-and the verdict is the dataset's: rlvr adds no matching of its own.
+`[domains.NAME.gym]` domain get it when they are generated (rlvr/data/gym.py). By default the answer
+is taken as reasoning-gym takes it, with its own `extract_answer` (the last `<answer>...</answer>`
+block), and the verdict is the dataset's: rlvr adds no matching of its own.
 
-- No `<answer>` block: 0 (`reason`), without calling the verifier.
+`answer_from` lists where else to look, in order of preference: `tag` (that block), `boxed` (the
+last `\\boxed{...}`) and `last_number` (the reply's last number, only where the gold answer is a
+number). A small model may never write the tag (SmolLM2-135M-Instruct answers `The letter "r"
+appears 2 times`), and with only `tag` its every reply scores 0 and GRPO has no signal. `boxed` and
+`last_number` read only what follows the last `</think>`: a draft in the reasoning is not the answer.
+`info["answer_from"]` says which source gave the answer.
+
+- No answer in any source: 0 (`reason`), without calling the verifier.
 - The verifier raises, or returns no number: *failed* (not trained on), as for every reward.
 
 Nothing here imports reasoning-gym at module level: `rlvr validate` reaches this module for the
@@ -19,14 +26,21 @@ from __future__ import annotations
 import functools
 import json
 import numbers
+import re
+from collections.abc import Sequence
 from typing import Any
 
-from rlvr.rewards.args import reject_unknown_args
+from rlvr.rewards.args import check_arg_values, reject_unknown_args
 from rlvr.rewards.base import describe_exception, failed, zero
+from rlvr.rewards.math_rule import last_boxed
 from rlvr.rewards.registry import register
+from rlvr.rewards.text import split_think
 from rlvr.types import Completion, RewardResult, Sample
 
 INSTALL = "pip install -e '.[gym]'"
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_TEXT = re.compile(r"\\text\{([^{}]*)\}")  # `\boxed{\text{yes}}` answers `yes`
+LABELS = {"tag": "<answer>...</answer> block", "boxed": "\\boxed{}", "last_number": "number"}
 
 
 class GymMissing(ImportError):
@@ -67,21 +81,60 @@ def verifier(name: str, config: dict[str, Any]) -> Any:
     return _verifier(name, json.dumps(config, sort_keys=True))
 
 
+def numeric(gold: object) -> bool:
+    """Whether the gold answer is a number: only then can a reply's last number be its answer."""
+    if isinstance(gold, bool):
+        return False
+    return isinstance(gold, numbers.Real) or isinstance(gold, str) and NUMBER.fullmatch(gold.strip()) is not None
+
+
+def find_answer(text: str, sources: Sequence[str], *, gold: object) -> tuple[str | None, str | None]:
+    """(the answer, the source it came from) from the first of `sources` that has one, else (None, None).
+
+    The tag is read from the whole reply, as reasoning-gym reads it; `boxed` and `last_number` only after
+    the last `</think>`."""
+    from reasoning_gym.utils import extract_answer  # pyright: ignore[reportMissingImports]
+
+    judged, _ = split_think(text)
+    for source in sources:
+        if source == "tag":
+            answer = extract_answer(text)
+        elif source == "boxed":
+            boxed = last_boxed(judged)  # balanced braces; None when unclosed
+            answer = None if boxed is None else _TEXT.sub(r"\1", boxed).strip().strip("$").strip()
+        else:
+            found = NUMBER.findall(judged) if numeric(gold) else []
+            answer = found[-1] if found else None
+        if answer is not None:
+            return answer, source
+    return None, None
+
+
+def nothing_found(sources: Sequence[str], *, gold: object) -> str:
+    """The reason of a reply with no answer in any source."""
+    labels = [LABELS[source] for source in sources if source != "last_number" or numeric(gold)]
+    reason = "no " + " or ".join(labels) if labels else "no answer"
+    if "last_number" in sources and not numeric(gold):
+        reason += " (the gold answer is not a number: last_number does not apply)"
+    return reason
+
+
 @register("gym")
 def score(sample: Sample, completion: Completion, **reward_args: Any) -> RewardResult:
     """Score the <answer> with the reasoning-gym dataset's own score_answer (rows from a gym table)."""
     reject_unknown_args("gym", reward_args)
+    if problem := check_arg_values("gym", reward_args):
+        raise ValueError(f"gym: {problem}")
+    sources = reward_args.get("answer_from", ["tag"])
     gym = sample.extra.get("gym")
     if problem := row_problem(gym):
         return failed(f"row {sample.id}: {problem}")
     assert isinstance(gym, dict)
     name, entry = gym["dataset"], gym["entry"]
-    from reasoning_gym.utils import extract_answer  # pyright: ignore[reportMissingImports]
-
     text = completion.text if isinstance(completion.text, str) else ""
-    answer = extract_answer(text)
+    answer, source = find_answer(text, sources, gold=entry.get("answer"))
     if answer is None:
-        return zero("no <answer>...</answer> block", dataset=name)
+        return zero(nothing_found(sources, gold=entry.get("answer")), dataset=name)
     try:
         value = verifier(name, gym.get("config") or {}).score_answer(answer, entry)
     except GymMissing as exc:
@@ -90,7 +143,7 @@ def score(sample: Sample, completion: Completion, **reward_args: Any) -> RewardR
         return failed(f"reasoning-gym {name}.score_answer raised {describe_exception(exc)}", dataset=name, error=True)
     if not isinstance(value, numbers.Real):
         return failed(f"reasoning-gym {name}.score_answer returned {value!r}, not a number", dataset=name)
-    info: dict[str, Any] = {"answer": answer[:200], "dataset": name}
+    info: dict[str, Any] = {"answer": answer[:200], "dataset": name, "answer_from": source}
     if value == 0:
         info["reason"] = f"{name}.score_answer gave 0"  # every zero says why (the reward contract)
     return RewardResult(float(value), info)

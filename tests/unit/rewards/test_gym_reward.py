@@ -1,6 +1,6 @@
 """The `gym` reward: reasoning-gym's own `score_answer` on the answer its own `extract_answer` takes from
-the completion; no `<answer>` block is a 0 (the verifier is not asked), a verifier that raises is a
-failed verdict (never a 0 to train on)."""
+the completion (or, with `answer_from`, a `\\boxed{}` or the last number); no answer is a 0 (the verifier
+is not asked), a verifier that raises is a failed verdict (never a 0 to train on)."""
 
 from __future__ import annotations
 
@@ -100,12 +100,119 @@ async def test_the_verifier_is_made_with_the_rows_config():
     assert gym_reward.verifier("basic_arithmetic", {"max_terms": 3}).config.max_terms == 3
 
 
-def test_gym_is_a_built_in_reward_without_reward_args():
+def test_gym_is_a_built_in_reward_whose_only_argument_is_answer_from():
     assert check_reward_name("gym") is None
     assert ("gym", "Score the <answer> with the reasoning-gym dataset's own score_answer (rows from a gym table).") in (
         describe()
     )
     assert check_reward_args("gym", {}) is None
-    assert (
-        check_reward_args("gym", {"system_prompt": "x"}) == "gym does not take 'system_prompt'; it takes no reward_args"
+    assert check_reward_args("gym", {"answer_from": ["tag", "boxed", "last_number"]}) is None
+    assert check_reward_args("gym", {"system_prompt": "x"}) == "gym does not take 'system_prompt'; it takes answer_from"
+
+
+@pytest.mark.parametrize("value", [["tag", "boxd"], [], "boxed", ["tag", "tag"]])
+def test_answer_from_rejects_an_unknown_source_an_empty_list_or_a_repeat(value):
+    expected = (
+        "answer_from: expected a non-empty list of 'tag', 'boxed', 'last_number' (each once, tried in order), "
+        f"got {value!r}"
     )
+    assert check_reward_args("gym", {"answer_from": value}) == expected
+    with pytest.raises(ValueError, match="^gym: answer_from: expected"):
+        gym_reward.score(row("basic_arithmetic")[0], said("<answer>1</answer>"), answer_from=value)
+
+
+# -- answer_from: where a model that never writes the tag puts its answer --------------------------
+
+ALL = ["tag", "boxed", "last_number"]
+
+
+async def test_each_source_finds_the_answer_and_says_which_it_was():
+    score = get_reward("gym")
+    sample, entry = row("letter_counting")
+    gold = entry["answer"]
+    for text, source in (
+        (f"<answer>{gold}</answer>", "tag"),
+        (f"so it is \\boxed{{{gold}}}.", "boxed"),
+        (f"The letter appears {gold} times in the text.", "last_number"),
+    ):
+        result = await score(sample, said(text), answer_from=[source])
+        assert (result.score, result.info["answer"], result.info["answer_from"]) == (1.0, gold, source), text
+    assert (await score(sample, said(f"<answer>{gold}</answer>"))).info["answer_from"] == "tag"  # the default
+
+
+async def test_a_source_not_listed_is_not_read():
+    score = get_reward("gym")
+    sample, entry = row("letter_counting")
+    for text in (f"\\boxed{{{entry['answer']}}}", f"it appears {entry['answer']} times"):
+        result = await score(sample, said(text))  # the default: the tag only, as reasoning-gym reads it
+        assert result.score == 0.0 and result.info["reason"] == "no <answer>...</answer> block"
+
+
+async def test_the_sources_are_tried_in_the_order_listed():
+    score = get_reward("gym")
+    sample, entry = row("letter_counting")
+    gold = entry["answer"]
+    text = f"<answer>{gold}</answer> or \\boxed{{{gold}7}}, or 99"
+    assert (await score(sample, said(text), answer_from=ALL)).info["answer_from"] == "tag"
+    boxed_first = await score(sample, said(text), answer_from=["boxed", "tag", "last_number"])
+    assert (boxed_first.info["answer"], boxed_first.info["answer_from"]) == (f"{gold}7", "boxed")
+    assert boxed_first.score < 1.0
+    number_first = await score(sample, said(text), answer_from=["last_number", "tag"])
+    assert (number_first.info["answer"], number_first.info["answer_from"]) == ("99", "last_number")
+    no_tag = await score(sample, said(f"\\boxed{{{gold}}} though I counted 5"), answer_from=ALL)
+    assert (no_tag.score, no_tag.info["answer_from"]) == (1.0, "boxed")
+
+
+async def test_boxed_is_brace_balanced_and_read_after_the_reasoning():
+    score = get_reward("gym")
+    sample, _ = row("basic_arithmetic")
+    nested = await score(sample, said("\\boxed{\\frac{1}{2}} done"), answer_from=["boxed"])
+    assert nested.info["answer"] == "\\frac{1}{2}"
+    worded = await score(sample, said("\\boxed{\\text{seven}}"), answer_from=["boxed"])
+    assert worded.info["answer"] == "seven"
+    unclosed = await score(sample, said("\\boxed{3"), answer_from=["boxed"])
+    assert unclosed.info["reason"] == "no \\boxed{}"
+    draft = await score(
+        sample, said("<think>\\boxed{1} and 2</think> I am not sure"), answer_from=["boxed", "last_number"]
+    )
+    assert draft.score == 0.0 and draft.info["reason"] == "no \\boxed{} or number"
+
+
+async def test_last_number_is_read_only_when_the_gold_answer_is_a_number(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("the verifier was asked")
+
+    sample, entry = row("spell_backward")
+    assert not entry["answer"].isdigit()
+    monkeypatch.setattr(gym_reward, "verifier", boom)
+    result = await get_reward("gym")(sample, said("it has 9 letters"), answer_from=ALL)
+    assert result.judged and result.score == 0.0
+    assert result.info["reason"] == (
+        "no <answer>...</answer> block or \\boxed{} (the gold answer is not a number: last_number does not apply)"
+    )
+    assert gym_reward.numeric("12") and gym_reward.numeric(" -3.5 ") and gym_reward.numeric(4)
+    assert not gym_reward.numeric("12 apples") and not gym_reward.numeric(True) and not gym_reward.numeric(None)
+
+
+async def test_no_answer_in_any_source_is_zero_with_a_reason_and_the_verifier_is_not_asked(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("the verifier was asked")
+
+    monkeypatch.setattr(gym_reward, "verifier", boom)
+    sample, _ = row("letter_counting")
+    result = await get_reward("gym")(sample, said("I cannot tell."), answer_from=ALL)
+    assert result.judged and result.score == 0.0
+    assert result.info["reason"] == "no <answer>...</answer> block or \\boxed{} or number"
+
+
+async def test_a_verifier_that_raises_is_failed_whichever_source_gave_the_answer(monkeypatch):
+    class Broken:
+        def score_answer(self, answer, entry):
+            raise RuntimeError(f"cannot read {answer}")
+
+    monkeypatch.setattr(gym_reward, "verifier", lambda name, config: Broken())
+    sample, _ = row("letter_counting")
+    for text in ("<answer>3</answer>", "\\boxed{3}", "it is 3"):
+        result = await safe_score(get_reward("gym"), sample, said(text), answer_from=ALL)
+        assert not result.judged
+        assert result.failed == "reasoning-gym letter_counting.score_answer raised RuntimeError: cannot read 3"
