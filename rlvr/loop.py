@@ -9,6 +9,8 @@ One step:
     manager.pause(); sync.push(version=step+1); manager.resume(version=step+1)
     recorder.log(step, m); maybe_eval(); maybe_save()
 
+`experiment.eval_at_start` adds an eval before the first step, logged as step 0 (a fresh run only).
+
 The manager keeps generating while the trainer trains (`rollout.max_staleness` steps ahead);
 with max_staleness = 0 it starts a step's prompts only after that step's weights are pushed,
 which is the synchronous loop. A SIGTERM/SIGUSR1 (Ctrl-C in the launcher, SLURM preemption) is
@@ -103,6 +105,8 @@ class RLLoop:
     # -- the step --------------------------------------------------------------------------------
     def run(self) -> int:
         exp = self.recipe.experiment
+        if exp.eval_at_start and self.saved_step is None:  # not resumed: a resumed run logged it already
+            self.log(self.evaluate())  # step 0: the base model, before any wave is generated
         if self.manager is not None:
             self.manager.start(version=self.step)  # the engines serve the weights of `self.step`
         while self.step < exp.max_steps:
@@ -235,8 +239,8 @@ class RLLoop:
     def resume(self, spec: str) -> bool:
         """`auto`: the latest complete checkpoint if any; `none`: start fresh; else a checkpoint path."""
         path = None if spec == "none" else latest_checkpoint(self.checkpoint_root) if spec == "auto" else Path(spec)
-        if path is None:
-            self._rewind(0)
+        if path is None:  # a fresh start: what an attempt without a checkpoint logged runs again
+            self._rewind(-1 if self.recipe.experiment.eval_at_start else 0)  # its step-0 eval too
             return False
         extra = load_checkpoint(path, self.parts())
         self.step = self.saved_step = int(extra["step"])
@@ -256,6 +260,5 @@ class RLLoop:
     def _rewind(self, step: int) -> None:
         """The steps an earlier attempt logged after `step` run again: log each once."""
         if self.recorder is not None and (dropped := self.recorder.rewind(step)):
-            self.recorder.event(
-                f"{dropped} step(s) logged after step {step} were lost with the last attempt; they run again"
-            )
+            since = f"after step {step}" if step >= 0 else "from step 0 on"
+            self.recorder.event(f"{dropped} step(s) logged {since} were lost with the last attempt; they run again")

@@ -205,6 +205,7 @@ def check_data(
     """The loaded rows of every domain against what a run needs, before anything starts:
 
     - every data file (and eval file) has a row;
+    - `experiment.eval_at_start` has eval rows to score;
     - every domain keeps at least one usable row after bad-row skipping, filters and the prompt
       limit (else the trainer stops 15 s in: "a domain needs at least one sample");
     - rows whose rendered prompt is longer than `data.max_prompt_tokens` are counted (a warning
@@ -214,7 +215,7 @@ def check_data(
     instructions added); without a tokenizer the prompt count is skipped (`not_counted` says why).
     """
     check = DataCheck(reports=reports, not_counted="" if tokenizer is not None else not_counted)
-    check.problem = _empty_file(recipe)
+    check.problem = _empty_file(recipe) or _no_eval_rows(recipe, evals)
     for name, domain in recipe.domains.items():
         for attr in ("files", "eval_files"):
             if check.problem is None and _sources(domain, attr):
@@ -291,6 +292,15 @@ def _empty_file(recipe: Any) -> Problem | None:
             for file in getattr(domain, attr):
                 if not has_rows(file):
                     return ("domains", name, attr), f"{file} has no rows; expected at least one prompt row {purpose}"
+    return None
+
+
+def _no_eval_rows(recipe: Any, evals: dict[str, list[Sample]]) -> Problem | None:
+    """An eval at step 0 with nothing to evaluate is a recipe mistake, not an empty curve point."""
+    if recipe.experiment.eval_at_start and not any(evals.values()):
+        return ("experiment", "eval_at_start"), (
+            "needs eval rows, and no domain has any: give a domain eval_files (or its gym table an eval_size)"
+        )
     return None
 
 

@@ -41,6 +41,9 @@ class ExperimentConfig(Section):
     """Checkpoint every this many steps (0: only at the end)."""
     eval_steps: int = Field(default=0, ge=0)
     """Evaluate on each domain's eval files every this many steps (0: never)."""
+    eval_at_start: bool = False
+    """Also evaluate once before the first step, logged as step 0: the base model's point on the eval
+    curve, without a separate `rlvr eval`. A resumed run has it already and skips it. Needs eval rows."""
     keep_last: int = Field(default=3, ge=1)
     """How many checkpoints to keep; older ones are deleted after a save succeeds."""
 

@@ -9,6 +9,7 @@ the asynchronous loop (k = 1) with partial rollouts and the off-policy correctio
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +56,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def make_loop(run_dir: Path, model_dir: Path, *, steps: int = 3, k: int = 0, flat: bool = False,
               algorithm: dict[str, Any] | None = None, strategy: str = "none", max_batch: int = 32,
-              **rollout: Any) -> RLLoop:  # fmt: skip
+              experiment: dict[str, Any] | None = None, **rollout: Any) -> RLLoop:  # fmt: skip
     """The worker's parts, in process; under torchrun (`strategy = "fsdp2"`) only rank 0 gets the
-    engine, the manager and the recorder, as in `rlvr.worker`."""
+    engine, the manager and the recorder, as in `rlvr.worker`. `experiment` keys that evaluate
+    (eval_steps, eval_at_start) give the manager two held-out prompts."""
     from rlvr.trainer import dist as d
 
     recipe = Recipe.model_validate({
-        "experiment": {"max_steps": steps, "save_steps": 0, "seed": 0},
+        "experiment": {"max_steps": steps, "save_steps": 0, "seed": 0, **(experiment or {})},
         "model": {"path": str(model_dir), "dtype": "float32"},
         "data": {"prompts_per_step": 4},
         "domains": {"toy": {"tags": ["toy"], "files": ["x"], "reward": "math_rule"}},
@@ -81,7 +83,12 @@ def make_loop(run_dir: Path, model_dir: Path, *, steps: int = 3, k: int = 0, fla
             Sample(id=f"p{i}", tag="toy", domain="toy", messages=[{"role": "user", "content": f"say {w}"}])
             for i, w in enumerate(["hi", "ok", "yes", "no", "cat", "dog"])
         ]
-        manager = RolloutManager(recipe, train={"toy": prompts}, evals={}, tokenizer=engine.tokenizer,
+        held_out = [
+            Sample(id=f"e{i}", tag="toy", domain="toy", messages=[{"role": "user", "content": f"say {w}"}])
+            for i, w in enumerate(["sun", "sea"])
+        ]
+        evals = {"toy": held_out} if recipe.experiment.eval_steps or recipe.experiment.eval_at_start else {}
+        manager = RolloutManager(recipe, train={"toy": prompts}, evals=evals, tokenizer=engine.tokenizer,
                                  engine=engine, rewards=VowelReward(flat))  # type: ignore[arg-type]  # fmt: skip
         recorder = RunRecorder(run_dir, max_steps=steps)
     sync = InProcessSync(actor.model, engine=engine, bucket_mb=16)
@@ -126,6 +133,32 @@ def test_ppo_with_critic_gae_and_kl_in_the_reward(tmp_path, model_dir):
     assert loop.manager is not None and loop.manager.engine.weight_version == "3"  # type: ignore[attr-defined]
 
 
+def test_eval_at_start_logs_a_step_0_eval_once_and_a_resumed_run_adds_none(tmp_path, model_dir):
+    """The base model's point on the eval curve: the keys the periodic eval logs, at step 0, before
+    any training; a run resumed from a checkpoint has it already, a fresh rerun logs it once."""
+    experiment = {"eval_at_start": True, "eval_steps": 2, "save_steps": 2}
+    metrics = run(make_loop(tmp_path, model_dir, steps=2, experiment=experiment))
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    eval_keys = {k for k in metrics[0] if k.startswith("eval/")}
+    assert eval_keys == {
+        "eval/reward/toy/mean",
+        "eval/reward/toy/accuracy",
+        "eval/toy/toy/mean",
+        "eval/toy/toy/accuracy",
+    }
+    assert set(metrics[0]) == eval_keys | {"step", "time"}  # nothing trained yet
+    assert {k for k in metrics[2] if k.startswith("eval/")} == eval_keys  # the periodic eval's keys
+    assert "eval/reward/toy/mean" not in metrics[1]
+
+    resumed = run(make_loop(tmp_path, model_dir, steps=3, experiment=experiment), resume="auto")
+    assert [m["step"] for m in resumed] == [0, 1, 2, 3]
+    assert resumed[0] == metrics[0]
+
+    shutil.rmtree(tmp_path / "checkpoints")  # an attempt that died before its first checkpoint
+    again = run(make_loop(tmp_path, model_dir, steps=1, experiment=experiment), resume="auto")
+    assert [m["step"] for m in again] == [0, 1]
+
+
 def test_kl_in_loss_with_adaptive_controller_resumes_its_state(tmp_path, model_dir):
     algorithm = {"kl_in": "loss", "kl_coef": 0.05, "kl_controller": "adaptive", "kl_target": 0.001, "kl_horizon": 10}
     first = make_loop(tmp_path, model_dir, steps=2, algorithm=algorithm)
@@ -157,7 +190,7 @@ def test_a_step_whose_every_group_is_filtered_trains_nothing_and_goes_on(tmp_pat
 # Runs compared token for token decode one sequence at a time: which requests share a decode
 # step follows timing, a batch's size picks the matmul kernel, and a last-bit change in a logit
 # can flip a sampled token now and then. One at a time, generation depends on the weights only.
-EXACT = {"max_batch": 1}
+EXACT: dict[str, Any] = {"max_batch": 1}
 
 
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

@@ -440,3 +440,14 @@ def test_lora_targets_are_checked_against_the_models_layers() -> None:
     ), line
     sets[-1] = 'trainer.lora.target_modules=["q_proj","v_proj"]'
     assert runner.invoke(app, ["validate", recipe, *sets]).exit_code == 0
+
+
+def test_eval_at_start_needs_eval_rows() -> None:
+    recipe = str(ROOT / "recipes" / "quickstart.toml")
+    no_evals = [arg for name in ("math", "code", "words") for arg in ("--set", f"domains.{name}.eval_files=[]")]
+    line = one_error_line(runner.invoke(app, ["validate", recipe, "--set", "experiment.eval_at_start=true", *no_evals]))
+    assert line.endswith(
+        "--set experiment.eval_at_start: needs eval rows, and no domain has any: give a domain eval_files "
+        "(or its gym table an eval_size)"
+    ), line
+    assert runner.invoke(app, ["validate", recipe, "--set", "experiment.eval_at_start=true"]).exit_code == 0
