@@ -1,6 +1,7 @@
 """Trainer throughput: packing vs padding, or the transformers vs the torchtitan model.
 
-    python bench/train.py [--seqs 64] [--steps 3] [--hidden 256 --layers 4] [--compare packing|impl]
+    python bench/train.py [--seqs 64] [--steps 3] [--hidden 256 --layers 4] [--compare packing|impl|share]
+    python bench/train.py --compare share --model ~/.cache/rlvr/models/SmolLM2-135M-Instruct-Q4_1
 
 Responses are drawn from a long-tailed (log-normal) length distribution, as RL rollouts
 are: most answers short, a few run to the generation limit. Padded micro-batches pay for
@@ -13,6 +14,11 @@ the ratio.
 `--compare impl` trains the same model (same HF weights) on the same packed batch with
 `model.impl = "hf"` and `"torchtitan"`, alternating the two each timed step so machine load
 hits both alike, and prints torchtitan / transformers.
+
+`--compare share` trains on GRPO's layout (`--group` responses per prompt) with
+`trainer.share_prompts` off and on, alternated, and prints shared / plain speed; tokens/s counts
+the sequences' tokens in both, so the ratio is the step-time ratio. `--model DIR` trains that
+folder (a real model) instead of the built tiny one.
 
 `--compare lora` trains the same model in full and with LoRA adapters (`--lora-rank`, all
 linear layers), alternated the same way, and prints LoRA / full step speed, the trainer state
@@ -34,14 +40,19 @@ from pathlib import Path
 import torch
 
 
-def skewed_batch(n: int, *, seed: int, max_response: int, vocab: int):
+def skewed_batch(n: int, *, seed: int, max_response: int, vocab: int, group: int = 1):
+    """`n` sequences; `group` > 1 repeats each prompt that many times (GRPO's samples of a prompt)."""
     from rlvr.trainer.batch import TrainBatch
 
     g = torch.Generator().manual_seed(seed)
     prompt_lens = torch.randint(16, 65, (n,), generator=g)
+    if group > 1:
+        prompt_lens = prompt_lens[torch.arange(n) // group * group]
     # log-normal: median ~40 tokens, long tail clipped at max_response
     response_lens = torch.exp(torch.randn(n, generator=g) * 1.0 + 3.7).clamp(4, max_response).long()
     prompts = [torch.randint(4, vocab, (int(k),), generator=g).tolist() for k in prompt_lens]
+    if group > 1:
+        prompts = [prompts[i // group * group] for i in range(n)]
     responses = [torch.randint(4, vocab, (int(k),), generator=g).tolist() for k in response_lens]
     advantages = torch.randn(n, generator=g).tolist()
     return TrainBatch.from_sequences(prompts, responses, advantages=advantages, group_ids=[i // 8 for i in range(n)])
@@ -57,7 +68,9 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=8, help="sequences per padded micro-batch")
     parser.add_argument("--max-tokens", type=int, default=2048, help="token budget of a packed micro-batch")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
-    parser.add_argument("--compare", choices=["packing", "impl", "lora"], default="packing")
+    parser.add_argument("--compare", choices=["packing", "impl", "lora", "share"], default="packing")
+    parser.add_argument("--group", type=int, default=8, help="share: responses per prompt")
+    parser.add_argument("--model", type=Path, help="train this model folder instead of the built tiny one")
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--memory-of", choices=["full", "lora"], help=argparse.SUPPRESS)  # one mode's peak RSS
     args = parser.parse_args()
@@ -68,10 +81,12 @@ def main() -> None:
     from rlvr.tiny import build_tiny_model_dir
     from rlvr.trainer.actor import Actor
 
-    model_dir = Path(tempfile.gettempdir()) / f"rlvr-bench-train-h{args.hidden}-l{args.layers}"
-    build_tiny_model_dir(model_dir, hidden_size=args.hidden, layers=args.layers, heads=4, kv_heads=2,
-                         max_positions=1024)  # fmt: skip
-    batch = skewed_batch(args.seqs, seed=0, max_response=args.max_response, vocab=90)
+    model_dir = args.model or Path(tempfile.gettempdir()) / f"rlvr-bench-train-h{args.hidden}-l{args.layers}"
+    if args.model is None:
+        build_tiny_model_dir(model_dir, hidden_size=args.hidden, layers=args.layers, heads=4, kv_heads=2,
+                             max_positions=1024)  # fmt: skip
+    group = args.group if args.compare == "share" else 1
+    batch = skewed_batch(args.seqs, seed=0, max_response=args.max_response, vocab=90, group=group)
     lens = batch.seq_lens.float()
     real = int(lens.sum())
     padded_cost = sum(int(chunk.max()) * len(chunk) for chunk in batch.seq_lens.split(args.micro_batch_size))
@@ -82,10 +97,10 @@ def main() -> None:
     )
     algorithm = AlgorithmConfig(preset="dapo")  # no reference model: the trainer's own cost only
 
-    def build(*, packing: bool, impl: str, lora: int = 0) -> Actor:
+    def build(*, packing: bool, impl: str, lora: int = 0, share: bool = False) -> Actor:
         trainer = TrainerConfig(
             strategy="none", lr=1e-5, packing=packing, micro_batch_size=args.micro_batch_size,
-            max_tokens_per_micro_batch=args.max_tokens, lora=LoraConfig(rank=lora),
+            max_tokens_per_micro_batch=args.max_tokens, lora=LoraConfig(rank=lora), share_prompts=share,
         )  # fmt: skip
         model = ModelConfig(path=str(model_dir), dtype="float32", impl=impl)  # pyright: ignore[reportArgumentType]
         return Actor.build(model, trainer, algorithm, total_steps=args.steps + 1, device=torch.device("cpu"))
@@ -99,12 +114,17 @@ def main() -> None:
     # Each mode's peak RSS alone, first: a child forked from this process once it holds both actors
     # would start from its high-water mark (Linux keeps ru_maxrss across fork and exec).
     rss = {name: peak_rss_alone(name) for name in ("full", "lora")} if args.compare == "lora" else {}
-    modes = {"padded": (False, "hf", 0), "packed": (True, "hf", 0)}
+    modes = {"padded": (False, "hf", 0, False), "packed": (True, "hf", 0, False)}
     if args.compare == "impl":
-        modes = {"hf": (True, "hf", 0), "torchtitan": (True, "torchtitan", 0)}
+        modes = {"hf": (True, "hf", 0, False), "torchtitan": (True, "torchtitan", 0, False)}
     if args.compare == "lora":
-        modes = {"full": (True, "hf", 0), "lora": (True, "hf", args.lora_rank)}
-    actors = {name: build(packing=packing, impl=impl, lora=lora) for name, (packing, impl, lora) in modes.items()}
+        modes = {"full": (True, "hf", 0, False), "lora": (True, "hf", args.lora_rank, False)}
+    if args.compare == "share":
+        modes = {"plain": (True, "hf", 0, False), "shared": (True, "hf", 0, True)}
+    actors = {
+        name: build(packing=packing, impl=impl, lora=lora, share=share)
+        for name, (packing, impl, lora, share) in modes.items()
+    }
     n_params = sum(p.numel() for p in next(iter(actors.values())).model.parameters())
     rates: dict[str, list[float]] = {name: [] for name in actors}
     for actor in actors.values():
@@ -119,7 +139,8 @@ def main() -> None:
         print(f"{name:>10}: {results[name]:8.0f} tokens/s (median of {args.steps}; runs {[round(x) for x in r]})")
     first, second = list(results)
     paired = statistics.median(b / a for a, b in zip(rates[first], rates[second], strict=True))
-    label = {"packing": "packing speed-up", "impl": "torchtitan / transformers", "lora": "LoRA / full speed"}
+    label = {"packing": "packing speed-up", "impl": "torchtitan / transformers", "lora": "LoRA / full speed",
+             "share": f"shared / plain prompts ({group} responses each)"}  # fmt: skip
     print(
         f"model: {n_params / 1e6:.1f}M params, fp32 CPU, {torch.get_num_threads()} threads; "
         f"{label[args.compare]}: {results[second] / results[first]:.2f}x (median of per-step ratios, each pair "

@@ -523,6 +523,10 @@ class TrainerConfig(Section):
     """Sequences per forward/backward when not packing."""
     packing: bool = True
     """Pack several sequences per row (position ids reset, attention kept per sequence)."""
+    share_prompts: bool = True
+    """Packed rows run a group's shared prompt once, its responses as branches after it (same
+    maths; the n samples of a prompt no longer pay n times for it). Used with the default
+    attention (`rlvr_packed_sdpa`: CPU, or a GPU without flash-attn) and model.impl = "hf"."""
     max_tokens_per_micro_batch: int = Field(default=8192, ge=16)
     """Token budget of one packed micro-batch (dynamic batching)."""
     logits_chunk_tokens: int = Field(default=1024, ge=0)

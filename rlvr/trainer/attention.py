@@ -6,6 +6,8 @@ ones. This implementation takes the flash-attention varlen arguments (`cu_seq_le
 which transformers forwards from the model call down to every attention layer) and runs
 causal sdpa on each sequence's slice: cost sum(len_i^2), no mask tensor, and the fast
 `is_causal` kernels. Without `cu_seq_lens_q` (padded micro-batches) it is plain sdpa.
+`rlvr_segments` (shared prompts, `rlvr.trainer.packing.pack_shared`) replaces the boundaries
+with slices that each carry their own tree mask, or none for a plain causal slice.
 
 Registered with transformers' AttentionInterface on import (no mask function is
 registered, so transformers builds no mask for it: right-padded rows are exact under
@@ -33,15 +35,18 @@ def packed_sdpa_attention(
 ) -> tuple[torch.Tensor, None]:
     """query/key/value [1, heads, N, head_dim] -> ([1, N, heads, head_dim], None)."""
     cu = kwargs.pop("cu_seq_lens_q", None)
+    segments = kwargs.pop("rlvr_segments", None)
     for unused in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
         kwargs.pop(unused, None)
-    if cu is None or query.shape[0] != 1:
+    if segments is None and cu is not None:
+        bounds = cu.tolist()
+        segments = [(s, e, None) for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
+    if segments is None or query.shape[0] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    bounds = cu.tolist()
     outs = [
-        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, dropout, scaling,
-                               is_causal=True, **kwargs)[0]
-        for s, e in zip(bounds[:-1], bounds[1:], strict=True)
+        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], mask, dropout, scaling,
+                               is_causal=mask is None, **kwargs)[0]
+        for s, e, mask in segments
         if e > s
     ]  # fmt: skip
     return torch.cat(outs, dim=1), None

@@ -123,6 +123,8 @@ class TrainEngine:
         self.cfg = cfg
         self.device = device or next(model.parameters()).device
         self.attn_implementation = attn_implementation_of(model)
+        # TitanLM reads sequence boundaries itself, not rlvr_segments
+        self.share_prompts = cfg.share_prompts and not getattr(model, "varlen_only", False)
         self.optimizer = build_optimizer(model.parameters(), cfg, lr=lr) if trainable else None
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps=total_steps) if self.optimizer else None
         self.last_update_losses: list[float] = []
@@ -155,6 +157,7 @@ class TrainEngine:
                 max_tokens=self.cfg.max_tokens_per_micro_batch,
                 micro_batch_size=self.cfg.micro_batch_size,
                 attn_implementation=self.attn_implementation,
+                share_prompts=self.share_prompts,
             )
         )
         count = int(d.all_reduce([float(len(mbs))], op="max")[0])

@@ -13,6 +13,14 @@ attention to each sequence:
   boundaries travel as `cu_seq_lens_q/k` + `max_length_q/k` (flash-attn's varlen arguments),
   so attention costs sum(len_i^2) instead of N^2.
 
+Shared prompts (`share_prompts`, on by default with `rlvr_packed_sdpa`): GRPO samples n responses
+per prompt, and packing them one by one runs every prompt token through every layer n times.
+`pack_shared` lays a group's prompt down once and each response after it as a branch: the
+prompt attends causally to itself, each branch to the prompt and causally to itself (a tree
+mask per group, sent as `rlvr_segments`). The branch starts with the prompt's last token, which
+predicts the first response token, so every position keeps one target. Same maths, the
+prompt's layers run once per group instead of n times.
+
 Logits are only projected where they are needed: `predict_mask` marks the positions whose
 next token is a response token and goes to the model as a boolean `logits_to_keep`, so the
 vocabulary projection skips the prompts. `unpack` turns the flat per-position results back
@@ -27,6 +35,10 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.trainer.batch import TrainBatch
+
+# (start, end, mask): a slice of a packed row with its own attention. mask None: causal on the
+# slice; else a [1, 1, L, L] boolean tree mask (a shared prompt and its branches).
+Segment = tuple[int, int, torch.Tensor | None]
 
 VARLEN_IMPLEMENTATIONS = (
     "rlvr_packed_sdpa",
@@ -58,6 +70,7 @@ class MicroBatch:
     num_tokens: int  # real (non-padding) tokens: what tokens/s counts
     cu_seqlens: torch.Tensor | None = None  # [n+1] int32 sequence starts (varlen attention)
     max_seqlen: int = 0
+    segments: list[Segment] | None = None  # shared-prompt layout: attention per segment
 
     @property
     def num_seqs(self) -> int:
@@ -81,6 +94,7 @@ class MicroBatch:
             num_tokens=self.num_tokens,
             cu_seqlens=mv(self.cu_seqlens),
             max_seqlen=self.max_seqlen,
+            segments=[(a, b, mv(m)) for a, b, m in self.segments] if self.segments is not None else None,
         )
 
     def model_kwargs(self) -> dict[str, torch.Tensor | int | None]:
@@ -90,7 +104,9 @@ class MicroBatch:
             "position_ids": self.position_ids,
             "attention_mask": self.attention_mask,
         }
-        if self.cu_seqlens is not None:
+        if self.segments is not None:
+            kwargs["rlvr_segments"] = self.segments  # read by rlvr_packed_sdpa
+        elif self.cu_seqlens is not None:
             kwargs |= {
                 "cu_seq_lens_q": self.cu_seqlens,
                 "cu_seq_lens_k": self.cu_seqlens,
@@ -239,11 +255,17 @@ def make_micro_batches(
     max_tokens: int,
     micro_batch_size: int,
     attn_implementation: str = "sdpa",
+    share_prompts: bool = False,
 ) -> list[MicroBatch]:
     """Packed micro-batches under a token budget (first-fit-decreasing), or padded ones of
-    `micro_batch_size` sequences in batch order."""
+    `micro_batch_size` sequences in batch order. `share_prompts` (packed rows under
+    `rlvr_packed_sdpa` only) runs each group's prompt once (see the module docstring)."""
     if len(batch) == 0:
         return []
+    if packing and share_prompts and attn_implementation == SHARED_PREFIX_IMPLEMENTATION:
+        units = prompt_units(batch, range(len(batch)), budget=max_tokens)
+        cost = [unit_tokens(batch, u) for u in units]
+        return [pack_shared(batch, [units[k] for k in b]) for b in first_fit_decreasing(cost, budget=max_tokens)]
     if packing:
         lens = [int(x) for x in batch.seq_lens]
         return [
@@ -252,6 +274,102 @@ def make_micro_batches(
         ]
     rows = list(range(len(batch)))
     return [pad_sequences(batch, rows[i : i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
+
+
+# -- shared prompts ------------------------------------------------------------------------
+SHARED_PREFIX_IMPLEMENTATION = "rlvr_packed_sdpa"  # the one attention that reads `rlvr_segments`
+
+
+def shared_len(batch: TrainBatch, unit: Sequence[int]) -> int:
+    """Tokens laid down once for a unit: all of the prompt but its last token (which each branch
+    repeats, to predict its first response token); 0 for a unit of one sequence."""
+    return int(batch.prompt_lens[unit[0]]) - 1 if len(unit) > 1 else 0
+
+
+def unit_tokens(batch: TrainBatch, unit: Sequence[int]) -> int:
+    """Tokens a unit costs in a packed row."""
+    shared = shared_len(batch, unit)
+    return shared + sum(int(batch.seq_lens[i]) - shared for i in unit)
+
+
+def prompt_units(batch: TrainBatch, index: Sequence[int], *, budget: int) -> list[list[int]]:
+    """The rows of `index` grouped by identical prompt ids (first appearance order), each group
+    split so a unit fits `budget` where it can (a longer single sequence is a unit of its own)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in index:
+        prompt = batch.input_ids[i, : int(batch.prompt_lens[i])]
+        groups.setdefault(tuple(prompt.tolist()), []).append(int(i))
+    units: list[list[int]] = []
+    for rows in groups.values():
+        unit: list[int] = []
+        for i in rows:
+            if unit and unit_tokens(batch, [*unit, i]) > budget:
+                units.append(unit)
+                unit = []
+            unit.append(i)
+        units.append(unit)
+    return units
+
+
+def tree_mask(shared: int, branch_lens: Sequence[int]) -> torch.Tensor:
+    """[1, 1, L, L] boolean: the shared prompt sees itself causally; each branch sees the shared
+    prompt and itself causally, never another branch."""
+    seg = torch.repeat_interleave(
+        torch.arange(-1, len(branch_lens)), torch.as_tensor([shared, *branch_lens], dtype=torch.long)
+    )
+    n = int(seg.numel())
+    same = (seg[:, None] == seg[None, :]) | (seg[None, :] == -1)
+    return (same & torch.ones(n, n, dtype=torch.bool).tril())[None, None]
+
+
+def pack_shared(batch: TrainBatch, units: Sequence[Sequence[int]]) -> MicroBatch:
+    """One packed row of units, each its shared prompt once and then every sequence's own tokens
+    (see the module docstring); attention goes by `segments`."""
+    idx = [i for unit in units for i in unit]
+    ids: list[torch.Tensor] = []
+    pos: list[torch.Tensor] = []
+    seq_of: list[torch.Tensor] = []
+    col_of: list[torch.Tensor] = []
+    segments: list[Segment] = []
+    start, k = 0, 0
+    for unit in units:
+        shared = shared_len(batch, unit)
+        unit_start = start
+        if shared:
+            ids.append(batch.tokens(unit[0])[:shared])
+            pos.append(torch.arange(shared))
+            seq_of.append(torch.full((shared,), -1))
+            col_of.append(torch.full((shared,), -1))
+            start += shared
+        branch_lens = []
+        for i in unit:
+            own = batch.tokens(i)[shared:]
+            n, p, r = int(own.numel()), int(batch.prompt_lens[i]), int(batch.response_lens[i])
+            ids.append(own)
+            pos.append(torch.arange(shared, shared + n))
+            rows, cols = torch.full((n,), -1), torch.full((n,), -1)
+            first = p - 1 - shared  # own position predicting response token 0
+            rows[first : first + r] = k
+            cols[first : first + r] = torch.arange(r)
+            seq_of.append(rows)
+            col_of.append(cols)
+            branch_lens.append(n)
+            start += n
+            k += 1
+        segments.append((unit_start, start, tree_mask(shared, branch_lens) if len(unit) > 1 else None))
+    mb = _finish(
+        batch,
+        idx,
+        torch.cat(ids)[None],
+        torch.cat(pos)[None],
+        None,
+        torch.cat(seq_of)[None],
+        torch.cat(col_of)[None],
+        packed=True,
+        real=sum(int(batch.seq_lens[i]) for i in idx),
+    )
+    mb.segments = segments
+    return mb
 
 
 def unpack(values: torch.Tensor, mb: MicroBatch, *, fill: float = 0.0) -> torch.Tensor:

@@ -265,6 +265,8 @@ class TitanLM(nn.Module):
     sequence boundaries, not a mask). `adapter` is torchtitan's state-dict adapter.
     """
 
+    varlen_only = True  # reads cu_seq_lens_q, not shared-prompt segments (TrainEngine checks)
+
     def __init__(self, decoder: Any, *, hf_config: Any, adapter: Any, kind: str, vocab_parallel: bool = False):
         super().__init__()
         self.decoder = decoder

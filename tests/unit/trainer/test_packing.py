@@ -122,3 +122,102 @@ def test_single_update_uses_the_training_forward_as_pi_old(tiny_model_dir):
     assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6) and m1["ratio_mean"] == 1.0
     for p, q in zip(shortcut.model.parameters(), recomputed.model.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6)
+
+
+# -- shared prompts ----------------------------------------------------------------------------
+def grouped_batch(groups: int = 3, n: int = 4, *, seed: int = 0, prompt_lens=(6, 1, 9)):
+    """`groups` prompts x `n` responses each (GRPO's layout), one prompt of a single token."""
+    from rlvr.trainer.batch import TrainBatch
+
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses = [], []
+    for k in range(groups):
+        prompt = torch.randint(4, 90, (prompt_lens[k % len(prompt_lens)],), generator=g).tolist()
+        for _ in range(n):
+            prompts.append(prompt)
+            responses.append(
+                torch.randint(4, 90, (int(torch.randint(1, 15, (1,), generator=g)),), generator=g).tolist()
+            )
+    advantages = torch.randn(len(prompts), generator=g).tolist()
+    return TrainBatch.from_sequences(
+        prompts, responses, advantages=advantages, group_ids=[i // n for i in range(len(prompts))]
+    )
+
+
+def test_shared_layout_lays_each_prompt_down_once():
+    from rlvr.trainer.batch import TrainBatch
+    from rlvr.trainer.packing import pack_shared, prompt_units
+
+    batch = TrainBatch.from_sequences([[5, 6, 7], [9], [5, 6, 7]], [[11, 12], [13], [14]])
+    units = prompt_units(batch, range(3), budget=100)
+    assert units == [[0, 2], [1]]
+    mb = pack_shared(batch, units)
+    # shared [5, 6], then branches [7, 11, 12] and [7, 14], then the lone sequence [9, 13]
+    assert mb.input_ids[0].tolist() == [5, 6, 7, 11, 12, 7, 14, 9, 13]
+    assert mb.position_ids[0].tolist() == [0, 1, 2, 3, 4, 2, 3, 0, 1]
+    assert mb.seq_index.tolist() == [0, 2, 1]
+    assert mb.targets.tolist() == [11, 12, 14, 13]  # every response token predicted exactly once
+    assert mb.num_tokens == 5 + 4 + 2  # tokens/s counts the sequences' tokens, not the row's
+    assert mb.segments is not None and [(a, b) for a, b, _ in mb.segments] == [(0, 7), (7, 9)]
+    mask = mb.segments[0][2]
+    assert mask is not None and mb.segments[1][2] is None
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 1, 0, 0],
+            [1, 1, 0, 0, 0, 1, 0],  # the second branch sees the prompt, not the first branch
+            [1, 1, 0, 0, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(mask[0, 0], expected)
+    assert "rlvr_segments" in mb.model_kwargs() and "cu_seq_lens_q" not in mb.model_kwargs()
+
+
+def test_shared_units_split_a_group_to_fit_the_budget():
+    from rlvr.trainer.packing import prompt_units, unit_tokens
+
+    batch = grouped_batch(groups=2, n=6, prompt_lens=(9,))
+    units = prompt_units(batch, range(len(batch)), budget=40)
+    assert sorted(i for u in units for i in u) == list(range(len(batch)))
+    assert all(unit_tokens(batch, u) <= 40 or len(u) == 1 for u in units)
+    assert all(len({int(batch.group_ids[i]) for i in u}) == 1 for u in units)
+
+
+@pytest.mark.parametrize("entropy", ["detached", "grad"])
+def test_shared_prompts_give_the_same_logprobs(tiny_model_dir, entropy):
+    batch = grouped_batch()
+    model = load_hf_model(ModelConfig(path=str(tiny_model_dir)), attn_implementation="rlvr_packed_sdpa")
+    shared = make_micro_batches(batch, packing=True, max_tokens=64, micro_batch_size=1,
+                                attn_implementation="rlvr_packed_sdpa", share_prompts=True)  # fmt: skip
+    assert len(shared) > 1 and all(mb.segments is not None for mb in shared)
+    assert sum(int(mb.input_ids.shape[1]) for mb in shared) < int(batch.seq_lens.sum())  # prompts run once
+    reference, ref_ent = token_logprobs(model, pad_sequences(batch, list(range(len(batch)))), entropy=entropy)
+    mask = batch.response_mask.bool()
+    for mb in shared:
+        logp, ent = token_logprobs(model, mb, entropy=entropy)
+        rows = mb.seq_index
+        width = logp.shape[1]
+        m = mask[rows, :width]
+        assert torch.allclose(logp[m], reference[rows, :width][m], atol=1e-5)
+        assert ent is not None and ref_ent is not None
+        assert torch.allclose(ent[m], ref_ent[rows, :width][m], atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_shared_prompts_give_the_same_loss_and_gradients(tiny_model_dir):
+    batch = grouped_batch(seed=4)
+    old = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0)) * 0.1 - 4.6
+    batch = batch.replace(old_logprobs=old * batch.response_mask)
+    shared = build_actor(tiny_model_dir, packing=True, share_prompts=True, max_tokens_per_micro_batch=48, grad_clip=0.0)
+    plain = build_actor(tiny_model_dir, packing=True, share_prompts=False, max_tokens_per_micro_batch=48, grad_clip=0.0)
+    m1, g1 = _grads_of_one_update(shared, batch)
+    m2, g2 = _grads_of_one_update(plain, batch)
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
+    assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+    assert g1.keys() == g2.keys() and len(g1) > 0
+    for name in g1:
+        assert torch.allclose(g1[name], g2[name], atol=1e-5), name
