@@ -221,3 +221,18 @@ def test_shared_prompts_give_the_same_loss_and_gradients(tiny_model_dir):
     assert g1.keys() == g2.keys() and len(g1) > 0
     for name in g1:
         assert torch.allclose(g1[name], g2[name], atol=1e-5), name
+
+
+def test_shared_prompts_give_the_same_values(tiny_model_dir):
+    from rlvr.trainer.forward import token_values
+
+    batch = grouped_batch(seed=2)
+    critic = load_hf_model(ModelConfig(path=str(tiny_model_dir)), kind="value")
+    reference = token_values(critic, pad_sequences(batch, list(range(len(batch)))))
+    mask = batch.response_mask.bool()
+    for mb in make_micro_batches(batch, packing=True, max_tokens=64, micro_batch_size=1,
+                                 attn_implementation="rlvr_packed_sdpa", share_prompts=True):  # fmt: skip
+        values = token_values(critic, mb)
+        rows, width = mb.seq_index, values.shape[1]
+        m = mask[rows, :width]
+        assert torch.allclose(values[m], reference[rows, :width][m], atol=1e-5)
