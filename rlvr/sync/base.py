@@ -1,28 +1,15 @@
 """The weight-sync contract: how new trainer weights reach the rollout engines, and in what order.
 
-Ordering (every method keeps it, so the loop can reason about versions):
+Every method keeps one order, so the loop can reason about versions: pause generation (abort),
+flush the prefix/KV cache (the old weights computed it), push the weights, resume. `push(version=v)`
+attaches `v` to the *last* bucket only, so an engine never reports a version whose weights it has
+not fully received; every completion carries the version that produced it, per token, and the
+rollout manager (`rlvr/controller.py`) bounds the lag with `rollout.max_staleness`.
 
-1. **pause** generation on every engine (mode "abort": in-flight requests return at once
-   with finish_reason "abort"; SGLang's /flush_cache refuses while requests are queued, so
-   "retract" would make step 2 fail).
-2. **flush** the prefix/KV cache: cached prefixes were computed by the old weights.
-3. **push** the weights: bucket by bucket (broadcast), one folder (disk) or one copy (in
-   process). The new `version` is attached to the *last* bucket only, so an engine never
-   reports a version whose weights it has not fully received.
-4. **resume** generation.
-
-Versions: `push(version=v)` makes `v` the engines' `weight_version`; every completion
-carries the version that produced it (`Completion.policy_version`, from SGLang's
-`meta_info.weight_version`), per token across a partial rollout. The rollout manager
-(`rlvr/controller.py`) bounds the lag with `rollout.max_staleness`.
-
-Collectives: `push` and `close` are called by *every* trainer rank (gathering full tensors
-from FSDP2 shards is collective); only trainer rank 0 talks to engines. Rank 0 broadcasts
-the outcome, so a failed sync raises `SyncError` on every rank, never on rank 0 alone.
-
-Failures: every HTTP call and collective has a timeout (`SyncConfig.timeout_s`). An engine
-that fails is reported by URL; `on_engine_failure = "fail"` raises, "continue" drops it
-(marks it dead in the client, so it serves no stale generations) and goes on with the rest.
+`push` and `close` are called by every trainer rank (gathering FSDP2 shards is collective); only
+rank 0 talks to engines and it broadcasts the outcome, so a failed sync raises `SyncError` on every
+rank. Every call has a timeout; a failed engine is named by URL and either fails the run or is
+dropped (`on_engine_failure`). docs/weight-sync.md says why each step is there.
 """
 
 from __future__ import annotations

@@ -1,53 +1,14 @@
 """Weight sync by collective broadcast: trainer rank 0 -> every engine rank, SGLang's protocol.
 
-Group: {trainer rank 0 (group rank 0, hosts the TCPStore), every engine rank}; gloo on CPU,
-NCCL on GPU. Each server's tensor-parallel workers take ranks rank_offset + tp_rank (SGLang's
-`init_weights_update_group`), so the sync reads every server's `tp_size` (and `dp_size`,
-`dtype`) from /server_info first: world size 1 + sum of tp sizes. A server with dp_size > 1
-is refused (SGLang's distributed update routes assert dp_size == 1; use sync.method = disk).
-Rank 0 asks every server to `/init_weights_update_group` *while* joining itself (gloo's
-constructor blocks until all ranks are in), on a fresh port and a fresh group name each
-time it is (re)built; the previous group is destroyed on the engines that were in it.
-
-Order of one push (SGLang 0.5.23 refuses a bucket outside a session): pause -> flush ->
-`/begin_weight_update` -> buckets -> `/end_weight_update` -> continue. A failed push ends
-the session on the engines that remain, so the next begin is not refused.
-
-Wire dtype: the engines' own (`dtype` in /server_info; "auto" means the model config's),
-unless the recipe forces one: bf16 engines receive bf16, half the bytes of fp32.
-
-Wire formats (`wire_format`), both SGLang's `/update_weights_from_distributed`:
-
-- `"flattened_bucket"` (default; SGLang's `load_format="flattened_bucket"`): one uint8
-  broadcast per bucket, the tensors' bytes back to back in `names` order: one HTTP-paced
-  collective per bucket instead of one per tensor (measured on gloo, bench/sync.py: a sync
-  end to end at 80-89% of a raw broadcast of the same bytes, against 58-76% for the
-  per-tensor wire). Rank 0 packs each bucket into one of two
-  preallocated byte buffers; tensors that already lie back to back in memory (a weight
-  arena) are sent from where they are, with no copy.
-- `"per_tensor"`: one broadcast per tensor, straight from where it lies (only a dtype cast
-  or a non-contiguous tensor is staged), for SGLang builds without flattened buckets.
-
-Pipelining (flattened): bucket k+1 is gathered and packed into the other buffer while
-bucket k is on the wire. On gloo two buckets are in flight: rank 0 sends bucket k+1's
-request (and starts its broadcast) as soon as bucket k's broadcast is done, without
-waiting for the engines' answer to bucket k; so each engine finds request k+1 waiting when
-it has landed bucket k, instead of idling for an HTTP round trip per bucket (a 1.4 GB push
-in 16 MB buckets, bench/sync.py: 41-43% -> 59-65% of a raw gloo broadcast of the same
-bytes). Order is kept without trusting HTTP: gloo's TCP transport sends a buffer only
-after the receiver posted its receive, so a finished broadcast of bucket k means every
-engine rank is inside request k; request k+1 can only queue behind it, and each engine
-runs one weight update at a time (`rlvr serve`: the engine lock; SGLang 0.5.23: its
-tokenizer manager holds `is_pause_cond` around the scheduler call while paused, the
-model-update writer lock otherwise; vLLM: the engine core runs utility calls one by one).
-NCCL's broadcast completes on the sender without that proof (the CPU does not wait for the
-kernel, and a small bucket fits NCCL's buffers), so on NCCL the answer to bucket k is
-awaited before request k+1, as before.
-
-Failures: see `rlvr.sync.base`. A broken broadcast tears the group down on rank 0 (so
-healthy receivers stop waiting at once), rank 0 still gathers to the end (the other
-trainer ranks are in lockstep), and in "continue" mode the push is retried on a rebuilt
-group without the engines that failed.
+The group is {trainer rank 0 (hosts the TCPStore), every engine rank}, gloo on CPU and NCCL on
+GPU, built as SGLang builds its member, so SGLang, vLLM (rlvr's backend) and `rlvr serve` share
+this one code path. A push is a weight-update session (pause -> flush -> begin -> buckets -> end
+-> continue), in the engines' dtype, the version on the last bucket. Each bucket is one uint8
+broadcast of its tensors' bytes (`flattened_bucket`, default) or one broadcast per tensor. Rank 0
+packs bucket k+1 into the second of two buffers while bucket k is on the wire, and on gloo sends
+its request before the engines answer bucket k (gloo's transport keeps the order), so an engine
+never idles an HTTP round trip per bucket. A broken broadcast tears the group down, so healthy
+receivers stop waiting. Why it is ordered and what it costs: docs/weight-sync.md.
 """
 
 from __future__ import annotations

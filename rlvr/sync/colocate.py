@@ -1,20 +1,15 @@
 """rollout.colocate: trainer ranks and rollout engines take turns on the same GPUs.
 
-The order, each step of the synchronous loop (k = 0, so nothing generates while the trainer trains):
+Each step of the synchronous loop (k = 0: nothing generates while the trainer trains):
 
     take(s)        engines generate wave s (awake, holding weights and KV cache)
-    release()      engines free their GPU memory (vLLM /sleep, SGLang /release_memory_occupation,
-                   `rlvr serve` drops its KV cache); every rank waits for it before training
+    release()      engines free their GPU memory; every rank waits for it before training
     train step     the trainer has the GPUs
-    resume()       every rank returns its cached blocks to CUDA (empty_cache), then the engines
-                   take their memory back (/wake_up, /resume_memory_occupation)
+    resume()       every rank empties its CUDA cache, then the engines take their memory back
     push(s + 1)    the new weights reach the awake engines (the usual WeightSync)
-    take(s + 1)    ...
 
-Only trainer rank 0 talks to the engines (through `Engines`, which names a failed one); the
-barriers keep the other ranks from allocating before the memory is free, and the engines from
-allocating before every rank let go of its own. A failure raises SyncError: the loop stops the run
-as after a failed push, with a checkpoint.
+Only rank 0 talks to the engines; the barriers keep either side from allocating before the other
+let go. A failure raises SyncError, and the loop stops as after a failed push (docs/cluster.md).
 """
 
 from __future__ import annotations

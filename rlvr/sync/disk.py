@@ -1,22 +1,12 @@
 """Weight sync through a shared filesystem: export a HF folder, engines load it.
 
-For when trainer and rollout nodes cannot join one NCCL/gloo group (different clusters,
-firewalls, an engine without the distributed update API). Slower than broadcast (a full
-write and read per step) but needs nothing but a directory every node sees.
-
-Order: every trainer rank exports (collective: full tensors are gathered) to
-`shared_dir/weights/v{version}` — written as `v{version}.tmp` and renamed, so an engine
-never reads a half-written folder — then rank 0 pauses and flushes every engine, calls
-`/update_weights_from_disk` with `weight_version`, and resumes. Generation keeps running
-during the export; only the load is paused. The last `keep` folders stay (the newest may
-still be loading on a slow engine when the next one lands), older ones are removed.
-
-Dtype and memory: the folder holds the engines' dtype (`dtype`, else the one the engines
-report in /server_info, asked once by rank 0 and shared), so a bf16 engine reads half the
-bytes of an fp32 trainer's weights. The safetensors file is written as the full tensors are
-gathered (`write_weights`): its header is known from the weights' metadata before the first
-gather, and each tensor is cast and written, then dropped, so rank 0 never holds the model
-in host RAM (the old export kept every tensor of the model until the end).
+For trainer and rollout nodes that cannot join one NCCL/gloo group: slower than broadcast (a full
+write and read per step) but it needs only a directory every node sees. Every rank exports
+(collective) to `shared_dir/weights/v{version}`, written as `.tmp` and renamed so an engine never
+reads half a folder; then rank 0 pauses and flushes the engines, has them load it with the version,
+and resumes, so generation runs on during the export. The folder holds the engines' dtype, and the
+safetensors file is written tensor by tensor as they are gathered, so rank 0 never holds the model
+in host RAM. The last `keep` folders stay (a slow engine may still be loading the newest).
 """
 
 from __future__ import annotations
