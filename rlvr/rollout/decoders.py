@@ -1,35 +1,15 @@
 """Model backends of the embedded engine: a fast static-KV decoder and a generic HF fallback.
 
-Both hold sequences in *slots* 0..B-1 (the engine keeps live sequences packed at the
-front), and expose the same three calls: `prefill` (new prompts into slots), `decode`
-(one token for every live slot) and `move` (compaction when a sequence finishes).
+Both hold sequences in *slots* 0..B-1 (the engine keeps live sequences packed at the front) and
+expose the same three calls: `prefill` (new prompts into slots), `decode` (one token for every live
+slot) and `move` (compaction when a sequence finishes).
 
-`StaticKVDecoder` runs Llama-family decoders (Llama, Mistral without sliding window,
-Qwen2, Qwen3) directly in torch from the HF module's own weights, because the HF
-forward costs more in per-step Python/mask work than the matmuls on small batches:
-
-- one preallocated K/V tensor per layer ([slots, kv_heads, max_len, head_dim]); new
-  keys are written in place at each row's own length, so rows never need padding
-  and finished rows are replaced by copying the last live row into their slot;
-- Q/K/V and gate/up projections are fused into one matmul each. The fused tensors
-  *are* the weights: the HF parameters are re-pointed to views of them, so any
-  in-place weight update (disk or broadcast) reaches the fast path with no copy;
-- RoPE cos/sin are tabulated once for every position (by the model's own rotary
-  module, so rope scaling variants come for free);
-- decode attention treats the GQA group as the query-length axis of SDPA, so grouped
-  heads share K/V without `repeat_interleave`;
-- on CPU every projection runs through oneDNN on a copy of its weight in oneDNN's
-  blocked layout (what inductor's CPU "freezing" and IPEX do). `F.linear` on CPU is
-  MKL sgemm, which on AMD EPYC runs 2.6-3.5x slower at decode shapes (measured here:
-  [32x512]x[512x4096] 1.08 ms vs 0.30 ms), and decode is nearly all matmuls. The packed
-  copies are a cache: `refresh()` after a weight load drops them and rebuilds them on a
-  background thread (oneDNN's reorder runs at only ~4 GB/s per core, slower than the
-  weights arrive), and until a projection's copy is back it runs on plain `F.linear` over
-  the live weight, so the engine serves the new weights exactly from the first step.
-
-`RecomputeDecoder` works with any `AutoModelForCausalLM`: it recomputes the full padded
-forward each step (no cache). Slow, but exact; it is the fallback for architectures the
-fast path does not know.
+`StaticKVDecoder` runs Llama-family decoders directly in torch from the HF module's own weights,
+because on small batches the HF forward costs more in per-step Python and mask work than the
+matmuls: a preallocated per-layer KV cache, fused QKV and gate/up projections that *are* the
+weights (the HF parameters are views of them), and on CPU oneDNN-packed weight copies, rebuilt in
+the background after a weight load. `RecomputeDecoder` runs any `AutoModelForCausalLM` by
+recomputing the full forward each step: slow but exact. Why and how fast: docs/engines.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """A weight-update process group that lives beside (not inside) torch.distributed's default group.
 
-Why not `init_process_group`: the trainer already has a default group (torchrun), and a
-rollout server may be a different program (SGLang); the update group must be a second,
-independent group of {trainer rank 0, every engine rank}.
-
-Store keys must match SGLang's. SGLang 0.5.23 builds its member with
-`sglang.srt.utils.common.init_custom_process_group`: `rendezvous("tcp://addr:port")` (a
-TCPStore; group rank 0 hosts it), wrapped in `PrefixStore(group_name)`, then torch's
-`_new_process_group_helper`, which wraps it again in `PrefixStore(f"{group_name}/")` and
-then in `PrefixStore(f"{device}/")` for the first device its backend serves
-(`Backend.backend_capability`: gloo "cpu", NCCL "cuda"; a single-backend group builds one
-backend object and registers it for every device). A group built with one
-`PrefixStore(f"{group_name}/")` waits on other keys and never meets it.
-
-- `join_group` (the trainer, group rank 0) builds the same key chain by hand, from torch's
-  public store and backend classes: it hosts the store without torch's rendezvous (which
-  under torchrun may try to reuse the elastic agent's store) and registers nothing in
-  torch's global group state (so it can never be split from the trainer's default group).
-- `join_group_like_sglang` (the embedded engine) builds its member the way SGLang does,
-  with torch's own rendezvous and group helper, so CI exercises SGLang's keys.
-
-Protocol (SGLang's): after `/init_weights_update_group`, each `/update_weights_from_distributed`
-call names a bucket of tensors (names, dtypes, shapes); rank 0 broadcasts them in that order
-and every engine rank receives and loads them. `send_broadcast` is the trainer half;
-`receive_into` is the engine half when the destinations already exist (the embedded engine
-receives straight into its live parameters); `receive_broadcast` allocates fresh ones.
+The trainer already has a default group (torchrun) and a rollout server may be another program
+(SGLang), so {trainer rank 0, every engine rank} is a second, independent group, whose store keys
+must match the chain SGLang 0.5.23 builds (`init_custom_process_group`). `join_group` (the trainer,
+group rank 0) builds that chain by hand from torch's public classes, without torch's rendezvous or
+global group state; `join_group_like_sglang` (the embedded engine) builds it as SGLang does, so CI
+exercises SGLang's keys. `send_broadcast` is the trainer's half of a bucket; `receive_into` the
+engine's into existing tensors, `receive_broadcast` into fresh ones. docs/weight-sync.md has the
+key chain and why a simpler one never meets SGLang.
 """
 
 from __future__ import annotations

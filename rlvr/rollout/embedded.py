@@ -1,26 +1,12 @@
 """The embedded engine: continuous-batching generation in this process, CPU or CUDA.
 
 One worker thread owns the model and runs the scheduling loop; `generate` (async) and
-`generate_sync` only enqueue sequences and wait. Each loop iteration holds the step lock
-for one prefill-or-decode step, so control calls (pause, weight updates) land between
-steps and never see half-updated state.
-
-Scheduling: live sequences sit packed in slots 0..B-1 of the backend's KV cache. Each
-iteration admits waiting sequences while B < max_batch (prefilling the new prompts in
-one batch; the n samples of one prompt share a single prefill and copy its KV), then
-decodes one token for all B. A finished sequence leaves at once: the last live slot is
-copied into its place, so the batch never carries dead rows.
-
-Stops mirror SGLang (docs/engines.md, "Stop tokens"): an EOS or `stop_token_ids` token ends
-the sequence and *is* kept in `token_ids` (the trainer learns to emit it) but not in the
-returned text; a stop string ends it and is cut from the returned text, while the tokens
-that spelled it stay in `token_ids`. The EOS ids are every one the model declares: config.json,
-generation_config.json (an int or a list) and the tokenizer's.
-
-Pause modes mirror SGLang's /pause_generation: `abort` returns every in-flight sequence
-at once with finish_reason "abort" (partial tokens kept); `retract` moves live sequences
-back to the queue and re-prefills prompt + tokens so far on resume; `in_place` just stops
-stepping (KV kept). In every mode, sequences submitted while paused wait for `resume`.
+`generate_sync` only enqueue and wait. Each iteration holds the step lock for one prefill-or-decode
+step, so control calls (pause, weight updates) land between steps and never see half-updated state.
+Live sequences sit packed in the backend's KV slots: waiting ones are admitted while there is room
+(the n samples of a prompt share one prefill), and a finished one leaves at once, so the batch never
+carries dead rows. Stops and pause modes (`abort`, `retract`, `in_place`) mirror SGLang's, so the
+same client and tests hold for both. docs/engines.md ("Inside the embedded engine", "Stop tokens").
 """
 
 from __future__ import annotations

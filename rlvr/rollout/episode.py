@@ -1,47 +1,14 @@
 """One sample's episode: token in, token out, surviving weight updates.
 
-An episode owns one sequence from its prompt to its end. It sends `prompt + tokens so far`
-to the engine and appends what comes back; it never re-tokenises text, so the ids the
-trainer sees are exactly the ids the engine sampled. When a weight update pauses the
-engine with `abort`, the engine returns the partial response with finish_reason "abort":
-
-- `partial = True` (partial rollout, as slime's `--partial-rollout` and verl's fully-async
-  recipe): keep those tokens and their logprobs, wait until the new weights are in, and
-  continue with the remaining budget. Each token remembers the weight version that sampled
-  it, so the buffer can bound staleness by the oldest one and the trainer can correct.
-- `partial = False`: drop them and restart from the prompt under the new weights.
-
-With `tools` (a `ToolSession`), the episode has turns: generation stops at the end of a tool
-call (the session's stop strings), the session runs the tool, its answer is appended *as
-tokens* and generation continues. Every request's input is exactly the previous request's
-ids plus the new ones -- the model's sampled ids are never decoded and re-encoded, so no
-separator can drift at the assistant -> tool boundary. Tool tokens get loss mask 0 and
-logprob 0; an abort mid-turn continues that turn like a single-turn episode. A turn that ends on
-EOS (or a `stop_token_ids` token) rather than on a stop string ends the episode: the model said
-it is done, so nothing is sampled past its EOS, whatever the turn's text looks like.
-
-A group (`run_group`): the n episodes of one prompt, every request of them with one affinity
-key, so an HTTP client sends them all to one server (`rlvr.rollout.http`), where the prompt's KV
-is computed once and reused. Without tools the group starts as ONE n-sample request (sample j
-seeded seed + j, as each episode would seed its own first request), which every engine
-prefills once: the embedded engine shares the prefill across the n samples, SGLang and vLLM
-compute the prompt once for the request. Each sample then goes on alone only if it has to: one
-that came back aborted continues (or restarts) from its own tokens, with the seed its own
-episode's next request would have used, so the group path samples exactly what n separate
-episodes sample. With tools every episode runs on its own from the start (its turns diverge).
-
-Text across requests: a response made by several requests (partial rollout) gets its text by
-decoding *all* its ids at once, never by joining each request's text -- a multi-byte character
-or a SentencePiece word split at an abort would come out as U+FFFD or without its space. Each
-engine checks stop strings only in its own request's output, so after every continuation the
-episode looks for them in the text of the whole stretch since the last request that ended
-normally (the current turn, with tools). One that straddles the seam ends the response as the
-engine would have: the ids are cut right after the token that completed the stop string (that
-token is kept, as engines keep it) and finish_reason is "stop"; the text is cut before the stop
-string (single-turn, as engines cut it) or keeps it (tools, where the text is every turn's ids
-decoded). Decoding needs the tokenizer: `run_episode`'s `tokenizer`, else the engine's own
-`tokenizer` (the embedded engine), else the tool session's; with none of them (a test fake)
-the text is the requests' texts joined and stop strings are not checked across seams.
+An episode sends `prompt + tokens so far` and appends what comes back, never re-tokenising, so
+the trainer sees exactly the ids the engine sampled. When a weight push aborts a request, the
+episode keeps its tokens (each tagged with the version that sampled it) and continues under the new
+weights (`partial = True`), or restarts from the prompt. With `tools` it has turns: a tool's answer
+is appended as tokens (loss mask 0), and a turn that ends on EOS ends the episode. A group
+(`run_group`) starts as one n-sample request (sample j seeded seed + j) under one affinity key, so
+its prompt is prefilled once, on one server; a sample goes on alone only when it must, and samples
+what its own episode would have. Text is decoded from all of a response's ids at once and stop
+strings are checked across request seams, so an abort never changes the response (docs/async.md).
 """
 
 from __future__ import annotations

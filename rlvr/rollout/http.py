@@ -1,29 +1,14 @@
 """The HTTP plumbing every server-backed `RolloutEngine` shares: balancing, retries, dead servers.
 
-Groups, not samples, are spread: a request carrying an affinity key (`GenerateRequest.affinity`,
-one per GRPO group) goes to the server its key was first sent to, so a group's n-sample request
-and every continuation of its samples (partial rollout, tool turns) share one server's prefix
-cache (SGLang's radix cache, vLLM's prefix cache) instead of prefilling the prompt on several.
-A new key goes to the live server with the fewest outstanding *samples* (an n-sample request
-counts n; random among ties). Keys are remembered least-recently-used first out
-(`AFFINITY_KEYS`): a group that outlives its entry only loses cache hits.
-
-A connection error, timeout or 5xx retries with exponential backoff on another server, and the
-request's group moves there with it. A server that fails a request is probed at /health: if
-that fails too, it is marked dead and skipped (re-probed every `revive_after_s`), so one crashed
-server slows a step instead of killing the run. A server the weight sync dropped (`hold`) stays
-out of rotation, whatever its /health says, until the sync re-admits it (`admit`); groups pinned
-to a dead or held server move on their next request.
-
-In flight: at most `max_inflight_per_server` samples per server are sent at once (`_Slots`,
-FIFO; the rest wait in the client, outside the request timeout), and generation uses a
-connection pool of that size per server, so a step's thousands of episodes neither open
-thousands of sockets nor pile into one engine's queue. Control calls (pause, resume, weight
-updates, /health) use a session of their own, so they never queue behind generation: a pause
-must get through while every generation slot is taken. Control calls go to every live server
-concurrently.
-
-`SGLangClient` (SGLang's routes; also `rlvr serve`) and `VLLMClient` (vLLM's) add the routes.
+Groups, not samples, are spread: a request's affinity key (one per GRPO group) pins it to one
+server, so a group's n-sample request and every continuation share that server's prefix cache; a
+new key goes to the live server with the fewest outstanding samples. Failed requests retry with
+backoff on another server (the group moves with them), a server that also fails /health is skipped
+until it answers again, and one the weight sync dropped (`hold`) stays out until `admit`: a
+crashed server slows a step instead of killing the run. At most `max_inflight_per_server` samples
+go to a server at once, over a pool of that many connections; control calls have their own session,
+so a pause never queues behind generation. `SGLangClient` and `VLLMClient` add the routes.
+docs/engines.md ("Groups, not samples") has the details and the measurement.
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
 """A peft LoRA adapter merged into the base weights: what an engine loads for an adapter push.
 
-With LoRA the trainer pushes only its adapters (`sync.lora = "adapter"`): it writes a peft
-adapter folder and every engine serves W = W_base + (lora_alpha / r) * B @ A for each module
-the adapter targets, every other weight unchanged. Why merge on the engine: only the adapter's
-bytes cross the wire, decode runs at the base model's speed (no LoRA kernels), and a partial
-rollout switches weights mid-request exactly as after a full push. W_base is read from the
-folder the engine was started on (the base is frozen under LoRA), one tensor at a time, so no
-second copy of the base is kept.
-
-Each load replaces the previous adapter, never stacks on it: every merged weight is computed
-from the base, and the modules the previous adapter merged but this one does not target go
-back to the base (`previous`: the engine remembers what it merged last, `AdapterMerge.merged`).
-
-The adapter folder is peft's: `adapter_config.json` (a LoraConfig) and
-`adapter_model.safetensors` with `base_model.model.<HF module path>.lora_A.weight` ([r, in])
-and `...lora_B.weight` ([out, r]). Everything is checked against the base's safetensors headers
-before a tensor is read, so a broken folder fails with one line naming the file and key and
-leaves the engine's weights alone. peft options that change the merge rule (DoRA, fan-in-fan-out
-weights, LoRA biases, per-module rank or alpha patterns, `modules_to_save`) are refused, not
-approximated; rsLoRA's scale (lora_alpha / sqrt(r)) is honoured.
-
-vLLM (`packed_modules`): its layerwise weight reload rebuilds a layer only once every tensor of
-that layer arrived, and it fuses q/k/v into one layer and gate/up into another. So for vLLM the
-merge also yields, unchanged from the base, the other members of each touched fused layer and
-every tensor (bias included) of each touched layer (`AdapterMerge.siblings`).
-
-This module runs in rlvr's environment and inside vLLM's (`rlvr.rollout.vllm_backend`), so it
-imports only torch, safetensors, json and the standard library.
+With `sync.lora = "adapter"` the trainer pushes only a peft adapter folder, and every engine serves
+W = W_base + (lora_alpha / r) * B @ A for each module it targets: only the adapter's bytes cross
+the wire, decode runs at the base model's speed, and a partial rollout switches weights as after a
+full push. W_base is read one tensor at a time from the folder the engine started on (the base is
+frozen), so no second copy is kept. Each load replaces the previous adapter (`previous`: modules it
+merged and this one does not go back to the base). The folder is checked against the base's
+safetensors headers before a tensor is read; peft options that change the merge rule are refused.
+For vLLM the merge also yields the untouched tensors of each touched fused layer (`siblings`). It
+runs inside vLLM's Python too, so it imports only torch, safetensors and the standard library.
 """
 
 from __future__ import annotations

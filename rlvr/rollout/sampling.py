@@ -1,15 +1,13 @@
 """Batched next-token sampling with per-row settings and per-row reproducible randomness.
 
-Why one uniform number per row (inverse-CDF sampling) instead of `torch.multinomial`:
-a row's randomness must depend only on its own seed, never on which other sequences
-share the batch (continuous batching reshuffles rows every step). Drawing one float
-from the row's own `random.Random` is O(1) per row, while per-row torch Generators
-would need a vocab-sized draw each.
+Why one uniform number per row (inverse-CDF sampling) instead of `torch.multinomial`: a row's
+randomness must depend only on its own seed, never on which other sequences share the batch
+(continuous batching reshuffles rows every step), and one float from the row's own `random.Random`
+is O(1) per row where per-row torch Generators would need a vocab-sized draw each.
 
-Logprobs follow SGLang's default (`SGLANG_RETURN_ORIGINAL_LOGPROB` unset): the
-log-softmax of the temperature-scaled logits, *before* top-k/top-p/min-p truncation.
-Greedy rows use temperature 1 (SGLang maps temperature 0 to top_k = 1), so their
-logprobs are those of the raw model. `original=True` reports the raw log-softmax for
+Logprobs follow SGLang's default: the log-softmax of the temperature-scaled logits, before
+top-k/top-p/min-p truncation; greedy rows use temperature 1 (SGLang maps temperature 0 to
+top_k = 1), so their logprobs are the raw model's. `original=True` reports the raw log-softmax for
 every row (SGLang with `SGLANG_RETURN_ORIGINAL_LOGPROB=1`).
 """
 

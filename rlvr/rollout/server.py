@@ -1,38 +1,13 @@
 """The embedded engine behind SGLang's native HTTP routes, plus an OpenAI chat route.
 
-Why SGLang's own protocol: the RL loop's HTTP client (`rlvr.rollout.sglang.SGLangClient`)
-then drives this server and real SGLang servers alike, so CI exercises the exact client
-code that runs against GPUs. Field names follow SGLang 0.5.23 (`GenerateReqInput`,
-`UpdateWeightsFromDiskReqInput`, ...).
-
-Strict twin: a test that passes against this server should mean something for SGLang,
-so it follows 0.5.23 where rlvr relies on it, and refuses what SGLang would drop:
-- unknown fields are 400 (SGLang: 400 for unknown `sampling_params` keys; other routes
-  ignore them, so a misspelt field would silently do nothing there);
-- every field is checked up front (400 naming it): token ids inside the vocabulary, n >= 1,
-  max_new_tokens >= 0, temperature >= 0, 0 < top_p <= 1, top_k = -1 or >= 1, 0 <= min_p <= 1;
-- `/update_weights_from_distributed` only inside `/begin_weight_update` ... `/end_weight_update`;
-- `/flush_cache` is 400 while requests run or wait;
-- `sampling_seed` seeds all n samples of one item alike (SGLang's semantics: identical samples);
-- the update group is built the way SGLang builds it (`rlvr.rollout.dist.join_group_like_sglang`).
-If the engine's worker thread dies, the process exits with status 3 (a supervisor sees it).
-
-Routes: /generate, /health, /health_generate, /model_info, /server_info (and the deprecated
-/get_model_info, /get_server_info), /get_weight_version, /flush_cache,
-/init_weights_update_group, /destroy_weights_update_group, /begin_weight_update,
-/end_weight_update, /update_weights_from_distributed, /update_weights_from_disk,
-/pause_generation, /continue_generation, /v1/models, /v1/chat/completions, /v1/completions;
-and rlvr's own /merge_lora_adapter (`lora_path`, `weight_version`): serve the base weights plus a
-peft LoRA adapter merged into them (`EmbeddedEngine.load_lora_adapter_sync`), replacing the last
-one. Not SGLang's /load_lora_adapter, which serves adapters by name next to the base.
-
-OpenAI routes: `stream = true` answers as server-sent events (each choice whole in one chunk:
-the engine hands back finished sequences); `logprobs` gives each sampled token's logprob (no
-top-N alternatives: `top_logprobs` > 0 or completions' `logprobs` > 0 are a 400); sampling
-fields are checked as on /generate (`max_tokens = -3` is a 400 naming the field).
-
-Auth: with an API key, every route but /health* needs `Authorization: Bearer KEY`
-(SGLang exempts its health routes the same way, so probes need no secret).
+Why SGLang's own protocol: the RL loop's HTTP client (`rlvr.rollout.sglang.SGLangClient`) then
+drives this server and real SGLang servers alike, so CI exercises the exact client code that runs
+against GPUs. It is a strict twin of SGLang 0.5.23 (field names, weight-update sessions, the update
+group, seed semantics): a test that passes here should mean something for SGLang, so it refuses
+what SGLang would drop, every unknown or bad field a 400 naming it. It adds OpenAI's
+`/v1/chat/completions` and `/v1/completions` (for a judge) and rlvr's own `/merge_lora_adapter`.
+With an API key every route but /health* needs a bearer token; if the engine's worker thread dies
+the process exits with status 3. The routes and what each refuses: docs/engines.md (`rlvr serve`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """SGLang as a `RolloutEngine`: an async HTTP client over one or many servers, and their command lines.
 
-The client speaks SGLang's native routes, so it drives real SGLang servers (GPU) and
-`rlvr serve` (the embedded engine, any machine) alike. Balancing (a group's requests on one
-server), the bound on samples in flight, retries and dead servers are
-`rlvr.rollout.http.ServerPool`'s.
-
-Conformance: the routes, request bodies and semantics follow SGLang `SGLANG_VERSION`
-(tested against that wheel's own request types, group construction and bucket code in
-tests/conformance). Weight updates over a group run in a session: `/begin_weight_update`,
-the buckets (`/update_weights_from_distributed`), `/end_weight_update`; 0.5.23 refuses a
-bucket outside one. A request with a seed is sent as n one-sample items with seeds
-seed + j (SGLang gives all n samples of one item the same `sampling_seed`, which makes
-them identical when it honours seeds). A server the weight sync dropped (`hold`) stays
-out of rotation, whatever its /health says, until the sync re-admits it (`admit`).
-
-Command lines: SGLang pins its own torch and CUDA packages, so it runs from its own
-Python (`rollout.sglang.python`); rlvr never imports it. The tokenizer stays enabled
-(no `--skip-tokenizer-init`): the client sends `input_ids`, but stop strings and the
-returned `text` need SGLang's detokenizer, and its cost is negligible next to decoding.
+The client speaks SGLang's native routes, so it drives real SGLang servers (GPU) and `rlvr serve`
+(the embedded engine, any machine) alike; balancing, retries and dead servers are
+`rlvr.rollout.http.ServerPool`'s. The routes and semantics follow `SGLANG_VERSION` (tested against
+that wheel's own request types and bucket code in tests/conformance): weight updates run in a
+begin/end session, and a seeded request goes out as n one-sample items seeded seed + j, since SGLang
+gives all samples of one item the same seed. SGLang pins its own torch and CUDA, so it runs from its
+own Python (`rollout.sglang.python`) and rlvr never imports it; its tokenizer stays on, since stop
+strings and the returned text need its detokenizer (docs/engines.md, SGLang).
 """
 
 from __future__ import annotations

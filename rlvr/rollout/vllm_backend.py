@@ -1,50 +1,15 @@
 """rlvr's weight-transfer backend *inside* a vLLM server: it receives the trainer's broadcast.
 
-This module runs in vLLM's own Python (its environment, its torch), never in rlvr's: vLLM
-loads it through its plug-in entry point group `vllm.general_plugins` in every process
-(API server, engine core, workers), and `register` adds the backend `rlvr` to vLLM's
-`WeightTransferEngineFactory`; the server is started with
-`--weight-transfer-config '{"backend": "rlvr"}'` (`rlvr.rollout.vllm.build_vllm_command`).
-It imports only torch, vLLM, `rlvr.rollout.dist` (torch only) and `rlvr.rollout.lora_merge`
-(torch and safetensors).
-
-Why not one of vLLM's own backends: on CPU none works (each asks `torch.accelerator` for a
-device, which raises without one), and on GPU the trainer half of vLLM's NCCL backend
-(`PyNcclCommunicator`) needs vLLM in the trainer's environment. This backend joins the same
-group as SGLang and `rlvr serve` do (`rlvr.rollout.dist.join_group_like_sglang`: gloo on CPU,
-NCCL on GPU), so the trainer's `BroadcastSync` is one code path for every engine.
-
-Session (vLLM's worker calls these in order): `init_transfer_engine` (join the group as rank
-`rank_offset + worker rank`), `start_weight_update` (vLLM's layerwise reload: parameters
-become placeholders that each layer rebuilds once all of its tensors arrived),
-`receive_weights` once per bucket (one uint8 broadcast of the bucket's bytes for
-`load_format = "flattened_bucket"`, else one broadcast per tensor), which answers once the
-bytes are in and hands them to a loader thread (`load_weights`, in bucket order), so vLLM's
-load of bucket k overlaps the transfer of bucket k + 1. Each bucket is checked against the
-served model's names and shapes before it loads (a tensor that fails inside the reload cannot
-be undone). The last bucket (`last`: it carries the version) waits for every load and raises
-the push's first refusal or load failure, after closing the reload: raised from an update,
-vLLM ends the session and sets no version; raised earlier, vLLM would refuse the next bucket
-before receiving it and leave the trainer's send waiting; raised from the finish, vLLM would
-keep the session open and refuse every later push. `finish_weight_update` finalizes the
-reload and re-packs the LM head (see below).
-
-A LoRA adapter push (`RlvrUpdateInfo.adapter_path`, `VLLMClient.load_lora_adapter`) loads, in
-the same session, the base weights plus a peft adapter merged into them
-(`rlvr.rollout.lora_merge`, the base read from the folder vLLM was started on): the targeted
-weights, those the previous adapter merged and this one does not (back to the base), and the
-untouched members of every fused layer they touch (q/k/v, gate/up: the reload rebuilds a layer
-only once all of its tensors arrived). Layers it does not touch keep their tensors, so the
-reload's "Failed to load weights" warning for them is silenced during such a session. A bad
-folder is refused before any tensor is read; the backend then closes the reload itself (vLLM
-ends a session whose update raised without finalizing it), so the model stays whole.
-
-The tied LM head on CPU: with `tie_word_embeddings` the trainer sends the embedding only
-(the head is the same tensor). vLLM's layerwise reload rebuilds a layer only when it got
-tensors, and its CPU linear layers compute from a packed copy made at load time
-(`cpu_linear` in `vllm/model_executor/layers/utils.py`), so the head would keep computing
-the old logits from its old packed copy. `finish_weight_update` re-runs the head's
-`process_weights_after_loading`, which packs the (updated, shared) weight again.
+It runs in vLLM's own Python, never rlvr's: vLLM loads it through its plug-in entry point group
+`vllm.general_plugins` in every process, and `register` adds the backend `rlvr` to vLLM's
+`WeightTransferEngineFactory`; so it imports only torch, vLLM, `rlvr.rollout.dist` and
+`rlvr.rollout.lora_merge`. vLLM's own backends need an accelerator and vLLM in the trainer's env;
+this one joins the group SGLang and `rlvr serve` join, so `BroadcastSync` is one path for all.
+Each bucket is checked against the served model before it loads (a failed reload cannot be undone)
+and loads on a thread while the next one arrives; the last bucket raises the push's first failure
+after closing vLLM's layerwise reload (where vLLM drops the version and the session), and the finish
+re-packs the tied LM head the CPU reload leaves stale. A LoRA push merges the adapter here.
+docs/engines.md (vLLM) and docs/weight-sync.md say why each step is needed.
 """
 
 # pyright: reportMissingImports=false

@@ -1,20 +1,13 @@
 """The vLLM environment from rlvr's side: is it there, which version, and the plug-in folder it loads.
 
-vLLM lives in its own Python (`rollout.vllm.python`; `scripts/install-vllm.sh` builds one).
-Two things cross over:
-
-- `rlvr.recipe.checks.vllm_probe(python)`: does that interpreter exist and have vLLM, and
-  which version (what `rlvr validate` and `rlvr plan` say).
-- `ensure_plugin_dir()`: the folder put on the server's PYTHONPATH so vLLM finds rlvr's
-  weight-transfer backend. vLLM discovers plug-ins by entry point
-  (`vllm.general_plugins`), so the folder holds a minimal `.dist-info` naming
-  `rlvr.rollout.vllm_backend:register` and a link to this `rlvr` package (so the backend's
-  own imports, `rlvr.rollout.dist` and `rlvr.rollout.lora_merge` for LoRA adapter pushes, come
-  with it), and nothing else of rlvr's environment (whose torch and transformers must not
-  shadow vLLM's). Made on the machine that starts the server (the local launcher, a SLURM
-  node), keyed by where this package lives, rewritten only when it differs.
-- `ensure_generation_config(model)`: the folder for vLLM's `--generation-config` when the
-  model declares an EOS id vLLM would not stop at (see there), else None.
+vLLM lives in its own Python (`rollout.vllm.python`; `scripts/install-vllm.sh` builds one), and
+three things cross over: `rlvr.recipe.checks.vllm_probe(python)` (does that interpreter have vLLM,
+which version: what `validate` and `plan` say); `ensure_plugin_dir()`, the folder on the server's
+PYTHONPATH through which vLLM's entry-point discovery finds rlvr's weight-transfer backend (a
+minimal `.dist-info` and a link to this package, nothing else of rlvr's environment, whose torch
+and transformers must not shadow vLLM's; made where the server starts, rewritten only when it
+differs); and `ensure_generation_config(model)`, the folder for vLLM's `--generation-config` when
+the model declares an EOS id vLLM would not stop at, else None.
 """
 
 from __future__ import annotations
