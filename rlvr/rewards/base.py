@@ -1,23 +1,15 @@
 """The reward contract: what every reward (built-in or plug-in) promises the RL loop.
 
-A reward is an async callable::
+A reward is an async callable, or an object with such a `score` method::
 
     async def score(sample: Sample, completion: Completion, **reward_args) -> RewardResult
 
-or an object with such a `score` method. `reward_args` are the domain's `reward_args` from
-the recipe. Every call ends in a *verdict* (`RewardResult`): a score, or *failed*.
-
-- **A score** for anything the model's output can bring about. Policies emit garbage (empty
-  strings, 100 kB of repetition, unclosed tags, code that forks forever, code that tries to
-  break its judge); malformed output scores 0 with `info["reason"]` saying why. A reward never
-  raises on bad model output.
-- **Failed** (`failed(cause)`, or any exception a reward raises, or a return value that is not
-  a number) only for what lies outside the sample: a judge that is down, a sandbox that could
-  not start, a bad `reward_args` value, the pool's deadline. A failed sample is not trained on;
-  if a domain fails too often the run stops (`rewards.max_failed_frac`).
-
-The line matters because a failure takes a sample out of training: a policy that could earn
-one on purpose would learn to abstain whenever it is unsure.
+Every call ends in a verdict: a score for anything the model's output can bring about (malformed
+output, runaway code, attacks on the judge score 0 with `info["reason"]`; a reward never raises on
+bad output), or *failed* (`failed(cause)`, an exception, a non-number) only for what lies outside
+the sample: a judge that is down, a sandbox that could not start, a bad `reward_args` value. The
+line matters because a failed sample is not trained on: a policy that could earn one on purpose
+would learn to abstain whenever it is unsure (docs/rewards.md, "Verdicts").
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
 """Which code in a response `code_sandbox` runs: the program, found among its fenced blocks.
 
-Instruct models follow a solution with usage (```` ```python\\nprint(negate(-3))\\n``` ````), show
-sample input in a plain fence, or write a second version after the first. Running only the last
-block scores a right solution 0 (`NameError: name 'negate' is not defined`); running every block
-lets a usage block's prints, failing asserts or `input()` break it. The rule:
-
-1. The Python blocks are the fences tagged python/py/python3/py3 or untagged (an open fence at
-   the end too, below); of those, the ones that parse are candidates (a sample input,
-   pseudo-code or a broken draft is not run).
-2. The program block is the last candidate that defines what the tests call: `check_based`'s
-   `entry_point`, the names a `pytest` file imports from `solution`, the names the `assert`
-   lines use (anything, when the tests name nothing); for `stdin_stdout`, the last candidate
-   that reads stdin when it runs (`input()`, `sys.stdin`, `open(0)`, or a call at its top level
-   of a function that does).
-3. The solution is the earlier candidates that define something (def, class, import,
-   assignment) and read no stdin when they run, in order, then the program block. Blocks after
-   it, and blocks that only call, print or assert, are usage: not run.
-4. No program block: the last Python block runs as it is, so the reason names what is wrong
-   (a tested name it lacks, its `SyntaxError`).
-
-One program runs: a later definition of the tested name replaces an earlier one, as Python would
-run the blocks, so several attempts never give several chances. The selection reads the text
-only; what the chosen code does when it runs cannot change which code was chosen, and its
-verdict is the judge's, as before.
-
-A fence left open at the end is the model's last block when it stopped by itself (a `"```"` stop
-string eats the closing fence). When the response was cut at `max_new_tokens`
-(`finish_reason == "length"`) the open block is not run, and where no closed block is the
-program the reason is `response truncated inside a code block`; without that finish_reason, an
-open last block that does not parse (and no program before it) is `response ends inside an
-unclosed code block that does not parse`.
+Instruct models follow a solution with usage, sample input or a second attempt, so running only
+the last block scores a right solution 0 and running every block lets the usage break it. The rule
+(`find_program`): of the Python blocks that parse, the program is the last one that defines what
+the tests call (for `stdin_stdout`, the last that reads stdin); the earlier blocks that define
+something and read no stdin run before it; later blocks, and blocks that only call, print or
+assert, do not run. With no program block the last Python block runs as it is, so the reason names
+what is wrong. The choice reads only the text, and one program runs, so several attempts never get
+several chances. A fence left open at the end is the last block, unless the response was cut at
+`max_new_tokens`. The rule in full, and why: docs/rewards.md (code_sandbox, "Which code runs").
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
 """`code_sandbox`: run the response's program against the sample's tests.
 
-The program is found among the response's fenced Python blocks by `code_blocks.find_program`:
-the last block that defines what the tests call (or, for stdin_stdout, reads stdin), with the
-earlier blocks that define helpers; usage blocks after it are not run. A response cut at the
-token limit inside a fence scores 0 with `response truncated inside a code block`.
+The program is found among the response's fenced Python blocks by `code_blocks.find_program`; a
+response cut inside a fence at the token limit scores 0. `sample.case_type` says how
+`sample.test_cases` is read: `stdin_stdout` (input/output pairs, each a sandboxed run, stdout
+compared on the host), `assert`, `pytest` or `check_based` (HumanEval style). The three test kinds
+are judged in a SEPARATE sandboxed judge process (`sandbox/judge.py`) that calls the solution's
+functions over a pipe and gets plain values back (`sandbox/wire.py`), so nothing the solution does
+in its own process reaches the verdict.
 
-`sample.case_type` picks how `sample.test_cases` is read:
-
-* `stdin_stdout`: a list of `{"input", "output"}` (or `{"inputs": [...], "outputs": [...]}`);
-  each case is a separate sandboxed run of the program; stdout is compared with the expected
-  output line by line, trailing whitespace ignored. The host compares, not the sandbox.
-* `assert`: a list of assert statements (one case each) or one code string (one case).
-* `pytest`: the text of a pytest file that does `from solution import ...`.
-* `check_based`: `{"test": "def check(candidate): ...", "entry_point": "f"}`, HumanEval style,
-  optionally `"prelude"`: trusted code the test relies on (HumanEval's prompt), run judge-side.
-
-The three test kinds are judged in a SEPARATE sandboxed judge process (`sandbox/judge.py`):
-the test code runs there with pristine builtins and calls the solution's functions over a
-pipe; return values come back by value (plain builtin types, `sandbox/wire.py`), so nothing
-the solution does in its own process (an `__eq__` that always answers True, a patched
-`json`, a stack walk to a report function, a pytest plugin) reaches the verdict.
-
-reward_args: `partial_credit` (default false: all-or-nothing; true: fraction of cases
-passed), `timeout_s` (per run, default 10), `memory_mb` (default 512), `max_procs` (32),
-`max_output_bytes` (1 MiB, stdout and stderr each), `max_scratch_mb` (64: all a run may write), `sandbox` ("local" default, or "e2b"), `sandbox_mode` (local:
-"auto" | "bwrap" | "unshare" | "insecure"), `e2b_template`.
+reward_args: `partial_credit`, `timeout_s`, `memory_mb`, `max_procs`, `max_output_bytes`,
+`max_scratch_mb`, `sandbox`, `sandbox_mode`, `e2b_template` (docs/rewards.md, code_sandbox).
 """
 
 from __future__ import annotations

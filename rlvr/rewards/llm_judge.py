@@ -1,27 +1,15 @@
 """`llm_judge`: score with an OpenAI-compatible chat model (POST {judge_url}/v1/chat/completions).
 
-Two templates: `reference` (default when the sample has a ground_truth) asks YES/NO whether
-the response's final answer matches the reference; `rubric` asks for a 0-10 score, normalised
-to [0, 1]. Parsing is forgiving (last YES/NO, "Score: 7", "7/10", **bold**). 5xx and
-connection errors are retried with exponential backoff; concurrency is capped per judge URL
-so a big batch cannot flood the judge (the wait for a slot is not part of the pool's deadline).
+Two templates: `reference` (default when the sample has a ground_truth) asks YES/NO whether the
+final answer matches the reference; `rubric` asks for a 0-10 score, normalised to [0, 1]. Errors
+are retried with backoff, and concurrency is capped per judge URL so a big batch cannot flood the
+judge; one HTTP session per URL and event loop keeps connections open across verdicts. Verdicts:
+what lies outside the response (a timeout, 5xx/429 or no connection after the retries, refused
+credentials) is *failed*, kept out of training; what the response can bring about (an unparsable
+answer, a request refused for its content) scores 0. Both are counted in `JUDGE_METRICS`.
 
-One HTTP session per judge URL and event loop, kept for the loop's life: its connections stay
-open across calls instead of a TCP (and TLS) handshake per verdict, and the per-URL cap bounds
-them. A session belongs to its loop: under `asyncio.run` (rlvr eval, tests) it closes with the
-loop (an async generator that loop shuts down holds it); a loop run by hand (the rollout
-manager's thread) closes them through `close_sessions()`, which the reward pool's close calls.
-
-Verdicts: a judge that times out, answers 5xx/429 or cannot be reached after its retries, or
-refuses the credentials (401/403/404), could not judge: *failed*, kept out of training and
-counted. What the response can bring about is a 0: an answer the judge's parser cannot read,
-and a request the judge refuses for its content (400/413/422, e.g. a response too long for the
-judge's context). All are counted in `JUDGE_METRICS` (the pool reports them per step).
-
-reward_args: `judge_url` (or env RLVR_JUDGE_URL), `model`, `api_key_env` (name of the env var
-holding the key), `template` ("reference" | "rubric" | custom text with {prompt}, {response},
-{reference}), `timeout_s` (30), `max_retries` (3), `backoff_s` (0.5), `max_concurrency` (16),
-`temperature` (0), `max_tokens` (512).
+reward_args: `judge_url` (or env RLVR_JUDGE_URL), `model`, `api_key_env`, `template`, `timeout_s`,
+`max_retries`, `backoff_s`, `max_concurrency`, `temperature`, `max_tokens` (docs/rewards.md).
 """
 
 from __future__ import annotations

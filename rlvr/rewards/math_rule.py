@@ -1,30 +1,14 @@
 """`math_rule`: extract the final answer and check it against `sample.ground_truth`.
 
-The text after the last `</think>` is judged (an unclosed `<think>` is *not* a failure: the
-whole text is judged, unlike ROLL's rule that zeroes any response containing `<think>`).
-Extraction and equivalence are math-verify's own (`parse` with its LaTeX and expression
-configs, `\\boxed{}` first, then the rest of its anchors and, with `fallback =
-"last_number"`, anchorless matches; then `verify`): numbers with thousands separators or a
-decimal comma, fractions, `\\text{}` answers, several boxed answers, sets, intervals,
-inequalities, matrices, equations, percentages and units. Our own steps in front: a
-brace-matched `\\boxed{}` whose text equals the gold is accepted without a worker round
-trip, and `normalise` reads the answer kinds docs/rewards.md decides (inline math split over
-lines, `\\$10`, a trailing backslash). Everything else runs in a worker process because
-sympy can hang: a call past `timeout_s` kills and replaces its worker.
+The text after the last `</think>` is judged (an unclosed `<think>` is judged whole, not zeroed).
+Extraction and equivalence are math-verify's own (`parse`, `\\boxed{}` first, then its anchors and,
+with `fallback = "last_number"`, anchorless matches; then `verify`). Our own steps in front: a
+boxed answer equal to the gold is accepted without a worker round trip, and `normalise` reads the
+answer kinds docs/rewards.md decides. Everything else runs in a worker process because sympy can
+hang: a call past `timeout_s` kills and replaces its worker.
 
-reward_args:
-  fallback        "last_number" (default) or "none": "none" accepts only anchored answers
-                  (boxed, "the answer is", "final answer:"), not a bare number in the text.
-  format_weight   0..1 (default 0): score = (1-w)*correct + w*format_ok.
-  require_think   (default false) format_ok also needs a closed <think>...</think> first.
-  timeout_s       per-verification deadline in seconds (default 10).
-  max_answer_chars  longer extracted answers score 0 (default 1000; keeps sympy bounded).
-  float_rounding  decimal places numbers are rounded to before they are compared (default 6,
-                  math-verify's own): 2 accepts 0.33 for 1/3, for sets whose problems ask for
-                  rounded answers.
-  allow_set_relation_comp  (default false, math-verify's own) also accept a relation
-                  (`-2 \\le x \\le 7`) against a set or interval gold (`[-2, 7]`); an interval
-                  answer against a relation gold is always compared.
+reward_args: `fallback`, `format_weight`, `require_think`, `timeout_s`, `max_answer_chars`,
+`float_rounding`, `allow_set_relation_comp` (defaults and meaning: docs/rewards.md, math_rule).
 """
 
 from __future__ import annotations

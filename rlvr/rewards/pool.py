@@ -1,16 +1,12 @@
 """`RewardPool`: score every completion of a step concurrently and report per-domain metrics.
 
-Each domain has one reward (a name from the registry plus its `reward_args`). All calls of a
-step run as asyncio tasks at once; the rewards themselves decide where the work happens:
-math_rule sends sympy work to the shared process pool (sized by `max_workers`), code_sandbox
-runs sandbox subprocesses bounded by a per-core semaphore, llm_judge is HTTP with a
-per-URL semaphore. The pool adds an overall per-call deadline on the reward's own time (the
-queue for those limits does not count: `rewards/deadline.py`); a call that overruns it, raises,
-or returns something that is not a number is a *failed* verdict (`rewards/base.py`), never a 0.
-
-Metrics (flat keys, ready for the monitor): `reward/<domain>/{mean,accuracy,count,failed,
-timeouts,errors,latency_p50_s,latency_p95_s}`; mean and accuracy are over the judged samples,
-`failed` counts the others.
+Each domain has one reward (a registry name plus its `reward_args`). All calls of a step run as
+asyncio tasks at once, and each reward decides where its work happens (math_rule: the shared
+process pool of `max_workers`; code_sandbox: sandboxes under a per-core semaphore; llm_judge: HTTP
+under a per-URL one). The pool adds a deadline on each call's own time (waits for those slots do not
+count: `rewards/deadline.py`); a call that overruns it, raises or returns no number is *failed*
+(`rewards/base.py`), never a 0. Metrics: `reward/<domain>/{mean,accuracy,count,failed,timeouts,
+errors,latency_p50_s,latency_p95_s}`, mean and accuracy over the judged samples.
 """
 
 from __future__ import annotations

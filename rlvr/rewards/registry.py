@@ -1,17 +1,12 @@
 """Reward names -> callables, with lazy built-ins and `package.module:function` plug-ins.
 
-Built-ins are listed in `_BUILTINS` as `name -> ("module:attr", one-line doc)` so that
-`builtin_names()`, `rlvr rewards list` and `rlvr validate` answer without importing
-math_verify (sympy), aiohttp or the E2B SDK; the module is imported on first `get_reward`.
-`@register("name")` adds rewards defined at import time (built-in modules use it too, so the
-table and the decorator agree). Every returned callable has the contract's async signature:
-sync plug-ins returning a float or RewardResult are wrapped (and run in a thread so a slow one
-cannot stall the event loop).
-
-Plug-ins are imported from the installed packages, PYTHONPATH, and the plug-in folders in
-`RLVR_PLUGIN_PATH`: `rlvr validate`, `launch` and `rewards check` add the recipe's folder there
-(`add_plugin_dir`), and the processes they start (the trainer, which scores) inherit it, so
-`recipes/my_reward.py` is `reward = "my_reward:score"` everywhere.
+Built-ins are listed in `_BUILTINS` as `name -> ("module:attr", one-line doc)`, so `rlvr rewards
+list` and `rlvr validate` answer without importing math_verify (sympy), aiohttp or the E2B SDK;
+the module is imported on first `get_reward`, and `@register` keeps the table and the modules in
+agreement. Every callable returned has the contract's async signature (a sync plug-in runs in a
+thread, so a slow one cannot stall the event loop). Plug-ins come from the installed packages,
+PYTHONPATH and the folders in `RLVR_PLUGIN_PATH`, where `validate`, `launch` and `rewards check`
+add the recipe's folder for themselves and the processes they start (docs/rewards.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Judge harness (stdlib only; copied into its own sandbox as `_rlvr_judge.py`, run with `python -I -S`).
 
 The test code (assert lines, a HumanEval `check`, a pytest file) runs HERE, in a process the
-solution never touches: builtins are pristine and the verdict goes to the host on this
-process's stdout. The solution's names are reached through `Remote` proxies that call into
-the solution process over a pipe; what comes back is a plain value (see `wire.py`), so an
-object that lies in `__eq__`, a patched `json`, a stack walk or a pytest plugin in the
-solution cannot change what the judge sees. A non-plain return becomes a `Remote` that
-can be called or have attributes read (for `Solution().method(...)` style tests) but not
-compared, hashed into a verdict, iterated or tested for truth: doing so fails the case.
+solution never touches, with pristine builtins. The solution's names are `Remote` proxies that call
+into the solution process over a pipe and get plain values back (`wire.py`), so nothing the
+solution does can change what the judge sees; a non-plain return stays a `Remote` that can be called
+or read but not compared, hashed, iterated or tested for truth (that fails the case).
 
 fd 0: replies from the solution; fd `argv[1]`: requests to it; fd 1: one JSON
 event per line to the host ({"case": i, "ok": bool, "error": str} ..., then {"done": true}).

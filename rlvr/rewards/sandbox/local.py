@@ -1,30 +1,14 @@
 """Run untrusted Python on this machine inside bubblewrap, with rlimits and a pid namespace.
 
-Isolation, in order of preference (measured in the project container, root, kernel 6.x):
-
-* `bwrap` (bubblewrap 0.8): `--unshare-all` (user, pid, net, ipc, uts, cgroup namespaces),
-  `--die-with-parent`, `--new-session`; the filesystem is a fresh root with /usr (and the
-  interpreter's prefix when it lives elsewhere) bound read-only, a private /proc and /dev,
-  `/` and `/dev` remounted read-only, and one tmpfs of `max_scratch_mb` at /sandbox (the
-  run's files bound read-only into it, /tmp a link into it) as the only writable place.
-  /etc, /root, /home and the rest of the host are simply absent. No network: only the
-  namespace's own loopback. No environment: bwrap itself starts with an empty one (it is the
-  sandbox's pid 1, readable in /proc/1/environ). Killing the outer bwrap tears down the pid
-  namespace, so no process outlives a run. As root, `forkserver.py` gives each run the same
-  isolation from one warm sandbox without a bwrap and an interpreter start per run.
-* `unshare` (util-linux) when bwrap is missing: pid/net/ipc/uts/mount namespaces with a
-  private /proc, but the host filesystem stays visible (protected only by running as an
-  unprivileged uid): weaker, and said so in the run info.
-* neither: refuse to run (RuntimeError) unless `insecure` is chosen explicitly (tests,
-  trusted code), which runs with rlimits only.
-
-Resource limits come from `prlimit` (address space, CPU seconds, file size, open files, no
-core dumps) on the outer process and are inherited by everything inside. When we are root,
-`setpriv` drops to a random unprivileged uid per run: root is exempt from RLIMIT_NPROC, the
-random uid makes the process cap count only this run's processes (a fork bomb in one run
-cannot starve another) and lets the host find and kill leftovers by uid. Not root: the
-harness sets RLIMIT_NPROC itself inside the user namespace. Output is read with a byte cap;
-past it the run is killed (`killed = "stdout_limit"` or `"stderr_limit"`).
+Isolation, in order of preference: `bwrap` (every namespace unshared, a fresh read-only root with
+only /usr, one size-bounded tmpfs as the only writable place, no network, an empty environment; as
+root, `forkserver.py` gives each run the same isolation from one warm sandbox); `unshare` when
+bwrap is missing (namespaces, but the host filesystem stays visible: weaker, and said so in the
+run info); neither: refuse (RuntimeError) unless `insecure` is chosen explicitly (tests, trusted
+code), which runs with rlimits only. Limits come from `prlimit` on the outer process, inherited
+by everything inside; as root each run gets a random unprivileged uid, so the process cap counts
+only that run's processes and leftovers can be killed by uid. Output past its byte cap kills the
+run. The flags and the reasons for each: docs/rewards.md (code_sandbox, local sandbox).
 """
 
 from __future__ import annotations

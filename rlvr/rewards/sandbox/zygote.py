@@ -1,21 +1,14 @@
 """Fork server inside one long-lived bwrap sandbox (stdlib only; run as root with `python -I -S -B`).
 
-Starting an interpreter and a bwrap per run costs more than the run. This process starts
-once, warm, inside a sandbox with no network, a read-only root and no host paths but /usr,
-and forks each run into a fresh set of namespaces (pid, mount, net, ipc, uts). The run's
-pid 1 mounts its own size-bounded tmpfs scratch and /proc, copies its files in from the
-read-only spool, applies the rlimits, clears its environment, drops to the run's own uid
-(no capabilities left, no_new_privs) and runs the harness in the already-warm interpreter.
-When that pid 1 exits the kernel kills everything else in its pid namespace.
+Starting an interpreter and a bwrap per run costs more than the run, so this process starts once,
+warm, inside a sandbox with no network and a read-only root, and forks each run into fresh
+namespaces, where the run's pid 1 sets up its scratch, limits and uid before running the harness.
 
-Protocol on the SOCK_SEQPACKET socket whose fd is argv[1]: the host sends a JSON request with the run's
-stdin/stdout/stderr (+ extra) fds attached (SCM_RIGHTS); we answer {"id", "exit"} when it
-ends; {"kill": id} kills it now.
-
-Exit code 125 (`SETUP_FAILED`) means the run's namespace could not be set up, before any of its
-code ran: a failure of the sandbox, never of the solution. Only the relay process knows that
-(the run's pid 1 tells it over a pipe it closes before running anything untrusted), so a run
-that exits 125 itself is reported as 1: the code in the sandbox cannot fake a sandbox failure.
+Protocol on the SOCK_SEQPACKET socket whose fd is argv[1]: the host sends a JSON request with the
+run's stdin/stdout/stderr (+ extra) fds attached (SCM_RIGHTS); we answer {"id", "exit"} when it
+ends; {"kill": id} kills it now. Exit code 125 (`SETUP_FAILED`) means the run's namespace could not
+be set up, before any of its code ran; only the relay process knows that (pid 1 tells it on a pipe
+closed before anything untrusted runs), so a run that exits 125 itself is reported as 1.
 """
 
 import array
