@@ -1,19 +1,13 @@
 """Checkpoints: DCP (sharded) save/resume, atomic, keep-last-k; and safetensors HF export.
 
-Layout under a checkpoint root (the run's `checkpoints/` folder):
-
-    step_40/            a complete checkpoint: DCP shards (model + optimizer of every part; a LoRA
-                        model's adapters only, its frozen base is the model folder),
-      meta.json         rank_<r>.pt (scheduler states + the caller's extra state, per rank:
-      rank_0.pt ...     RNG states differ by rank), and meta.json
-    step_50.tmp/        a save in progress (or one killed mid-way): never read
-    latest              "step_50": replaced atomically (rlvr.rundir.write_atomic)
-
-A save writes everything into `step_N.tmp/`, then rank 0 renames it to `step_N/` (atomic on
-POSIX) and only then moves `latest`: a kill at any point leaves the previous checkpoint
-complete and pointed to. Older checkpoints are pruned only after the new one is committed.
-Resume is exact: model, AdamW moments and step counts, lr schedule position, and whatever
-`extra` holds (data-mixture cursor, KL controller, RNG states) come back bit for bit.
+A checkpoint root (the run's `checkpoints/`) holds `step_N/` folders (DCP shards of model and
+optimizer, a LoRA model's adapters only; per-rank `rank_<r>.pt` with scheduler, RNG and the caller's
+extra state; `meta.json`), `step_N.tmp/` for a save in progress (never read), and `latest`. A save
+writes into `step_N.tmp/`, rank 0 renames it to `step_N/` and only then moves `latest`, so a kill
+at any point leaves the previous checkpoint complete and pointed to; older ones are pruned only
+after the new one is committed. Resume is exact: model, AdamW moments and step counts, lr
+schedule, and whatever `extra` holds (data-mixture cursor, KL controller, RNG states) come back bit
+for bit. The layout, drawn: docs/running.md ("Resume a run").
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Per-token log-probs and entropy of the vocabulary projection, a chunk of tokens at a time.
 
-Why: the policy loss needs, per response token, log pi(target) and the entropy, both functions
-of one `[K, V]` logits matrix. At a real vocabulary (152k) and a 16k-token micro-batch that
-matrix is ~10 GB per fp32 copy, and log-softmax, the entropy and their backward hold several
-copies at once: the vocabulary projection, not the model, sets the trainer's peak. Fused
-linear-cross-entropy kernels (Liger's, Apple's cut-cross-entropy) never materialise it; this is
-the same idea in plain torch, so it runs on CPU and GPU alike:
-
-- forward: for each chunk of C tokens, logits = h_c @ W.T (+ b) in the weight's dtype, upcast to
-  fp32, divided by the temperature; keep only the target's log-prob, the log-sum-exp and the
-  entropy of each token (K floats each);
-- backward: recompute each chunk's logits from the saved hidden states and weight, form
-  dL/dlogits from the saved log-sum-exp (and entropy), and accumulate dL/dh chunk by chunk and
-  dL/dW (+ db) in fp32.
-
-So at most a few `[C, V]` fp32 blocks live at once, never `[K, V]`, at the price of one more
-`[K, H] x [H, V]` matmul in backward. The entropy's gradient is kept only in mode "grad"
-(an entropy bonus in the loss); "detached" reports it without a graph.
+Why: the policy loss needs log pi(target) and the entropy at every response token, both from one
+`[K, V]` logits matrix, and at a real vocabulary that matrix and the copies log-softmax, the
+entropy and their backward hold set the trainer's peak, not the model. Like fused
+linear-cross-entropy kernels (Liger's, cut-cross-entropy), but in plain torch so it runs on CPU and
+GPU: forward keeps only the target's log-prob, the log-sum-exp and the entropy of each token;
+backward recomputes each chunk's logits from the saved hidden states and weight and accumulates the
+gradients in fp32. So at most a few `[C, V]` blocks live at once, for one more head matmul. The
+entropy's gradient is kept only in mode "grad" (docs/trainer.md, "Log-probs a chunk of tokens").
 """
 
 from __future__ import annotations

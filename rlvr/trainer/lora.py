@@ -1,19 +1,13 @@
 """LoRA on the policy: peft's adapters injected into the transformers model, and the three views of it
 that the rest of the trainer needs.
 
-`apply_lora` injects peft's LoRA layers in place (`peft.inject_adapter_in_model`), so the model keeps
-its transformers class, config and module paths: FSDP2 shards the same blocks, and the frozen base
-weights sit beside the adapters in the same sharded blocks (FSDP2 takes mixed `requires_grad`). Only
-the adapters get gradients and optimizer states (`build_optimizer` keeps trainable parameters only).
-
-Views:
-- `merged_sources`: the model as plain transformers weights (W + alpha/r * B @ A, HF names), what
-  `rlvr.trainer.weights.weight_sources` returns for a LoRA model, so merged sync, disk sync and
-  `rlvr export --merge` need nothing of their own;
-- `adapter_sources` / `write_adapter`: the adapters alone in peft's file format (what `sync.lora =
-  "adapter"` pushes and `rlvr export` writes): `PeftModel.from_pretrained` loads it;
-- `adapters_disabled`: the base model (the KL reference) from the same parameters, so a LoRA run
-  holds one model, not two.
+`apply_lora` injects peft's LoRA layers in place (`peft.inject_adapter_in_model`), so the model
+keeps its transformers class, config and module paths: FSDP2 shards the same blocks, frozen base
+weights beside the adapters, and only the adapters get gradients and optimizer states. Views:
+`merged_sources` (plain transformers weights, so merged sync, disk sync and `rlvr export --merge`
+need nothing of their own), `adapter_sources` / `write_adapter` (the adapters in peft's format:
+what `sync.lora = "adapter"` pushes and `rlvr export` writes) and `adapters_disabled` (the base
+model, the KL reference, from the same parameters: one model, not two). docs/lora.md.
 """
 
 from __future__ import annotations

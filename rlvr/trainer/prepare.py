@@ -1,19 +1,13 @@
 """Rollouts -> a `TrainBatch` the losses can use: the one place a step's batch is prepared.
 
 In order: token ids and rewards become tensors; the reference log-probs (KL anywhere), pi_old
-(recomputed only when the loss cannot take the training forward's own: several updates per
-batch, or KL in the reward), the critic's values, then advantages (KL in
-the reward shapes the rewards first). `Actor.prepare` computes the log-probs themselves; this
-module decides which are needed and when.
-
-Off-policy correction (asynchronous rollout): when any sequence was sampled by weights older
-than the trainer's, pi_old is the trainer's *current* weights (the proximal policy of
-decoupled PPO) and the loss's truncated importance weight min(pi_old / pi_rollout, tis_cap)
-corrects for the behaviour policy that actually sampled. With one update per batch those
-current weights are exactly what the training forward runs, so its detached log-probs are
-pi_old and no extra forward is spent (a third more trainer compute per asynchronous step).
-
-Collective: every rank calls it with the same rollouts.
+(recomputed only when the loss cannot take the training forward's own: several updates per batch,
+or KL in the reward), the critic's values, then advantages (KL in the reward shapes the rewards
+first). `Actor.prepare` computes the log-probs; this module decides which are needed and when.
+Off-policy (asynchronous rollout), pi_old is the trainer's *current* weights (decoupled PPO's
+proximal policy) and the loss's truncated importance weight corrects for the weights that sampled;
+with one update per batch that is the training forward itself, so no forward is spent on it
+(docs/async.md). Collective: every rank calls it with the same rollouts.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """torchtitan's Qwen3 / Llama3 decoders as the trainer's model (`model.impl = "torchtitan"`).
 
-What this module owns, so the rest of the trainer stays implementation-agnostic:
-
-- **Model args from the HF config.json**: `titan_config` maps a transformers config to
-  torchtitan's `Qwen3Model.Config` / `Llama3Model.Config` (separate q/k/v projections: they
-  map 1:1 onto HF names, so weight sync and export need no fused-QKV split).
-- **Weights in and out through torchtitan's own state-dict adapters**: HF tensors ->
-  `adapter.from_hf` -> `set_model_state_dict(full_state_dict=True)` (every rank keeps only its
-  shard); out, `hf_sources` pairs every HF name with the (sharded) tensor and the adapter's
-  per-tensor layout change (Llama's rotary permutation), so `weights.iter_full_weights`
-  gathers one full tensor at a time and yields HF names and layouts.
-- **Parallelism through torchtitan's parallelize functions**: tensor parallel over
-  `trainer.tp_size` ranks, FSDP2 over the rest, activation checkpointing and per-block
-  `torch.compile`.
-- **Packing**: `PackedSDPA`, an inner attention that runs causal sdpa on each packed
-  sequence's slice (boundaries from the micro-batch's `cu_seq_lens_q`), on any device.
-
-`TitanLM` wraps the decoder so it answers the transformers calling convention the losses use
-(`model(input_ids=..., position_ids=..., logits_to_keep=mask).logits`).
-
-CPU (torchtitan 0.3.0, measured): its MoE kernels import `triton` (a stub module stands in
-for them), its device type falls back to "cuda" (set to "cpu"), FlexAttention has no CPU
-backward (we never use it: `PackedSDPA` instead), and gloo has no PREMUL_SUM (FSDP comms are
-forced to plain sums). Those fixes are applied only when the device is CPU.
+What this module owns, so the rest of the trainer stays implementation-agnostic: model args from
+the HF config.json (`titan_config`; q/k/v kept separate so they map 1:1 onto HF names); weights in
+and out through torchtitan's own state-dict adapters (`from_hf` into the shards; `hf_sources` pairs
+every HF name with its sharded tensor and layout change, so sync and export gather HF tensors one at
+a time); tensor parallel, FSDP2, activation checkpointing and `torch.compile` through torchtitan's
+parallelize functions; and `PackedSDPA`, causal sdpa on each packed sequence's slice, on any device.
+`TitanLM` answers the transformers calling convention the losses use. On CPU, four fixes for
+torchtitan 0.3.0 are applied (docs/trainer.md, "How it is wired").
 """
 
 from __future__ import annotations

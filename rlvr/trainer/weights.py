@@ -1,16 +1,12 @@
 """Full (unsharded) weights in HF naming and layout, one tensor at a time, in a stable order.
 
-The primitive under weight sync (bucketed broadcast to rollout engines) and HF export:
-FSDP2 and tensor parallel keep each parameter as a DTensor shard; `full_tensor()`
-all-gathers one at a time so peak extra memory is one tensor, not the model.
-
-Names are the transformers FQNs (`model.layers.0.self_attn.q_proj.weight`), which SGLang's
-and transformers' loaders expect. A transformers model has them already (fully_shard and
-HF gradient checkpointing leave module paths untouched); a torchtitan model
-(`rlvr.trainer.titan.TitanLM`) maps its own names through torchtitan's state-dict adapter,
-layout changes included, via its `hf_sources()`. `weight_sources` is the one place that
-tells them apart (and merges a LoRA model's adapters: `rlvr.trainer.lora`), so sync's metadata (`rlvr.sync.base.weight_specs`) and the gathered
-tensors always agree.
+The primitive under weight sync and HF export: FSDP2 and tensor parallel keep each parameter as a
+DTensor shard, and `full_tensor()` all-gathers one at a time, so peak extra memory is one tensor,
+not the model. Names are the transformers FQNs that SGLang's and transformers' loaders expect: a
+transformers model has them already; a torchtitan model (`rlvr.trainer.titan.TitanLM`) maps its
+own through torchtitan's state-dict adapter, layout changes included. `weight_sources` is the one
+place that tells them apart (and merges a LoRA model's adapters: `rlvr.trainer.lora`), so sync's
+metadata (`rlvr.sync.base.weight_specs`) and the gathered tensors always agree.
 """
 
 from __future__ import annotations
