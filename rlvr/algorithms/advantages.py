@@ -1,23 +1,13 @@
 """Advantage estimators: from one scalar reward per sequence to a [B, T] advantage per token.
 
 Layout (shared with ``losses.py`` and the trainer): tensors are padded [B, T] over *response
-tokens only*; ``mask`` is 1 on real response tokens and 0 on padding (and on sequences the
-loop masked out, e.g. truncated ones); ``group_ids`` [B] says which prompt a sequence answers
-(GRPO's group). ``compute_advantages`` dispatches on ``cfg.advantage`` and returns
-``(advantages, returns)``, both [B, T] and zero on padding.
-
-Conventions, chosen once and used everywhere here:
-
-- **Standard deviations are sample (unbiased, Bessel-corrected) std**, as ``torch.std`` and
-  verl's GRPO: rewards [1, 0, 1, 0] have std sqrt(1/3) = 0.5774, so GRPO advantages are
-  +-0.5 / (0.5774 + 1e-6) = +-0.8660. A group (or batch) of one has std 0.
-- A sequence-level advantage is broadcast over the sequence's valid tokens.
-- ``returns`` is what a critic would regress on: ``advantages + values`` for GAE, the raw
-  return-to-go for REINFORCE++, and the sequence advantage itself otherwise (verl's habit).
-- With ``kl_in = "reward"`` the per-token KL (``kl``, an estimator's output from ``kl.py``)
-  enters as a per-token reward ``-kl_coef * kl`` for the token-level estimators (gae,
-  reinforce_pp, reinforce_pp_baseline) and as ``-kl_coef * sum_t kl`` on the sequence reward
-  for the others.
+tokens only*; ``mask`` is 1 on real response tokens and 0 on padding (and on sequences the loop
+masked out); ``group_ids`` [B] says which prompt a sequence answers (GRPO's group).
+``compute_advantages`` dispatches on ``cfg.advantage`` and returns ``(advantages, returns)``, both
+[B, T] and zero on padding. Conventions, chosen once and used everywhere here: sample (unbiased)
+standard deviations, as ``torch.std`` and verl's GRPO; sequence advantages broadcast over valid
+tokens; ``returns`` as verl defines them; with ``kl_in = "reward"``, the KL enters as a reward.
+Each convention, with a worked example: docs/algorithms.md ("Conventions").
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Per-token KL estimators against the reference policy, and KL coefficient controllers.
 
-The estimators follow J. Schulman, "Approximating KL Divergence" (2020). With
-log r = logprobs - ref_logprobs for tokens sampled from the current policy:
-
-- ``k1``  = log r                        unbiased, high variance, can be negative
-- ``k2``  = 0.5 * (log r)^2              biased, low variance, >= 0; as a *loss* its gradient
-                                         equals k1-in-the-reward's (the REINFORCE++-baseline choice)
-- ``k3``  = exp(-log r) + log r - 1      unbiased, low variance, >= 0 (GRPO's "low_var_kl")
-- ``abs`` = |log r|
+The estimators follow J. Schulman, "Approximating KL Divergence" (2020), with
+log r = logprobs - ref_logprobs for tokens sampled from the current policy: ``k1`` = log r,
+``k2`` = 0.5 * (log r)^2, ``k3`` = exp(-log r) + log r - 1 (GRPO's "low_var_kl") and
+``abs`` = |log r|; their bias, variance and sign are tabled in docs/algorithms.md.
 
 The controllers decide the coefficient: fixed, or adaptive (Ziegler et al. 2019,
 "Fine-Tuning Language Models from Human Preferences", sec. 2.2), which nudges beta so the

@@ -1,29 +1,13 @@
 """Policy and value losses, and the one function that turns a [B, T] loss into a scalar.
 
-Layout: padded [B, T] over response tokens only, ``mask`` 1 on real response tokens, one row
-per *sequence* (a packed trainer unpacks its rows into this layout before calling: the
-sequence-level quantities here, GSPO's ratio and the per-sequence means, need it).
-
-**Global denominators** — why ``num_tokens`` / ``num_seqs`` exist. Every aggregation mode is
-a sum of per-token or per-sequence terms divided by a constant:
-
-- ``token-mean``:               sum_{i,t} l_it / N_tokens
-- ``seq-mean-token-sum``:       sum_{i,t} l_it / N_seqs
-- ``seq-mean-token-mean``:      sum_i (sum_t l_it / |y_i|) / N_seqs
-- ``seq-mean-token-sum-norm``:  sum_{i,t} l_it / (N_seqs * max_len)   (Dr.GRPO)
-
-If the trainer splits a mini-batch into micro-batches (and across data-parallel ranks) and
-passes the counts of the *whole mini-batch* (all micro-batches, all ranks) as ``num_tokens``
-and ``num_seqs`` (see ``loss_denominators``), then the sum of the micro-batch losses — and
-so the sum of their gradients, which is what gradient accumulation plus an all-reduce SUM
-computes — equals the full-batch loss and gradient exactly, whatever the split. Dividing
-each micro-batch by its own count and averaging does *not* (a micro-batch of short
-sequences would be over-weighted). This is what makes packed == padded and 2-rank == 1-rank.
-Note: with FSDP/DDP averaging gradients over ranks, multiply the loss by the world size (or
-reduce with SUM). When the counts are None, this batch's own counts are used.
-
-``N_seqs`` counts sequences with at least one valid token (a fully masked sequence, e.g. a
-truncated one under ``overlong_mask``, is out of the loss entirely).
+Layout: padded [B, T] over response tokens only, ``mask`` 1 on real response tokens, one row per
+*sequence* (a packed trainer unpacks its rows first: GSPO's ratio and the per-sequence means need
+whole sequences). Every aggregation mode is a sum of per-token or per-sequence terms divided by a
+constant, and the trainer passes the counts of the *whole mini-batch* (all micro-batches, all
+ranks) as ``num_tokens`` / ``num_seqs`` (``loss_denominators``): then the micro-batch losses, and
+their accumulated gradients, sum to the full-batch loss and gradient exactly, whatever the split.
+That is what makes packed == padded and 2-rank == 1-rank; per-micro-batch counts would over-weight
+short sequences. When the counts are None, the batch's own are used. The formulas: docs/algorithms.md.
 """
 
 from __future__ import annotations

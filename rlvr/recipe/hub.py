@@ -1,27 +1,14 @@
 """Hugging Face hub ids in a recipe (`model.path`, `model.tokenizer`, `judge.model`) become local
 snapshot folders, once, while the recipe loads.
 
-Why here, and only here: every consumer (trainer ranks, the embedded, vLLM and SGLang servers,
-the judge, in-run eval) reads the resolved recipe that `launch` writes. If that recipe already
-holds the snapshot folder, they all load the same files, none of them talks to the hub, and a
-SLURM node never downloads on its own. So `rlvr.recipe.load` calls `HubIds.resolve` where it
-makes relative paths absolute: a folder that exists (relative to the recipe) always wins, and
-only a value that is no such folder and looks like `org/name` is a hub id.
-
-How much is fetched depends on the command (`HubMode`):
-
-- `download` (`launch`, `sbatch`): `snapshot_download` on the submitting machine, before any
-  process starts; on SLURM into a hub cache every node must see (a node-local one is refused).
-- `peek` (`validate`, `plan`): never the weights. A snapshot already in the cache is used; else
-  offline (HF_HUB_OFFLINE=1) is one error line with the command that fills the cache, and online
-  only config.json is fetched, so the checks and the memory estimate have the model's shapes.
-- `cached` (commands that only read a recipe's domains): the cache or nothing, never an error.
-
-The cache folder and the offline switch are read from the environment at each call (HF_HOME,
-HF_HUB_CACHE, HF_HUB_OFFLINE, as huggingface_hub reads them), not from huggingface_hub's
-import-time constants, so they are what the user's shell says now. HF_TOKEN is read by
-huggingface_hub itself. huggingface_hub is imported only when a hub id is met (`validate` stays
-instant); no torch, no transformers.
+Why here, and only here: every consumer (trainer ranks, the rollout servers, the judge, in-run
+eval) reads the resolved recipe that `launch` writes; if it already holds the snapshot folder, they
+all load the same files, none talks to the hub, and a SLURM node never downloads on its own. A
+folder that exists always wins; only an `org/name` that is no folder is a hub id. How much is
+fetched depends on the command (`HubMode`): `download` (launch, sbatch), `peek` (validate, plan:
+never the weights) or `cached`. The environment (HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE) is read at
+each call, not from huggingface_hub's import-time constants, and huggingface_hub is imported only
+when a hub id is met: no torch, no transformers (docs/recipes.md, "Hub ids").
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """How much GPU memory each GPU of a plan needs, before anything starts (`rlvr plan`, `rlvr validate`).
 
-Per trainer GPU: parameters, gradients and AdamW's two states of its FSDP2 shard (fp32 master
-weights: `rlvr.trainer.model` keeps them in fp32 and computes in `trainer.param_dtype`), the
-frozen reference model's shard, the critic's, the blocks FSDP2 gathers for compute, and the
-activations of one micro-batch of `trainer.max_tokens_per_micro_batch` tokens with and without
-activation checkpointing. Per rollout GPU: the engine's weights per TP shard and its KV cache at
-the memory fraction, in tokens and in concurrent full-length samples. Colocated GPUs hold the
-trainer's resident state plus the engine's generation, or the trainer's step plus the sleeping
-engine: the larger counts.
-
-Exact terms (parameters, gradients, optimizer states, engine weights, the embedded engine's KV
-cache) are computed from the tensors' shapes: read from the safetensors headers of `model.path`
-(any architecture, no torch), or for `model.config` built from the Llama/Qwen layer shapes;
-unit tests compare them with a tiny model's real tensors. Activation and KV-at-fraction terms are
-estimates (checked against torch.cuda.max_memory_allocated in tests/gpu). No torch here.
+Per trainer GPU: its FSDP2 shard of fp32 parameters, gradients and AdamW's two states, the
+reference's and the critic's shards, the blocks FSDP2 gathers for compute, and one micro-batch's
+activations with and without checkpointing. Per rollout GPU: the engine's weights per TP shard and
+its KV cache at the memory fraction. A colocated GPU counts the larger of its two phases. Exact
+terms come from the tensors' shapes (safetensors headers of `model.path`, or the Llama/Qwen layer
+shapes of `model.config`), checked by unit tests against a tiny model's real tensors; activations
+and the KV cache at a fraction are estimates, checked against CUDA in tests/gpu. No torch here
+(docs/cluster.md, "Memory per GPU").
 """
 
 from __future__ import annotations

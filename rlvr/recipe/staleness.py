@@ -1,30 +1,13 @@
 """What asynchronous rollout asks of the learning rate: a warning line for `rlvr validate` / `plan`.
 
-With `rollout.max_staleness = k` a step trains on samples of weights up to k updates old. The
-loss corrects for them (decoupled PPO: the importance weight min(pi_old / pi_rollout, tis_cap),
-`rlvr.algorithms.losses`; tests/unit/algorithms/test_off_policy.py checks it is unbiased), but
-the samples, and so the direction of the step, are still the old weights': near an lr's
-stability limit the asynchronous loop can stall where the synchronous one learns.
-
-Measured (bench/async_lr.py, the quickstart's 0.75M-parameter policy, 20 steps, mean reward
-over steps 1-5 -> 16-20; the synchronous loop's own lr is 2e-4):
-
-    lr 2e-4, seed 0: k = 0  0.339 -> 0.481   k = 1  0.334 -> 0.334   k = 2  0.323 -> 0.362 (entropy 0.12 -> 0.21)
-    lr 2e-4, seed 1: k = 0  0.369 -> 0.431   k = 1  0.338 -> 0.434
-    lr 2e-4, seed 2: k = 0  0.342 -> 0.477   k = 1  0.330 -> 0.436
-    lr 1e-4, seed 0: k = 0  0.338 -> 0.453   k = 1  0.328 -> 0.472   k = 2  0.316 -> 0.464
-
-so at the synchronous lr one seed of three stalled at k = 1 (k = 1 gained 0.60x what k = 0 did,
-over the three), while at half of it k = 1 and 2 learned like k = 0 (which loses little there).
-Trying the correction at the sequence level (the product of the token ratios, so the prefixes
-the old weights visited are corrected too) did not rescue the stalled seed (k = 1: 0.334 ->
-0.344): it is the staleness, not the correction. It matches a delayed gradient's stability
-limit: gradient descent with a k-step delay on a quadratic of curvature h is stable for
-lr * h < 2 sin(pi / (4k + 2)), against lr * h < 2 without delay (0.5x at k = 1); beyond the
-measured k the limit is scaled by that factor.
-
-LLM-sized recipes train at 1e-7..1e-5, far below these, so the warning fires on tiny models at
-the quickstart's rates only; the numbers are this model's, the rule (about half an lr tuned
+With `rollout.max_staleness = k` a step trains on samples of weights up to k updates old. The loss
+corrects for them (decoupled PPO's truncated importance weight, `rlvr.algorithms.losses`), but the
+samples, and so the step's direction, are still the old weights': near an lr's stability limit the
+asynchronous loop can stall where the synchronous one learns. Measured on the quickstart
+(bench/async_lr.py, docs/async.md: "What staleness costs in learning"), k = 1 stalled on one seed
+of three at the synchronous lr and learned like k = 0 at half of it, as a delayed gradient's
+stability limit predicts (sin(pi / (4k + 2)) of the undelayed one; beyond the measured k the limit
+is scaled by that factor). The numbers are that tiny model's; the rule (about half an lr tuned
 synchronously near its limit) is what carries over.
 """
 

@@ -1,17 +1,12 @@
 """The model folder's tokenizer for start-up checks, loaded in milliseconds and without torch.
 
-`rlvr validate` counts prompt tokens and checks that the tokenizer works, but it must not import
+`rlvr validate` counts prompt tokens and checks that the tokenizer works, but must not import
 transformers (that imports torch: seconds, and a login node may have no GPU stack). So
-`FastTokenizer` reads the files transformers reads: `tokenizer.json` through the `tokenizers`
-library (the same Rust tokenizer transformers wraps), and the chat template (`chat_template.jinja`,
-else `tokenizer_config.json`'s `chat_template`) rendered by jinja2 set up as transformers sets it
-up (sandboxed, `trim_blocks`, `lstrip_blocks`, `tojson`, `raise_exception`, the special tokens as
-variables). It offers the part of a HF tokenizer that `rlvr.data.chat` calls, so prompts are
-rendered by the worker's own code: `chat_template`, `apply_chat_template(messages,
-add_generation_prompt=True, tokenize=False)` and `tokenizer(text, add_special_tokens=False)`.
-
-A folder without `tokenizer.json` (only a sentencepiece `tokenizer.model`, or `vocab.json` and
-`merges.txt`) is loaded with transformers' `AutoTokenizer` instead (slower, but rare).
+`FastTokenizer` reads the files transformers reads: `tokenizer.json` through `tokenizers` (the
+Rust tokenizer transformers wraps) and the chat template rendered by jinja2 set up as transformers
+sets it up. It offers the part of a HF tokenizer that `rlvr.data.chat` calls, so prompts are
+rendered by the worker's own code. A folder without `tokenizer.json` is loaded with transformers'
+`AutoTokenizer` instead (slower, but rare). docs/data.md has the details.
 """
 
 from __future__ import annotations
