@@ -1,38 +1,15 @@
 """Trainer rank 0's rollout manager: generation, rewards and filters that never wait for training.
 
-`RolloutManager` runs on its own thread and event loop (HTTP only, never a collective). It
-draws each step's prompts from the mixture as a *wave*, runs one episode per sample, scores
-each group the moment its n samples finish (rewards overlap generation), applies the group
-filters as groups arrive, refills what dynamic sampling dropped, and keeps finished waves in
-a buffer until the trainer takes them:
+`RolloutManager` runs on its own thread and event loop (HTTP only, never a collective). It draws
+each step's prompts from the mixture as a *wave*, runs one episode per sample, scores each group
+the moment its samples finish, applies the group filters and refills as groups arrive, and buffers
+finished waves until the trainer takes them:
 
     wave s is admitted once the engines serve version >= s - k      (k = rollout.max_staleness)
-    take(s) returns wave s's groups, every token from version >= s - k
+    take(s) returns wave s's groups, every token from version >= s - k (re-checked: stale ones dropped)
 
-So with k = 0 wave s starts right after the weights of step s are pushed: exactly the
-synchronous loop. With k >= 1 waves s+1..s+k generate (and are scored) while the trainer
-trains step s; a weight push pauses the engines with `abort`, episodes wait for the new
-weights and continue from their tokens so far (`rollout.partial`), and every token keeps the
-version that sampled it. `take` re-checks the bound and drops (and counts) any group that
-breaks it, e.g. from an engine that came back with old weights.
-
-Every group started ends exactly once: trained, stale, filtered (including dynamic sampling's
-surplus), failed (fewer than two of its samples could be judged) or cancelled (in flight or
-buffered when the run stops); `groups/*` metrics count them. The manager keeps every group it
-started until it ends (a group ended twice, or never started, raises).
-
-Which prompts a step draws follows from the seed and the verdicts on earlier groups, never from
-timing: wave s's quota and its refills come from the mixture at fixed places
-(`rlvr.data.mixture.WaveDraws`), so two runs, or a run and its resume from any checkpoint, draw the
-same prompts for every step. A wave's refills wait until every earlier wave's refills are final
-(usually long before: an earlier wave started earlier).
-
-A sample whose reward could not judge it (a *failed* verdict: `rlvr.rewards.base`) leaves its
-group before the filters and the advantages see it: the group's baseline comes from the judged
-samples only. Each step's failures are counted per domain, reported as an event with the first
-cause, and fed to the failure budget (`rewards.max_failed_frac`); past it `stop_reason` says
-why, and the loop checkpoints and stops. Rows whose prompt exceeds `data.max_prompt_tokens` are
-skipped, counted (`data/<domain>/dropped`) and reported the same way.
+k = 0 is exactly the synchronous loop. Every group started ends exactly once (`groups/*`); samples a
+reward could not judge leave their group first. Prompts follow the seed, never timing (docs/async.md).
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """Child processes: start one with a log file, have it die with its parent, poll its health,
 and take down its whole process tree.
 
-The local launcher, the SLURM node script and the reward worker pool all start processes
-that must not outlive the run: a server left behind holds a GPU and a port, a stuck sympy
-worker holds a core. So every child gets three things here, once:
-
-- its own session (process group), so a signal reaches everything it started;
-- a parent-death signal (Linux `PR_SET_PDEATHSIG`), so it goes when its parent is SIGKILLed;
-- a place in a `Children` set whose `kill_all` SIGTERMs every process of every tree, waits a
-  grace period and SIGKILLs what is left, including grandchildren that were re-parented
-  away (psutil walks the trees; a snapshot remembers pids that a later walk cannot reach).
+The local launcher, the SLURM node script and the reward worker pool all start processes that must
+not outlive the run (a server left behind holds a GPU and a port, a stuck sympy worker a core). So
+every child gets, once, here: its own session (process group), a parent-death signal
+(`PR_SET_PDEATHSIG`), and a place in a `Children` set whose `kill_all` SIGTERMs every process of
+every tree, waits a grace period and SIGKILLs what is left, grandchildren re-parented away
+included.
 
 Nothing here imports the rest of rlvr: launchers and `rlvr.rewards` both sit above it.
 """

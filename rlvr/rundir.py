@@ -1,30 +1,14 @@
 """The run directory: every path inside it, where it is, and the one atomic write.
 
-A run directory (`experiment.output_dir / experiment.name`) is the one thing every process
-of a run shares: the launcher writes the resolved recipe there, rollout servers announce
-themselves there, trainer rank 0 writes metrics and status there, checkpoints live there,
-and `rlvr monitor` reads it from another terminal or a login node. So its layout lives in
-one place, and every writer goes through `write_atomic` (write a temporary file beside
-the target, then `os.replace`), so a reader or a crash never sees half a file:
+A run directory (`experiment.output_dir / experiment.name`) is the one thing every process of a
+run shares: the launcher writes the resolved recipe there, rollout servers announce themselves
+there, trainer rank 0 writes metrics and status there, checkpoints live there, and `rlvr monitor`
+reads it from another terminal or a login node. So its layout lives in this one place, and every
+writer goes through `write_atomic` (a temporary file beside the target, then `os.replace`), so a
+reader or a crash never sees half a file. The layout, file by file: docs/running.md.
 
-    resolved_recipe.json   the recipe every node and the worker read (the current launch's)
-    recipes/               launch-<n>.json: the resolved recipe of each `rlvr launch` here, in order
-    status.json            state (starting, running, finished, failed, stopped), step, pid
-    metrics.jsonl          one JSON object per step
-    events.jsonl           warnings and errors worth showing
-    samples.jsonl          a few whole episodes per domain and step (monitor.log_samples)
-    checkpoints/           step_N/ (complete when meta.json is in it) and `latest` (below;
-                           what is inside a step_N/: rlvr/trainer/checkpoint.py)
-    servers/               <index>.json per rollout server, judge.url
-    logs/                  one log per child process of the local launcher or a node
-    slurm/                 submitit/sbatch job logs, attempt.json, trainer_exit.json
-    tensorboard/           TensorBoard event files
-    wandb_id               the W&B run id: every launch of this run logs to that one W&B run
-    job.sbatch             the script `rlvr sbatch` writes
-    .lock                  held (flock) by the `rlvr launch` that runs here; names its pid
-
-Nothing here imports torch or any other part of rlvr: the recipe layer, the CLI and the
-launchers all use it.
+Nothing here imports torch or any other part of rlvr: the recipe layer, the CLI and the launchers
+all use it.
 """
 
 from __future__ import annotations

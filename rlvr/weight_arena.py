@@ -1,23 +1,13 @@
 """One byte buffer holding every weight of a model, in `state_dict` order (tied weights once).
 
 Why: weight sync sends the weights in exactly that order (`rlvr.trainer.weights.iter_full_weights`),
-and SGLang's flattened-bucket wire format is a bucket's tensors' bytes back to back. With
-the weights laid out that way on both ends, a bucket *is* a contiguous byte range: the
-trainer broadcasts it from where it lies and the embedded engine receives it into where
-it belongs, with no packing or unpacking copy. (On CPU those copies cost as much as the
-transfer itself: memcpy and loopback gloo both run at 10-20 GB/s here.) It also keeps
-q/k/v and gate/up adjacent, so the engine's fused projections are views, not copies.
-
-Only `.data` moves: parameters keep their identity, so ties, module references and an
-optimizer built afterwards all hold. Used for unsharded models (the rollout engine, the
-single-process trainer); FSDP2 shards are left alone (their full tensors are gathered anew
-for every sync anyway).
-
-`read_safetensors_into` fills tensors straight from safetensors files with `readinto` (no
-mmap, no intermediate copy): a transformers model loads its weights lazily from an mmap of
-the file, and copying them into the arena from there maps every page of the file into the
-process next to the arena (peak RSS twice the weights, measured 3.15 GB for 1.43 GB of fp32
-weights). Reading the file into the arena instead keeps the peak at the arena itself.
+and SGLang's flattened-bucket wire format is a bucket's tensors' bytes back to back. With the
+weights laid out that way on both ends, a bucket *is* a contiguous byte range: the trainer sends it
+from where it lies and the embedded engine receives it where it belongs, with no packing copy (on
+CPU a copy costs as much as the transfer). q/k/v and gate/up stay adjacent, so the engine's fused
+projections are views. Only `.data` moves, so parameters keep their identity; for unsharded models
+only. `read_safetensors_into` fills tensors straight from the files with `readinto`, which keeps
+the load's peak at the arena itself (docs/weight-sync.md, docs/engines.md).
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """`rlvr launch` on this machine: rollout servers and torchrun trainer ranks as child processes.
 
-The launcher starts each rollout server (`rlvr serve`, or SGLang on a local GPU box), the
-judge and the trainer (torchrun) at once, registers each server in the run directory once
-its /health answers (the trainer waits for that), shows the dashboard, and supervises:
-
-- a rollout server that dies, with `sync.on_engine_failure = "continue"`, is restarted on its
-  own port (`rlvr/launch/restarts.py`; each said on stderr and in events.jsonl); the weight
-  sync holds it until a full push to it succeeds, then it serves again. Out of restarts, the
-  run goes on with the other servers, or stops if none is left;
-- with "fail", or for any other child, the run stops: the trainer is first asked to finish its
-  step and checkpoint (a dead server fails its next rollout or push, which it saves before
-  leaving), then the line says who died, the root cause from its log, and what was saved;
-- Ctrl-C (or SIGTERM) asks the trainer's ranks to finish their step and checkpoint, then tears
-  every child down.
-
-Each child runs in its own process group so nothing is left behind.
-
-GPUs (`rlvr.recipe.plan`): each child gets its own as CUDA_VISIBLE_DEVICES, the trainer's ranks
-theirs in rank order (torchrun's `cuda:LOCAL_RANK` is then the plan's GPU), each server its
-block; colocated servers get the trainer's GPUs and are started with their engine's flag for
-giving memory back (vLLM `--enable-sleep-mode`, SGLang `--enable-memory-saver`).
+The launcher starts each rollout server (`rlvr serve`, vLLM or SGLang), the judge and the trainer
+(torchrun) at once, registers each server in the run directory once its /health answers (the
+trainer waits for that), shows the dashboard, and supervises: with `sync.on_engine_failure =
+"continue"` a dead rollout server is restarted on its port (`rlvr/launch/restarts.py`) and serves
+again after a full push; otherwise any dead child, Ctrl-C or SIGTERM asks the trainer to finish its
+step and checkpoint before everything is torn down, with one line saying who died and why. Each
+child runs in its own process group, so nothing is left behind, and gets its GPUs from the plan as
+CUDA_VISIBLE_DEVICES (docs/running.md, "When something fails"; docs/cluster.md, "One machine").
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """Per-node entry inside a SLURM allocation: `python -m rlvr.launch.node --run-dir RUN`.
 
-One task runs on every node (submitit runs `rlvr.launch.slurm.run_node_task` once per
-task; a hand-written sbatch script runs `srun --ntasks-per-node=1 python -m rlvr.launch.node`).
-Each task reads the resolved recipe from the run directory, computes the same LaunchPlan
-as the login node, finds which node it is, and then:
-
-- trainer nodes run torchrun (`trainer_command`, static rendezvous on the first node);
-- rollout nodes start their servers (`server_command`), wait for `/health`, register them
-  in `RUN/servers/`, and keep them alive until the trainer of this attempt is done.
-
-Why files in the run directory, not sockets: the run directory is the one thing every node
-and the login node share, and a requeued job must not trust anything the previous attempt
-left behind. So the first trainer node clears old server registrations and then writes
-`RUN/slurm/attempt.json` (job id + restart count); rollout nodes register only after they
-see it, and stop their servers when `RUN/slurm/trainer_exit.json` of the same attempt
-appears (or status.json of a run started in this attempt says finished/failed/stopped).
-
-Signals: SIGUSR1/SIGUSR2 (the time-limit warning, `--signal=USR1@120`) go to the trainer's
-worker processes, which checkpoint and exit; with `--self-requeue` the first trainer node
-then runs `scontrol requeue` so the job comes back with SLURM_RESTART_COUNT+1 and resumes.
-SIGTERM/SIGINT (scancel, preemption, `scontrol requeue`) go to every child; whatever is left
-after a grace period is killed, status.json says `stopped`, and the task exits without
-returning to its caller (`os._exit`), so submitit does not record a result for an attempt
-that SLURM may requeue.
+One task runs on every node (submitit's `rlvr.launch.slurm.run_node_task`, or `srun` in a
+hand-written sbatch script). It reads the resolved recipe from the run directory, computes the same
+LaunchPlan as the login node, finds which node it is, and runs torchrun (trainer nodes) or its
+rollout servers (registered in `RUN/servers/` once healthy, kept alive until this attempt's trainer
+is done). Nodes coordinate through files in the run directory, not sockets: it is the one thing
+every node shares, and a requeued job must trust nothing the previous attempt left, so each attempt
+is tied to `RUN/slurm/attempt.json` and ends with its `trainer_exit.json`. Signals: USR1/USR2 make
+the trainer checkpoint and (with `--self-requeue`) requeue the job; SIGTERM/SIGINT stop every child
+and exit without returning to submitit. docs/cluster.md ("What each node does") has the details.
 """
 
 from __future__ import annotations

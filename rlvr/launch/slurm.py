@@ -1,19 +1,13 @@
 """Submit a recipe to SLURM with submitit, and watch it from the login node.
 
-`submit` writes the resolved recipe into the run directory (which must be on a filesystem
-every node shares) and submits one task per node; each task runs `rlvr.launch.node`, which
-decides from the plan whether its node trains or serves rollouts. `wait_and_watch` shows the
-queue state while the job is pending and the live dashboard (fed by the run directory)
-while it runs, across requeues, and returns SLURM's final state.
-
-Preemption and time limits are handled by rlvr, not by submitit's Checkpointable: the job
-gets `--requeue` and `--signal=USR1@120`; on USR1 the node script has the worker checkpoint
-and exit, then requeues the job (SLURM_RESTART_COUNT+1) and the worker resumes with
-`--resume auto`. submitit's own handler is not enough here: it ignores SIGTERM (so scancel
-would leave the worker no chance to save and kill children only at SIGKILL), acts on rank
-0 only, and cannot wait for a child process to finish its checkpoint.
-
-Nothing heavy is imported at module level: `rlvr launch` must start fast on a login node.
+`submit` writes the resolved recipe into the run directory (on a filesystem every node shares) and
+submits one task per node; each runs `rlvr.launch.node`, which decides from the plan whether its
+node trains or serves rollouts. `wait_and_watch` shows the queue state while the job is pending and
+the live dashboard (fed by the run directory) while it runs, across requeues, and returns SLURM's
+final state. Preemption and time limits are handled by rlvr (`--requeue`, `--signal=USR1@120`, the
+node script checkpoints and requeues), not by submitit's Checkpointable, which ignores SIGTERM,
+acts on rank 0 only and cannot wait for a child's checkpoint (docs/cluster.md). Nothing heavy is
+imported at module level: `rlvr launch` must start fast on a login node.
 """
 
 from __future__ import annotations

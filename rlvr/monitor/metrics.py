@@ -1,25 +1,12 @@
 """The run directory as the single source of truth for progress: metrics, events and status.
 
-The trainer (rank 0) writes three files; the dashboard in the launching terminal,
-`rlvr monitor RUN_DIR` in another terminal, and a login node watching a SLURM job all
-read the same files, so nobody needs a socket to the job:
-
-- `metrics.jsonl`: one JSON object per step (`step`, `time`, then flat scalar names:
-  `reward/<domain>/mean|accuracy|count|failed|timeouts|...` from the reward pool, `response_len/<domain>`,
-  `eval/reward/<domain>/mean`, `time/step|wait_rollout|train|sync` (the step's critical path),
-  `time/rollout` (the step's wave, generated beside training when asynchronous), `groups/*`,
-  `rollout/staleness_*`, `throughput/tokens_per_s` (generated response tokens per second of the
-  whole step: the run's speed), and the trainer's `loss`, `kl`, `entropy`, `clip_frac`,
-  `mismatch_kl`, `tis_weight_mean`, `tokens_per_s` (prompt and response tokens the trainer
-  processed per second of `time/train` only: the trainer's speed, always the larger), ...);
-- `events.jsonl`: warnings and errors worth showing (`time`, `level`, `message`);
-- `samples.jsonl`: `monitor.log_samples` completions per domain each step (`step`, `domain`,
-  `id`, `prompt`, `completion`, `reward`, `verdict`, `reason`, `ground_truth`, `finish_reason`), to
-  read what the policy writes and why it scored what it did;
-- `status.json`: the run's state (`running`, `finished`, `failed`, ...), step, max_steps,
-  start time and pid; replaced atomically so a reader never sees half a file.
-
-TensorBoard (and optionally W&B) receive the same scalars through `sinks.py`.
+The trainer (rank 0) writes `metrics.jsonl` (one JSON object of flat scalars per step),
+`events.jsonl` (warnings and errors worth showing), `samples.jsonl` (a few episodes per domain and
+step) and `status.json` (the run's state, replaced atomically). The dashboard in the launching
+terminal, `rlvr monitor RUN_DIR` in another terminal, and a login node watching a SLURM job all
+read the same files, so nobody needs a socket to the job. TensorBoard (and optionally W&B) receive
+the same scalars through `sinks.py`. Every metric name, and the run's speed (`throughput/tokens_per_s`)
+against the trainer's (`tokens_per_s`): docs/monitoring.md.
 """
 
 from __future__ import annotations

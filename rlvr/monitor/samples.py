@@ -1,16 +1,12 @@
 """`samples.jsonl`: a few whole episodes per step, so a user can read what the model did.
 
-Metrics say *that* the reward moved; an episode says *why*: whether the model called the
-tool, what the tool answered, what it wrote after. `monitor.log_samples` episodes per domain
-are written each step (0: none), one JSON object per line: `step`, `domain`, `id`, `prompt`
-(the exact prompt text the model saw, tool instructions included), `completion` (the whole
-episode's text, tool answers included, as the reward read it), `reward`, `verdict` ("scored",
-or "failed" when the reward could not judge it: not trained on), `reason` (the reward's why, or
-the failure's cause), `ground_truth` (what the row gave the reward to judge against, when it
-did), `finish_reason`, `tokens`, and for tool domains `turns`, `tool_calls`, `tool_errors`,
-`tool_timeouts`.
-Episodes are taken round-robin over the step's groups (the first sample of each group,
-then the second, ...), so different prompts come first and the choice is deterministic.
+Metrics say *that* the reward moved; an episode says *why*: whether the model called the tool,
+what the tool answered, what it wrote after. `monitor.log_samples` episodes per domain are written
+each step (0: none), one JSON object per line: the exact prompt the model saw, the whole episode's
+text as the reward read it, the reward, its verdict and reason, and for tool domains the turns and
+tool calls (the fields: docs/monitoring.md). Episodes are taken round-robin over the step's groups
+(the first sample of each group, then the second, ...), so different prompts come first and the
+choice is deterministic.
 """
 
 from __future__ import annotations

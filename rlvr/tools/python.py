@@ -1,17 +1,12 @@
 """The `python` tool: run the model's code in the reward sandbox and answer with its output.
 
-Same isolation and limits as `code_sandbox` (`LocalSandbox`: bubblewrap where available),
-stateless per call: every call is a fresh interpreter in a fresh scratch directory, so one
-episode's variables or files never leak into the next call. With `python_session = true` the
-calls of one episode share state the simplest way that keeps that isolation: each call runs the
-episode's earlier cells again first, their output hidden and their errors ignored, then the new
-cell (`session_script`). Cost grows with the calls (`max_tool_calls` bounds it), and a cell
-whose result depends on time or randomness may differ on replay.
-
-At most one program per core runs at once in this process (`slots`, as `code_sandbox` bounds its
-runs): every episode of a step may call the tool together, and thousands of sandboxes, each
-allowed `memory_mb`, would otherwise start on rank 0's node beside its GPU rank. A call waits
-for a slot before its timeout starts (`Tool.slots`).
+Same isolation and limits as `code_sandbox` (`LocalSandbox`), stateless per call: every call is a
+fresh interpreter in a fresh scratch directory, so one call's variables or files never leak into
+the next. With `python_session = true` the calls of one episode share state the simplest way that
+keeps that isolation: each call replays the episode's earlier cells first, output hidden and errors
+ignored (`session_script`). At most one program per core runs at once in this process (`slots`),
+since every episode of a step may call the tool together; a call's timeout starts once it has a
+slot. docs/tools.md ("python").
 """
 
 from __future__ import annotations
