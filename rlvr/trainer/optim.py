@@ -40,13 +40,21 @@ def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int, 
 def build_optimizer(
     params: Iterable[torch.nn.Parameter], cfg: TrainerConfig, *, lr: float | None = None
 ) -> torch.optim.AdamW:
-    """AdamW over the (possibly DTensor-sharded) parameters; `lr` overrides `cfg.lr` (the critic's)."""
+    """AdamW over the (possibly DTensor-sharded) parameters; `lr` overrides `cfg.lr` (the critic's).
+
+    The fused kernel where every parameter allows it: one pass over each tensor instead of
+    foreach's several (on CPU about 5x faster for the step itself, docs/trainer.md)."""
+    trainable = [p for p in params if p.requires_grad]
+    fused = bool(trainable) and all(
+        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in trainable
+    )
     return torch.optim.AdamW(
-        [p for p in params if p.requires_grad],
+        trainable,
         lr=lr if lr is not None else cfg.lr,
         betas=cfg.betas,
         weight_decay=cfg.weight_decay,
         eps=1e-8,
+        fused=fused or None,
     )
 
 
