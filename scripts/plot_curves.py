@@ -40,7 +40,7 @@ def series(steps: dict[int, dict], prefix: str) -> dict[str, tuple[list[int], li
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (or their parent)")
     parser.add_argument("--label", action="append", default=[], help="one per run (default: the folder name)")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")

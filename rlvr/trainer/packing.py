@@ -97,9 +97,9 @@ class MicroBatch:
             segments=[(a, b, mv(m)) for a, b, m in self.segments] if self.segments is not None else None,
         )
 
-    def model_kwargs(self) -> dict[str, torch.Tensor | int | None]:
+    def model_kwargs(self) -> dict[str, torch.Tensor | int | list[Segment] | None]:
         """What a transformers forward takes for this layout (varlen arguments when packed)."""
-        kwargs: dict[str, torch.Tensor | int | None] = {
+        kwargs: dict[str, torch.Tensor | int | list[Segment] | None] = {
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,
             "attention_mask": self.attention_mask,
