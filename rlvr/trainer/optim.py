@@ -46,7 +46,8 @@ def build_optimizer(
     foreach's several (on CPU about 5x faster for the step itself, docs/trainer.md)."""
     trainable = [p for p in params if p.requires_grad]
     fused = bool(trainable) and all(
-        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in trainable
+        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        for p in trainable
     )
     return torch.optim.AdamW(
         trainable,
