@@ -187,10 +187,15 @@ def test_shared_units_split_a_group_to_fit_the_budget():
     assert all(len({int(batch.group_ids[i]) for i in u}) == 1 for u in units)
 
 
-@pytest.mark.parametrize("entropy", ["detached", "grad"])
-def test_shared_prompts_give_the_same_logprobs(tiny_model_dir, entropy):
+@pytest.mark.parametrize(("entropy", "lora"), [("detached", False), ("grad", False), ("detached", True)])
+def test_shared_prompts_give_the_same_logprobs(tiny_model_dir, entropy, lora):
     batch = grouped_batch()
     model = load_hf_model(ModelConfig(path=str(tiny_model_dir)), attn_implementation="rlvr_packed_sdpa")
+    if lora:  # peft's wrapper must hand the segments down to the attention
+        from rlvr.recipe.schema import LoraConfig
+        from rlvr.trainer.lora import apply_lora
+
+        model = apply_lora(model, LoraConfig(rank=4), seed=0)
     shared = make_micro_batches(batch, packing=True, max_tokens=64, micro_batch_size=1,
                                 attn_implementation="rlvr_packed_sdpa", share_prompts=True)  # fmt: skip
     assert len(shared) > 1 and all(mb.segments is not None for mb in shared)
