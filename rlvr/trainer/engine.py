@@ -37,7 +37,14 @@ from rlvr.trainer import dist as d
 from rlvr.trainer.batch import TrainBatch
 from rlvr.trainer.model import attn_implementation_of
 from rlvr.trainer.optim import build_optimizer, build_scheduler
-from rlvr.trainer.packing import MicroBatch, balance_partition, make_micro_batches, pack_sequences
+from rlvr.trainer.packing import (
+    MicroBatch,
+    balance_partition,
+    make_micro_batches,
+    pack_sequences,
+    prompt_units,
+    unit_tokens,
+)
 
 # loss_fn(micro_batch, local_batch, (num_tokens, num_seqs)) -> (loss, metrics, weight); the counts are
 # the whole mini-batch's (all ranks), the weight (masked tokens) averages the metrics.
@@ -200,6 +207,12 @@ class TrainEngine:
     def _share_index(self, batch: TrainBatch) -> list[int]:
         if self.dp_size == 1:
             return list(range(len(batch)))
+        if self.share_prompts:  # keep a prompt's group on one rank, where its prompt runs once
+            units = prompt_units(batch, range(len(batch)), budget=self.cfg.max_tokens_per_micro_batch)
+            if len(units) >= self.dp_size:
+                costs = [unit_tokens(batch, u) for u in units]
+                mine = balance_partition(costs, parts=self.dp_size)[self.dp_rank]
+                return sorted(i for k in mine for i in units[k])
         lens = [int(x) for x in batch.seq_lens]
         return balance_partition(lens, parts=self.dp_size)[self.dp_rank]
 
