@@ -1,4 +1,4 @@
-"""Load a transformers model and shard it with FSDP2 (`fully_shard` per decoder block + root).
+"""Load a transformers model (`rlvr.trainer.hf`) and shard it with FSDP2 (`fully_shard` per decoder block + root).
 
 One path for every model the trainer holds (actor, frozen reference, critic), so they are
 sharded the same way and a reference forward costs what an actor forward costs. On CPU we
@@ -15,57 +15,10 @@ from torch import nn
 from rlvr.recipe.schema import ModelConfig, TrainerConfig
 from rlvr.trainer import dist as d
 from rlvr.trainer.attention import default_attn_implementation
+from rlvr.trainer.hf import load_hf_model
 from rlvr.weight_arena import build_weight_arena
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _hf_config(cfg: ModelConfig, **overrides: object):
-    from transformers import AutoConfig
-
-    if cfg.path is not None:
-        config = AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
-    else:
-        assert cfg.config is not None
-        raw = dict(cfg.config)
-        config = AutoConfig.for_model(raw.pop("model_type"), **raw)
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    config.use_cache = False  # training never decodes; a cache only costs memory
-    return config
-
-
-def load_hf_model(
-    cfg: ModelConfig, *, kind: str = "causal_lm", seed: int = 0, attn_implementation: str = "rlvr_packed_sdpa"
-) -> nn.Module:
-    """A transformers model in fp32 on CPU: `kind="causal_lm"` (actor, reference) or `"value"`.
-
-    `attn_implementation`: `rlvr_packed_sdpa` (varlen sdpa, see `rlvr.trainer.attention`),
-    `flash_attention_2`, or plain `sdpa` / `eager` (packed rows then get a 4D mask).
-
-    The value model is `AutoModelForTokenClassification(num_labels=1)`: the same backbone
-    loaded from the policy's weights plus a fresh scalar head (`score`), dropout off so
-    values are deterministic. A model built from `cfg.config` is seeded with `seed` so every
-    rank starts from identical weights.
-    """
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
-
-    extra: dict[str, object] = {}
-    auto: type = AutoModelForCausalLM
-    if kind == "value":
-        auto = AutoModelForTokenClassification
-        extra = {"num_labels": 1, "classifier_dropout": 0.0}
-    elif kind != "causal_lm":
-        raise ValueError(f"unknown model kind {kind!r}")
-    config = _hf_config(cfg, **extra)
-    common = {"dtype": torch.float32, "attn_implementation": attn_implementation}
-    if cfg.path is not None:
-        torch.manual_seed(seed)  # the value head is freshly initialised: same on every rank
-        model = auto.from_pretrained(cfg.path, config=config, trust_remote_code=cfg.trust_remote_code, **common)
-    else:
-        torch.manual_seed(seed)
-        model = auto.from_config(config, trust_remote_code=cfg.trust_remote_code, **common)
-    return model
 
 
 def decoder_blocks(model: nn.Module) -> list[nn.Module]:

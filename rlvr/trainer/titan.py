@@ -28,6 +28,7 @@ from torch import nn
 from rlvr.recipe.schema import ModelConfig, TrainerConfig
 from rlvr.trainer import dist as d
 from rlvr.trainer.attention import PACKED_SDPA
+from rlvr.trainer.hf import load_hf_config, load_hf_model
 
 FAMILIES = {"qwen3": "qwen3", "llama": "llama3"}
 _KERNELS = "torchtitan.distributed.minimal_async_ep.kernels"
@@ -345,8 +346,6 @@ def hf_state_dict(cfg: ModelConfig, *, kind: str, seed: int) -> dict[str, torch.
         for f in files:
             state.update(load_file(str(f)))
         return state
-    from rlvr.trainer.model import load_hf_model
-
     model = load_hf_model(cfg.model_copy(update={"impl": "hf"}), kind=kind, seed=seed)
     return {k: v.detach() for k, v in model.state_dict().items()}
 
@@ -374,12 +373,10 @@ def build_titan_model(
 ) -> TitanLM:
     """Build on the meta device, parallelize (tp x FSDP2), materialise on `device`, load the
     HF weights. A frozen model (the reference) gets no activation checkpointing or compile."""
-    from rlvr.trainer.model import _hf_config
-
     on_cpu = device.type == "cpu"
     if on_cpu:
         prepare_cpu()
-    hf_config = _hf_config(cfg)
+    hf_config = load_hf_config(cfg)
     hf_config._attn_implementation = PACKED_SDPA  # packing sends boundaries, not masks
     family = family_of(hf_config)
     model_cfg = titan_config(hf_config, kind=kind)

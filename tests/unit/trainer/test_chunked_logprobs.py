@@ -15,7 +15,8 @@ from rlvr.recipe.schema import LoraConfig, ModelConfig, TrainerConfig
 from rlvr.tiny import tiny_config
 from rlvr.trainer.chunked_logprobs import ChunkedLogprobs, chunked_token_logprobs
 from rlvr.trainer.forward import UNCHUNKED_MARK, _plain_head, token_logprobs
-from rlvr.trainer.model import build_model, load_hf_model
+from rlvr.trainer.hf import load_hf_model
+from rlvr.trainer.model import build_model
 from rlvr.trainer.packing import pack_sequences, pad_sequences
 
 from .conftest import make_batch

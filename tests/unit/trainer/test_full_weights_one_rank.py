@@ -15,7 +15,8 @@ import os, torch
 from rlvr.process import free_port
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 from rlvr.recipe.schema import ModelConfig
-from rlvr.trainer.model import load_hf_model, shard_model
+from rlvr.trainer.hf import load_hf_model
+from rlvr.trainer.model import shard_model
 from rlvr.trainer.weights import iter_full_weights, weight_sources
 config = {"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16}

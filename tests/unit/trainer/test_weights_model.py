@@ -4,7 +4,8 @@ import torch
 
 from rlvr.recipe.schema import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.tiny import tiny_config
-from rlvr.trainer.model import build_model, decoder_blocks, load_hf_model
+from rlvr.trainer.hf import load_hf_model
+from rlvr.trainer.model import build_model, decoder_blocks
 from rlvr.trainer.weights import iter_full_weights, weight_names
 
 
