@@ -103,6 +103,23 @@ def broadcast_object(obj: object, *, src: int = 0) -> object:
     return holder[0]
 
 
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The full tensor: a DTensor's gathered, a plain tensor itself.
+
+    On a one-rank mesh (FSDP2 on one process, as the quickstart trains) the local shard *is*
+    the full tensor, so it is returned as is: `full_tensor()` would copy every weight once per
+    sync (a tenth of a 1.4 GB push), only for the sync to copy it again into its bucket."""
+    full_tensor = getattr(tensor, "full_tensor", None)
+    if full_tensor is None:
+        return tensor
+    to_local = getattr(tensor, "to_local", None)
+    if to_local is not None and tensor.device_mesh.size() == 1:  # type: ignore[attr-defined]
+        local = to_local()
+        if local.shape == tensor.shape:
+            return local
+    return full_tensor()
+
+
 def broadcast_rollout(
     rollout: RolloutBatch | None, failure: str | None, *, src: int = 0
 ) -> tuple[RolloutBatch | None, str | None]:

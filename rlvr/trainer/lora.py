@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from rlvr.recipe.schema import LoraConfig
+from rlvr.trainer import dist as d
 
 ADAPTER = "default"  # peft's adapter name: the only one rlvr trains
 PEFT_PREFIX = "base_model.model."  # peft's key prefix in adapter files (PeftModel wraps the model twice)
@@ -109,8 +110,6 @@ def merged_sources(model: nn.Module, *, skip_tied: bool = True) -> list[Any]:
     """`weight_sources` of a LoRA model: transformers names and shapes; a base weight with an adapter
     is merged (W + scaling * B @ A, in fp32) by its layout function, which gathers A and B (collective
     under FSDP2, in the same lockstep as the weight itself); the adapters are not listed."""
-    from rlvr.trainer.weights import full_tensor
-
     seen: set[int] = set()
     out: list[Any] = []
     for name, tensor in model.state_dict(keep_vars=True).items():
@@ -126,7 +125,7 @@ def merged_sources(model: nn.Module, *, skip_tied: bool = True) -> list[Any]:
             name = f"{path}.{leaf}"
             pair = _lora_pair(model, path) if leaf == "weight" else None
             if pair is not None:
-                layout = _merge(*pair, gather=full_tensor)
+                layout = _merge(*pair, gather=d.full_tensor)
         out.append((name, tensor, layout))
     return out
 
@@ -154,17 +153,13 @@ def adapter_sources(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The full adapter tensors (fp32, CPU) under peft's keys. Collective under FSDP2."""
-    from rlvr.trainer.weights import full_tensor
-
-    return {key: full_tensor(t).detach().float().cpu().contiguous() for key, t in adapter_sources(model)}
+    return {key: d.full_tensor(t).detach().float().cpu().contiguous() for key, t in adapter_sources(model)}
 
 
 def write_adapter(model: nn.Module, out_dir: str | Path) -> Path | None:
     """Write a peft adapter folder (adapter_model.safetensors + adapter_config.json), atomically
     (`<out>.tmp`, then renamed). Collective: every rank gathers; rank 0 writes and gets the folder."""
     from safetensors.torch import save_file
-
-    from rlvr.trainer import dist as d
 
     state = adapter_state(model)
     if d.rank() != 0:

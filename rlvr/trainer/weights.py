@@ -16,6 +16,9 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from rlvr.trainer.dist import full_tensor
+from rlvr.trainer.lora import is_lora, merged_sources
+
 Source = tuple[str, torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]
 
 
@@ -30,8 +33,6 @@ def weight_sources(model: nn.Module, *, skip_tied: bool = True) -> list[Source]:
     hf_sources = getattr(model, "hf_sources", None)
     if hf_sources is not None:
         return hf_sources(skip_tied=skip_tied)
-    from rlvr.trainer.lora import is_lora, merged_sources
-
     if is_lora(model):  # adapters merged in
         return merged_sources(model, skip_tied=skip_tied)
     seen: set[int] = set()
@@ -64,23 +65,6 @@ def iter_full_weights(
         if device is not None:
             value = value.to(device)
         yield name, value
-
-
-def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The full tensor: a DTensor's gathered, a plain tensor itself.
-
-    On a one-rank mesh (FSDP2 on one process, as the quickstart trains) the local shard *is*
-    the full tensor, so it is returned as is: `full_tensor()` would copy every weight once per
-    sync (a tenth of a 1.4 GB push), only for the sync to copy it again into its bucket."""
-    full_tensor = getattr(tensor, "full_tensor", None)
-    if full_tensor is None:
-        return tensor
-    to_local = getattr(tensor, "to_local", None)
-    if to_local is not None and tensor.device_mesh.size() == 1:  # type: ignore[attr-defined]
-        local = to_local()
-        if local.shape == tensor.shape:
-            return local
-    return full_tensor()
 
 
 def weight_names(model: nn.Module, *, skip_tied: bool = True) -> list[str]:
