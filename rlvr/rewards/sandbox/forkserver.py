@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from rlvr.rewards.sandbox import Limits, RunResult
+from rlvr.rewards.sandbox.host import SANDBOX_DIR, python_prefix, reap, root_binds, supervise
 
 
 class ForkServer:
@@ -41,16 +42,14 @@ class ForkServer:
         self.spool = ""
 
     def _start(self) -> None:
-        from rlvr.rewards.sandbox.local import SANDBOX_DIR, _python_prefix, _root_binds
-
         if not self.spool or not os.path.isdir(self.spool):  # a restart keeps it: runs may have written there
             self.spool = tempfile.mkdtemp(prefix="rlvr-spool-")
         zygote = Path(self.spool).with_name(Path(self.spool).name + "-zygote.py")
         zygote.write_text(resources.files("rlvr.rewards.sandbox").joinpath("zygote.py").read_text())
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--die-with-parent", "--new-session", "--cap-add", "ALL", *_root_binds()]  # fmt: skip
-        prefix = _python_prefix(self.python)
+                "--die-with-parent", "--new-session", "--cap-add", "ALL", *root_binds()]  # fmt: skip
+        prefix = python_prefix(self.python)
         if prefix:
             argv += ["--ro-bind", prefix, prefix]
         argv += ["--proc", "/proc", "--dev", "/dev", "--dir", SANDBOX_DIR, "--symlink", f"{SANDBOX_DIR}/.tmp", "/tmp",
@@ -108,8 +107,6 @@ class ForkServer:
         args: tuple[str, ...] = (),
         share_net: bool = False,
     ) -> RunResult:
-        from rlvr.rewards.sandbox.local import _supervise
-
         start = time.perf_counter()
         run_id = secrets.token_hex(8)
         loop = asyncio.get_running_loop()
@@ -146,7 +143,7 @@ class ForkServer:
 
         clean = False
         try:
-            result = await _supervise(proc, kill, limits=limits, stop=stop, start=start)
+            result = await supervise(proc, kill, limits=limits, stop=stop, start=start)
             clean = not result.killed and result.exit_code is not None and result.exit_code >= 0
         finally:
             self.pending.pop(run_id, None)
@@ -190,8 +187,6 @@ def _write_spool(spool: str, files: dict[str, str]) -> None:
 
 
 def _clean_up(spool: str, *, uid: int, run_id: str, sweep: bool) -> None:
-    from rlvr.rewards.sandbox.local import reap
-
     if sweep:
         reap(uid=uid, run_id=run_id)
     shutil.rmtree(spool, ignore_errors=True)
@@ -219,7 +214,7 @@ async def _reader(fd: int | None, loop: asyncio.AbstractEventLoop) -> asyncio.St
 
 
 class _ForkedRun:
-    """The bits of asyncio.subprocess.Process that `_supervise` uses, for a forked run."""
+    """The bits of asyncio.subprocess.Process that `supervise` uses, for a forked run."""
 
     def __init__(self, done: asyncio.Future, stdout: asyncio.StreamReader | None, stderr: asyncio.StreamReader | None):
         self.done, self.stdout, self.stderr = done, stdout, stderr

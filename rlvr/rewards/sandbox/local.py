@@ -14,7 +14,6 @@ run. The flags and the reasons for each: docs/rewards.md (code_sandbox, local sa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import os
 import secrets
@@ -23,13 +22,13 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from rlvr.rewards.sandbox import Limits, RunResult
+from rlvr.rewards.sandbox.forkserver import ForkServer
+from rlvr.rewards.sandbox.host import SANDBOX_DIR, python_prefix, reap, root_binds, supervise
 
-SANDBOX_DIR = "/sandbox"
 PYLIB_DIR = "/opt/rlvr-pylib"
 _PYTEST_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py")
 _modes_cache: dict[str, bool] = {}
@@ -48,15 +47,6 @@ def sandbox_python() -> str:
     if os.path.exists("/usr/bin/python3"):
         return "/usr/bin/python3"
     return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-
-
-def _python_prefix(python: str) -> str | None:
-    """The directory to bind for an interpreter outside /usr (its install prefix)."""
-    real = os.path.realpath(python)
-    if real.startswith("/usr/"):
-        return None
-    prefix = os.path.dirname(os.path.dirname(real))
-    return prefix if prefix not in ("/", "") else os.path.dirname(real)
 
 
 def pytest_binds() -> list[tuple[str, str]]:
@@ -100,7 +90,7 @@ def available_mode(requested: str = "auto") -> str:
                 _modes_cache[mode] = False
             elif mode == "bwrap":
                 _modes_cache[mode] = _probe(
-                    [tool, "--unshare-all", "--die-with-parent", *_root_binds(), "--", "/bin/true"]
+                    [tool, "--unshare-all", "--die-with-parent", *root_binds(), "--", "/bin/true"]
                 )
             else:
                 _modes_cache[mode] = _probe([tool, "--fork", "--pid", "--net", "--mount", "--", "/bin/true"])
@@ -111,16 +101,6 @@ def available_mode(requested: str = "auto") -> str:
         "or util-linux `unshare`; refusing to run model code unsandboxed. For trusted code in tests only, set "
         "reward_args sandbox_mode = 'insecure' or RLVR_SANDBOX_INSECURE=1."
     )
-
-
-def _root_binds() -> list[str]:
-    args = ["--ro-bind", "/usr", "/usr"]
-    for top in ("/lib", "/lib64", "/bin", "/sbin"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-    return args
 
 
 class LocalSandbox:
@@ -167,8 +147,8 @@ class LocalSandbox:
         inner = [self.python, "-I", "-S", "-B", script, *args]
         env = {"PATH": "/usr/bin:/bin", "HOME": SANDBOX_DIR, "LANG": "C.UTF-8", "RLVR_SANDBOX_RUN": run_id}
         if self.mode == "bwrap":
-            argv += ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", *_root_binds()]
-            prefix = _python_prefix(self.python)
+            argv += ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", *root_binds()]
+            prefix = python_prefix(self.python)
             if prefix:
                 argv += ["--ro-bind", prefix, prefix]
             # One size-bounded tmpfs is the only writable place (/tmp points into it); the
@@ -215,8 +195,6 @@ class LocalSandbox:
         uid = self._uid()
         if self.mode == "bwrap" and uid is not None and os.environ.get("RLVR_SANDBOX_FORKSERVER", "1") != "0":
             if self._forkserver is None:
-                from rlvr.rewards.sandbox.forkserver import ForkServer
-
                 self._forkserver = ForkServer(python=self.python, ro_binds=pytest_binds())
             return await self._forkserver.run(
                 files,
@@ -279,77 +257,7 @@ class LocalSandbox:
         finally:  # the child has its copies: ours must go, or its peer never sees end-of-file
             for fd in {fd for fd in (stdin, stdout, *pass_fds) if fd is not None}:
                 os.close(fd)
-        return await _supervise(
-            proc, lambda: os.killpg(proc.pid, signal.SIGKILL), limits=limits, stop=stop, start=start
-        )
-
-
-class _Proc(Protocol):
-    stdout: asyncio.StreamReader | None
-    stderr: asyncio.StreamReader | None
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    async def wait(self) -> int: ...
-
-
-async def _supervise(
-    proc: _Proc, hard_kill: Callable[[], None], *, limits: Limits, stop: asyncio.Event | None, start: float
-) -> RunResult:
-    """Read a run's output under the caps, enforce the wall timeout, kill it early on `stop`."""
-    killed: list[str] = []
-
-    def kill(reason: str) -> None:
-        if not killed:
-            killed.append(reason)
-        with contextlib.suppress(ProcessLookupError):
-            hard_kill()
-
-    async def read(stream: asyncio.StreamReader | None, cap: int, reason: str) -> bytes:
-        buf = bytearray()
-        if stream is None:
-            return b""
-        while chunk := await stream.read(65536):  # drain to EOF even past the cap: closes the transport
-            if len(buf) + len(chunk) > cap and not killed:
-                kill(reason)
-            buf += chunk[: max(0, cap - len(buf))]
-        return bytes(buf)
-
-    async def stopped() -> None:
-        if stop is not None:
-            await stop.wait()
-            await asyncio.sleep(0.05)  # let it exit on its own first (its pipe closed)
-            if proc.returncode is None:
-                kill("stopped")
-
-    cap = limits.max_output_bytes
-    tasks = asyncio.gather(read(proc.stdout, cap, "stdout_limit"), read(proc.stderr, cap, "stderr_limit"), proc.wait())
-    stopper = asyncio.ensure_future(stopped())
-    try:
-        out, err, _ = await asyncio.wait_for(asyncio.shield(tasks), timeout=limits.timeout_s)
-    except TimeoutError:
-        kill("timeout")
-        try:  # a stray holding the pipes open (weaker modes) must not hang us: reap() follows
-            out, err, _ = await asyncio.wait_for(tasks, timeout=5)
-        except TimeoutError:
-            out, err = b"", b""
-    except asyncio.CancelledError:
-        kill("cancelled")
-        await asyncio.shield(proc.wait())
-        raise
-    finally:
-        stopper.cancel()
-        if proc.returncode is None:
-            kill("cleanup")
-            await proc.wait()
-    return RunResult(
-        exit_code=proc.returncode,
-        stdout=out.decode("utf-8", "replace"),
-        stderr=err.decode("utf-8", "replace"),
-        killed=killed[0] if killed else None,
-        seconds=time.perf_counter() - start,
-    )
+        return await supervise(proc, lambda: os.killpg(proc.pid, signal.SIGKILL), limits=limits, stop=stop, start=start)
 
 
 def _write_files(scratch: str, files: dict[str, str], uid: int | None) -> None:
@@ -364,31 +272,3 @@ def _clean_up(scratch: str, *, uid: int | None, run_id: str, sweep: bool) -> Non
     if sweep:
         reap(uid=uid, run_id=run_id)
     shutil.rmtree(scratch, ignore_errors=True)
-
-
-def reap(*, uid: int | None, run_id: str) -> int:
-    """Kill any process left by a run (found by its uid, or the run id in its environment).
-
-    Under bwrap the pid namespace already guarantees this; the sweep is the guarantee for
-    the weaker modes and a belt-and-braces check for the strong one. Returns how many died.
-    """
-    killed = 0
-    marker = f"RLVR_SANDBOX_RUN={run_id}".encode()
-    me = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            if uid is not None:
-                with open(f"/proc/{entry.name}/status", "rb") as f:
-                    status = f.read()
-                match = f"\nUid:\t{uid}\t".encode() in status
-            else:
-                with open(f"/proc/{entry.name}/environ", "rb") as f:
-                    match = marker in f.read()
-            if match:
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed += 1
-        except (OSError, ValueError):
-            continue
-    return killed
