@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from rlvr.recipe.checks import longest_sequence
+from rlvr.recipe.model_folder import longest_sequence
 from rlvr.recipe.plan import LaunchPlan, ServerSpec
 from rlvr.recipe.schema import Recipe
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 from rlvr.recipe.hub import looks_like_hub_id
+from rlvr.recipe.machine import cpu_cores, visible_gpus
+from rlvr.recipe.memory import DTYPE_BYTES, estimate, model_shape
+from rlvr.recipe.model_folder import longest_sequence, max_positions, weights_problem
+from rlvr.recipe.plan import PlanError, check_local_split, local_gpus, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.recipe.tokenizer import TokenizerProblem, eos_problem, has_tokenizer_files, load_tokenizer
 
@@ -47,9 +49,6 @@ def machine_problems(recipe: Recipe, *, pending: frozenset[str] = frozenset()) -
 def kv_budget_problem(recipe: Recipe) -> Problem | None:
     """`rollout.kv_cache_gb` must hold one of the longest sequences a step makes in the embedded
     engine's cache (`rlvr serve` refuses to start otherwise, after the launcher began)."""
-    from rlvr.recipe.memory import DTYPE_BYTES, model_shape
-    from rlvr.recipe.plan import local_gpus
-
     budget = recipe.rollout.kv_cache_gb
     if recipe.rollout.engine != "embedded" or budget is None:
         return None
@@ -72,8 +71,6 @@ def kv_budget_problem(recipe: Recipe) -> Problem | None:
 def lora_problem(recipe: Recipe) -> Problem | None:
     """`trainer.lora.target_modules` names must be linear layers of the model's blocks (peft would
     otherwise fail in the worker, after the servers started)."""
-    from rlvr.recipe.memory import model_shape
-
     lora = recipe.trainer.lora
     if not lora.enabled or lora.target_modules == "all-linear":
         return None
@@ -100,8 +97,6 @@ def lora_problem(recipe: Recipe) -> Problem | None:
 def split_problem(recipe: Recipe) -> Problem | None:
     """A local run's trainer ranks and rollout servers must fit this machine's GPUs
     (`rlvr.recipe.plan.check_local_split`: side by side, or each within them when colocated)."""
-    from rlvr.recipe.plan import PlanError, check_local_split, local_gpus
-
     gpus = local_gpus(recipe) if recipe.cluster.kind == "local" else 0
     if not gpus:
         return None
@@ -115,9 +110,6 @@ def split_problem(recipe: Recipe) -> Problem | None:
 def memory_problem(recipe: Recipe) -> Problem | None:
     """The plan's per-GPU memory estimate (`rlvr.recipe.memory`) must fit a GPU: the line names
     the largest part of the load that does not fit and the key that shrinks it."""
-    from rlvr.recipe.memory import estimate
-    from rlvr.recipe.plan import PlanError, make_plan
-
     try:
         plan = make_plan(recipe)
     except PlanError:
@@ -176,8 +168,6 @@ def judge_problem(recipe: Recipe, *, pending: frozenset[str] = frozenset()) -> P
 PROBE_TEXT = "The answer is 42."
 """What the tokenizer check encodes: any working tokenizer gives a few ids for it."""
 
-WEIGHT_FILES = "model.safetensors, model-*.safetensors shards with model.safetensors.index.json, or pytorch_model.bin"
-
 
 def usable_tokenizer_problem(folder: str, *, model_folder: str | None, trust: bool = False) -> str | None:
     """None when `folder`'s tokenizer loads, encodes text to ids and has an eos token; else why not."""
@@ -194,26 +184,6 @@ def usable_tokenizer_problem(folder: str, *, model_folder: str | None, trust: bo
             "no vocabulary for it"
         )
     return eos_problem(tokenizer, folder, model_folder)
-
-
-def weights_problem(folder: Path) -> str | None:
-    """None when the model folder has weight files (and every shard its index lists), else why not."""
-    indexes = sorted(folder.glob("*.index.json"))
-    weights = [p for pattern in ("*.safetensors", "*.bin") for p in folder.glob(pattern)]
-    if not indexes and not weights:
-        return f"{folder} has config.json but no weights (expected {WEIGHT_FILES})"
-    for index in indexes:
-        try:
-            shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
-        except (OSError, ValueError, AttributeError) as exc:
-            return f"{index} is not a weight index: {exc}"
-        missing = [name for name in shards if not (folder / name).is_file()]
-        if missing:
-            return (
-                f"{index} lists {len(shards)} weight file(s) and {len(missing)} are missing (first: {missing[0]}); "
-                "the download is incomplete"
-            )
-    return None
 
 
 def ranks_problem(recipe: Recipe) -> Problem | None:
@@ -310,25 +280,6 @@ def vllm_probe(python: str, *, timeout_s: float = 30.0) -> tuple[str | None, str
     return str(answer.get("version") or "?"), ""
 
 
-def max_positions(model_path: str | None) -> int:
-    """The model folder's `max_position_embeddings` (0 when unknown)."""
-    try:
-        config = json.loads((Path(model_path or "") / "config.json").read_text())
-        return int(config.get("max_position_embeddings") or 0)
-    except (OSError, ValueError, TypeError):
-        return 0
-
-
-def longest_sequence(recipe: Recipe) -> int:
-    """The longest sequence a step can make (what `rlvr serve --max-seq-len` and vLLM's
-    `--max-model-len` are launched with, and what the memory estimate sizes the KV cache for): the prompt limit plus the longest response or tool
-    episode, capped at the model's `max_position_embeddings` when it is known."""
-    episodes = [d.max_episode_tokens or 0 for d in recipe.domains.values()]
-    longest = recipe.data.max_prompt_tokens + max([recipe.rollout.max_new_tokens, *episodes])
-    limit = max_positions(recipe.model.path)
-    return min(longest, limit) if limit else longest
-
-
 def cpu_dtype_note(recipe: Recipe) -> str | None:
     """A local run with no GPU serves and trains in float32 whatever `model.dtype` says (bf16 matmuls
     are several times slower on CPUs): say so, instead of doing it silently."""
@@ -338,21 +289,3 @@ def cpu_dtype_note(recipe: Recipe) -> str | None:
         f"model.dtype = {recipe.model.dtype!r} applies on GPUs: with none here the rollout servers serve and "
         'the trainer computes in float32 (bf16 is slower on CPUs); set model.dtype = "float32" to say so'
     )
-
-
-def visible_gpus() -> int:
-    """NVIDIA GPUs this process may use, without importing torch (CUDA_VISIBLE_DEVICES, else /dev)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids = [part for part in visible.split(",") if part.strip()]
-        return 0 if not ids or ids[0].strip() == "-1" else len(ids)
-    return sum(1 for dev in Path("/dev").glob("nvidia*") if re.fullmatch(r"nvidia\d+", dev.name))
-
-
-def cpu_cores() -> int:
-    """The cores this process may run on: its CPU affinity (what SLURM, a cgroup cpuset or
-    `taskset` granted), not `os.cpu_count()`, which counts every core of the node."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # no affinity call on this platform
-        return max(1, os.cpu_count() or 1)

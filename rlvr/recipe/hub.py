@@ -132,7 +132,7 @@ def cached_folder(repo_id: str, revision: str, cache: str) -> Path | None:
 def is_complete(folder: Path, kind: Kind) -> bool:
     """A model snapshot has config.json and every weight file its index lists; a tokenizer
     snapshot has tokenizer files. (A `peek` leaves a snapshot folder with config.json alone.)"""
-    from rlvr.recipe.checks import weights_problem
+    from rlvr.recipe.model_folder import weights_problem
     from rlvr.recipe.tokenizer import has_tokenizer_files
 
     if kind == "tokenizer":

@@ -248,7 +248,7 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, where: Loca
             domain.search_corpus = str(corpus)
     _resolve_model(recipe, base, where=where, hub_ids=hub_ids)
     if recipe.rollout.engine == "vllm":
-        from rlvr.recipe.checks import visible_gpus
+        from rlvr.recipe.machine import visible_gpus
         from rlvr.recipe.vllm_python import resolve_vllm_python
 
         gpus = visible_gpus() if recipe.cluster.kind == "local" else 1  # SLURM nodes have GPUs

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.recipe.checks import longest_sequence
+from rlvr.recipe.model_folder import longest_sequence
 from rlvr.recipe.plan import LaunchPlan
 from rlvr.recipe.schema import Recipe
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from rlvr.recipe.checks import visible_gpus
+from rlvr.recipe.machine import visible_gpus
 from rlvr.recipe.schema import Recipe
 
 

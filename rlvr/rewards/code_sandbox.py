@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from rlvr.recipe.checks import cpu_cores
+from rlvr.recipe.machine import cpu_cores
 from rlvr.rewards.args import reject_unknown_args
 from rlvr.rewards.base import failed, zero
 from rlvr.rewards.cases import normalise_test_cases

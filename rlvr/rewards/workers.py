@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr.process import die_with_parent
-from rlvr.recipe.checks import cpu_cores
+from rlvr.recipe.machine import cpu_cores
 from rlvr.rewards.deadline import queued
 
 POOL_REWARDS = frozenset({"math_rule"})
@@ -44,7 +44,7 @@ def reward_workers(reward_names: Iterable[str], *, trainer_ranks_on_node: int, c
     Rank 0's node also runs its trainer ranks, each of which keeps a core busy feeding its GPU (the
     Python thread launching kernels, plus its data-loading and NCCL threads); a sympy worker
     spinning beside them slows every training step, which costs more than a slower verdict. So:
-    the cores this process may use (`rlvr.recipe.checks.cpu_cores`), minus one per trainer rank on the node and one
+    the cores this process may use (`rlvr.recipe.machine.cpu_cores`), minus one per trainer rank on the node and one
     for rank 0's rollout manager (its event loop, tokenizer thread and the sandboxes' supervision),
     half of what is left (verification comes in bursts as groups finish; the other half stays free
     for code_sandbox's processes and the OS), at least 1 and at most 32. Only rewards in

@@ -25,7 +25,7 @@ _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] 
 def slots() -> asyncio.Semaphore:
     """This event loop's cap on python tool programs running at once: one per core this process may
     use (its affinity, not the node's count), shared by every python tool (every domain) on the loop."""
-    from rlvr.recipe.checks import cpu_cores
+    from rlvr.recipe.machine import cpu_cores
 
     loop = asyncio.get_running_loop()
     if loop not in _slots:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.recipe.checks import longest_sequence, memory_problem
+from rlvr.recipe.checks import memory_problem
 from rlvr.recipe.load import load_recipe
 from rlvr.recipe.memory import (
     GIB,
@@ -20,6 +20,7 @@ from rlvr.recipe.memory import (
     shard_elements,
     value_tensors,
 )
+from rlvr.recipe.model_folder import longest_sequence
 from rlvr.recipe.plan import make_plan
 
 ROOT = Path(__file__).resolve().parents[3]

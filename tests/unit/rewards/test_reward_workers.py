@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rlvr.recipe.checks import cpu_cores
+from rlvr.recipe.machine import cpu_cores
 from rlvr.rewards.workers import reward_workers
 
 
