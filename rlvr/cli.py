@@ -97,9 +97,10 @@ def load_checked(
         if check_machine:
             notes(recipe)
         return recipe, None
+    from rlvr.data.base import DataError
     from rlvr.data.prompt_fit import check_data as check_rows
     from rlvr.data.prompt_fit import counting_tokenizer
-    from rlvr.data.sources import DataError, load_recipe_domains
+    from rlvr.data.sources import load_recipe_domains
 
     try:
         train, reports = load_recipe_domains(recipe)
@@ -475,7 +476,7 @@ def eval_(
         reward_args = json.loads(args)
     except json.JSONDecodeError as exc:
         raise fail(f"--args: not JSON: {exc.msg}") from None
-    from rlvr.data.sources import DataError
+    from rlvr.data.base import DataError
     from rlvr.evaluation import load_rows
     from rlvr.rundir import find_checkpoint, run_of_checkpoint
 

@@ -133,7 +133,8 @@ class EvalRow:
 
 def load_rows(files: list[Path], *, reward: str | None, tag_rewards: dict[str, tuple[str, dict]]) -> list[Sample]:
     """Rows from eval files (bad rows are errors); with a recipe, each tag picks its domain's reward."""
-    from rlvr.data.sources import DataError, read_rows, row_to_sample
+    from rlvr.data.base import DataError
+    from rlvr.data.sources import read_rows, row_to_sample
 
     samples = []
     for file in files:

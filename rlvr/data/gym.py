@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import Any
 
-from rlvr.data.sources import DataError, LoadReport, filtered_out, needs_ground_truth
+from rlvr.data.base import DataError, LoadReport, filtered_out, needs_ground_truth
 from rlvr.rewards.gym import GymMissing, reasoning_gym
 from rlvr.types import Sample
 

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.data.base import LoadReport
 from rlvr.data.chat import render_prompt
-from rlvr.data.sources import LoadReport, read_rows
+from rlvr.data.sources import read_rows
 from rlvr.recipe.tokenizer import TokenizerProblem, load_tokenizer
 from rlvr.types import Sample
 

@@ -10,33 +10,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.rewards.args import judge_mode
+from rlvr.data.base import DataError, LoadReport, filtered_out, needs_ground_truth
 from rlvr.rewards.cases import SANDBOX_CASE_TYPES, check_test_cases
 from rlvr.rewards.gym import row_problem as gym_row_problem
 from rlvr.types import Sample
 
 KNOWN_FIELDS = {"id", "tag", "messages", "prompt", "ground_truth", "test_cases", "case_type", "difficulty"}
-
-
-class DataError(Exception):
-    """A bad data file or row; `str()` is the one line a user sees (`file:line: reason`)."""
-
-
-@dataclass
-class LoadReport:
-    """What loading skipped, so `rlvr plan` and the dashboard can say it."""
-
-    loaded: int = 0
-    skipped: int = 0
-    filtered: int = 0
-    first_skip: str = ""
-    reasons: dict[str, int] = field(default_factory=dict)
-    repeated: int = 0
-    """Generated eval rows left out because a training row has the same question (rlvr/data/gym.py)."""
 
 
 def read_rows(path: str | Path) -> Iterator[tuple[int, Any]]:
@@ -88,15 +70,6 @@ def _read_hf_dataset(path: Path) -> Iterator[tuple[int, Any]]:
     if isinstance(loaded, datasets.DatasetDict):
         loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
     yield from enumerate(loaded, start=1)
-
-
-def needs_ground_truth(reward: str, reward_args: dict[str, Any] | None = None) -> bool:
-    """Rewards that score 0 on every row without a reference: math_rule, qa_match, and llm_judge
-    with the `reference` template (or a custom one that shows the judge {reference})."""
-    if reward in ("math_rule", "qa_match"):
-        return True
-    template = (reward_args or {}).get("template")
-    return reward == "llm_judge" and isinstance(template, str) and judge_mode(template) == "reference"
 
 
 def row_to_sample(
@@ -222,13 +195,6 @@ def load_domain_samples(
             samples.append(sample)
     report.loaded += len(samples)
     return samples
-
-
-def filtered_out(sample: Sample, lo: float | None, hi: float | None, max_chars: int | None) -> bool:
-    d = sample.difficulty
-    if d is not None and ((lo is not None and d < lo) or (hi is not None and d > hi)):
-        return True
-    return max_chars is not None and sum(len(m["content"]) for m in sample.messages) > max_chars
 
 
 def load_recipe_domains(

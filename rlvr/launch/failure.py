@@ -58,7 +58,7 @@ def _continuation(lines: list[str], indented: object = None) -> list[str]:
 
 
 def _short(line: str, *, limit: int = 400) -> str:
-    """`rlvr.data.sources.DataError: x` -> `DataError: x` (the module path is noise here)."""
+    """`rlvr.data.base.DataError: x` -> `DataError: x` (the module path is noise here)."""
     head, sep, rest = line.strip().partition(": ")
     if "." in head and " " not in head:
         head = head.rsplit(".", 1)[1]

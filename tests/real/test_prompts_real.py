@@ -155,9 +155,9 @@ def test_the_rollout_sends_the_chat_template_ids(smollm2_dir: Path, reference: d
 def test_validate_counts_the_chat_template_ids(smollm2_dir: Path, reference: dict[str, list[int]], tmp_path) -> None:
     """validate renders with jinja2 and tokenizes with `tokenizers` (no torch): the same ids, so its
     `longest` and the rows it says are too long are the rollout's."""
+    from rlvr.data.base import LoadReport
     from rlvr.data.chat import render_prompt
     from rlvr.data.prompt_fit import check_data, counting_tokenizer, prompt_lengths
-    from rlvr.data.sources import LoadReport
     from rlvr.recipe.tokenizer import FastTokenizer
 
     data = tmp_path / "rows.jsonl"

@@ -18,8 +18,9 @@ pytest.importorskip("reasoning_gym")  # the dev extra installs it; `pip install 
 
 from rlvr.cli import app  # noqa: E402
 from rlvr.data import gym as gym_module  # noqa: E402
+from rlvr.data.base import LoadReport  # noqa: E402
 from rlvr.data.gym import gym_samples  # noqa: E402
-from rlvr.data.sources import LoadReport, load_recipe_domains  # noqa: E402
+from rlvr.data.sources import load_recipe_domains  # noqa: E402
 from rlvr.recipe.load import RecipeError, load_recipe  # noqa: E402
 from rlvr.recipe.schema import DomainConfig  # noqa: E402
 from tests.unit.recipe.helpers import one_error_line  # noqa: E402

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlvr.data.sources import DataError, LoadReport, load_domain_samples
+from rlvr.data.base import DataError, LoadReport
+from rlvr.data.sources import load_domain_samples
 
 ROWS = [
     {"id": "a", "tag": "math", "prompt": "1+1?", "ground_truth": "2", "difficulty": "1.0"},

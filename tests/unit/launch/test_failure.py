@@ -8,7 +8,7 @@ TORCHRUN_LOG = """$ torchrun --nproc-per-node 1 -m rlvr.worker --run-dir runs/q
 Traceback (most recent call last):
   File "/x/rlvr/worker.py", line 3, in <module>
     raise DataError("data/x.jsonl:7: invalid JSON")
-rlvr.data.sources.DataError: data/x.jsonl:7: invalid JSON
+rlvr.data.base.DataError: data/x.jsonl:7: invalid JSON
 E1203 02:44:38.679000 19829 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0
 Traceback (most recent call last):
   File "/venv/bin/torchrun", line 8, in <module>
