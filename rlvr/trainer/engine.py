@@ -39,11 +39,9 @@ from rlvr.trainer.model import attn_implementation_of
 from rlvr.trainer.optim import build_optimizer, build_scheduler
 from rlvr.trainer.packing import (
     MicroBatch,
-    balance_partition,
     make_micro_batches,
     pack_sequences,
-    prompt_units,
-    unit_tokens,
+    rank_share,
 )
 
 # loss_fn(micro_batch, local_batch, (num_tokens, num_seqs)) -> (loss, metrics, weight); the counts are
@@ -207,14 +205,8 @@ class TrainEngine:
     def _share_index(self, batch: TrainBatch) -> list[int]:
         if self.dp_size == 1:
             return list(range(len(batch)))
-        if self.share_prompts:  # keep a prompt's group on one rank, where its prompt runs once
-            units = prompt_units(batch, range(len(batch)), budget=self.cfg.max_tokens_per_micro_batch)
-            if len(units) >= self.dp_size:
-                costs = [unit_tokens(batch, u) for u in units]
-                mine = balance_partition(costs, parts=self.dp_size)[self.dp_rank]
-                return sorted(i for k in mine for i in units[k])
-        lens = [int(x) for x in batch.seq_lens]
-        return balance_partition(lens, parts=self.dp_size)[self.dp_rank]
+        return rank_share(batch, parts=self.dp_size, rank=self.dp_rank,
+                          budget=self.cfg.max_tokens_per_micro_batch, share_prompts=self.share_prompts)  # fmt: skip
 
     # -- updates --------------------------------------------------------------------------
     def update(self, mini: TrainBatch, loss_fn: LossFn, tally: _Tally) -> None:

@@ -311,6 +311,17 @@ def prompt_units(batch: TrainBatch, index: Sequence[int], *, budget: int) -> lis
     return units
 
 
+def rank_share(batch: TrainBatch, *, parts: int, rank: int, budget: int, share_prompts: bool) -> list[int]:
+    """This data-parallel rank's rows, balanced by tokens; with `share_prompts` a prompt's group
+    stays on one rank (where its prompt runs once), unless there are fewer groups than ranks."""
+    if share_prompts:
+        units = prompt_units(batch, range(len(batch)), budget=budget)
+        if len(units) >= parts:
+            mine = balance_partition([unit_tokens(batch, u) for u in units], parts=parts)[rank]
+            return sorted(i for k in mine for i in units[k])
+    return balance_partition([int(x) for x in batch.seq_lens], parts=parts)[rank]
+
+
 def tree_mask(shared: int, branch_lens: Sequence[int]) -> torch.Tensor:
     """[1, 1, L, L] boolean: the shared prompt sees itself causally; each branch sees the shared
     prompt and itself causally, never another branch."""

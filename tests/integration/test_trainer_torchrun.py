@@ -31,7 +31,6 @@ def synthetic_batch():
     g = torch.Generator().manual_seed(1234)
     n = 8
     prompts = [torch.randint(4, 90, (int(k),), generator=g).tolist() for k in torch.randint(2, 12, (n,), generator=g)]
-    prompts = [prompts[i // 4 * 4] for i in range(n)]  # GRPO groups: share_prompts keeps each on one rank
     responses = [torch.randint(4, 90, (int(k),), generator=g).tolist() for k in torch.randint(1, 24, (n,), generator=g)]
     rewards = torch.randint(0, 2, (n,), generator=g).float()
     advantages = (rewards - rewards.mean()).tolist()

@@ -241,3 +241,17 @@ def test_shared_prompts_give_the_same_values(tiny_model_dir):
         rows, width = mb.seq_index, values.shape[1]
         m = mask[rows, :width]
         assert torch.allclose(values[m], reference[rows, :width][m], atol=1e-5)
+
+
+def test_rank_shares_keep_a_group_on_one_rank():
+    from rlvr.trainer.packing import rank_share
+
+    batch = grouped_batch(groups=4, n=4)
+    shares = [rank_share(batch, parts=2, rank=r, budget=1000, share_prompts=True) for r in range(2)]
+    assert sorted(i for s in shares for i in s) == list(range(len(batch)))  # every row once
+    rank_of = {i: r for r, share in enumerate(shares) for i in share}
+    for g in range(4):  # whole groups: every row of a group on the same rank
+        assert len({rank_of[i] for i in range(len(batch)) if int(batch.group_ids[i]) == g}) == 1
+    assert all(shares)
+    few = [rank_share(batch.select(list(range(4))), parts=2, rank=r, budget=1000, share_prompts=True) for r in range(2)]
+    assert all(few)  # one group, two ranks: split by tokens so no rank idles
