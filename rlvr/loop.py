@@ -1,7 +1,5 @@
 """The RL loop. Every trainer rank runs `RLLoop.run()`; rank 0 also owns the rollout manager.
 
-One step:
-
     batch, m  = manager.take(step)             # rank 0: wave `step`, generated and scored ahead
     batch     = broadcast(batch)               # every rank gets the same token ids and rewards
     train     = prepare_batch(batch)           # ref/old logprobs, values, advantages (collective)
@@ -9,20 +7,9 @@ One step:
     manager.pause(); sync.push(version=step+1); manager.resume(version=step+1)
     recorder.log(step, m); maybe_eval(); maybe_save()
 
-`experiment.eval_at_start` adds an eval before the first step, logged as step 0 (a fresh run only).
-
-The manager keeps generating while the trainer trains (`rollout.max_staleness` steps ahead);
-with max_staleness = 0 it starts a step's prompts only after that step's weights are pushed,
-which is the synchronous loop. A SIGTERM/SIGUSR1 (Ctrl-C in the launcher, SLURM preemption) is
-noted and acted on at the end of the current step: checkpoint, then exit with code 0 after a
-finished run or `PREEMPTED_EXIT` after a stop, so a requeued job resumes from exactly there.
-A failure stops the run the same way, never losing a step the trainer finished: rewards past
-their failure budget (`rewards.max_failed_frac`) or a rollout that failed for good
-(`RolloutError`) stop before the step trains; a weight push that failed (`SyncError`) stops
-after the step it follows, which is saved. Each sets `failure` to the one line that says why
-(the worker writes it to status.json) and returns `FAILED_EXIT`; a rerun resumes. A failed push
-never reopens the rollout manager's gate: no episode runs on engines left with part of the new
-weights.
+The manager generates up to `rollout.max_staleness` steps ahead (0: synchronous). Signals and
+failures stop at a step boundary with a checkpoint and one line (docs/running.md, "When something
+fails"); `experiment.eval_at_start` logs an eval as step 0 on a fresh run.
 """
 
 from __future__ import annotations

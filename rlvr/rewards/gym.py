@@ -1,24 +1,12 @@
 """gym: score with the reasoning-gym dataset's own verifier.
 
-reasoning-gym (`pip install -e '.[gym]'`) generates tasks procedurally, each dataset with its own
-`score_answer(answer, entry)`. A row carries what that call needs in its `gym` field (`sample.extra`):
-`{"dataset": NAME, "config": {...}, "entry": {"question", "answer", "metadata"}}` — the rows of a
-`[domains.NAME.gym]` domain get it when they are generated (rlvr/data/gym.py). By default the answer
-is taken as reasoning-gym takes it, with its own `extract_answer` (the last `<answer>...</answer>`
-block), and the verdict is the dataset's: rlvr adds no matching of its own.
-
-`answer_from` lists where else to look, in order of preference: `tag` (that block), `boxed` (the
-last `\\boxed{...}`) and `last_number` (the reply's last number, only where the gold answer is a
-number). A small model may never write the tag (SmolLM2-135M-Instruct answers `The letter "r"
-appears 2 times`), and with only `tag` its every reply scores 0 and GRPO has no signal. `boxed` and
-`last_number` read only what follows the last `</think>`: a draft in the reasoning is not the answer.
-`info["answer_from"]` says which source gave the answer.
-
-- No answer in any source: 0 (`reason`), without calling the verifier.
-- The verifier raises, or returns no number: *failed* (not trained on), as for every reward.
-
-Nothing here imports reasoning-gym at module level: `rlvr validate` reaches this module for the
-reward's name and arguments without paying for its import (about a second: sympy, matplotlib).
+A row's `gym` field (`sample.extra`, set when a `[domains.NAME.gym]` table generates it) holds what
+`score_answer(answer, entry)` needs. The answer is read as reasoning-gym reads it (the last
+`<answer>` block) or, with `answer_from`, from a `\boxed{}` or the reply's last number, for models
+that never write the tag; the verdict is the dataset's, rlvr adds no matching of its own. No answer
+scores 0 with a reason; a verifier that raises is a failed verdict, as for every reward.
+reasoning-gym is imported only when scoring, so `rlvr validate` does not pay for it (sympy,
+matplotlib). docs/rewards.md ("gym").
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """`rlvr_packed_sdpa`: varlen attention for packed rows without flash-attn (CPU, or GPUs without it).
 
-A packed row under plain sdpa needs an N x N block-diagonal mask, so attention costs N^2
-for a row of N tokens however short its sequences are, and the masked kernels are the slow
-ones. This implementation takes the flash-attention varlen arguments (`cu_seq_lens_q`,
-which transformers forwards from the model call down to every attention layer) and runs
-causal sdpa on each sequence's slice: cost sum(len_i^2), no mask tensor, and the fast
-`is_causal` kernels. Without `cu_seq_lens_q` (padded micro-batches) it is plain sdpa.
-`rlvr_segments` (shared prompts, `rlvr.trainer.packing.pack_shared`) replaces the boundaries
-with slices that each carry their own tree mask, or none for a plain causal slice.
-
-Registered with transformers' AttentionInterface on import (no mask function is
-registered, so transformers builds no mask for it: right-padded rows are exact under
-causal attention, packed rows carry their boundaries in `cu_seq_lens_q`).
+It takes flash-attention's varlen arguments (`cu_seq_lens_q`, which transformers forwards to every
+attention layer) and runs causal sdpa on each sequence's slice: cost sum(len_i^2), no N x N mask,
+the fast `is_causal` kernels. `rlvr_segments` (shared prompts) replaces the boundaries with slices
+that each carry their own tree mask. Without either (padded micro-batches) it is plain sdpa.
+Registered with transformers' AttentionInterface on import, with no mask function, so
+transformers builds no mask for it. docs/trainer.md ("Packing, micro-batches and ranks").
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """The update loop shared by actor and critic: rank shares, micro-batches, accumulation, step.
 
-Every rank receives the *global* batch (the controller broadcasts it; it is only token
-ids and a few floats per token) and takes its own share of each mini-batch, balanced by
-token count. That keeps three things simple and exact:
-
-- loss denominators (tokens / sequences of the whole mini-batch) are computed locally,
-  identically on every rank, with no extra collective, and FSDP2 *sums* gradients
-  (divide factor 1): summed micro-batch gradients equal the full mini-batch gradient;
-- a 1-rank and an N-rank run follow the same optimisation path (mini-batch j is the same
-  rows for any world size);
-- no-grad passes (old/reference logprobs, values) fill their rows of a `[B, T]` result
-  that one all-reduce assembles on every rank.
-
-FSDP2 all-gathers parameters inside every forward, so all ranks must run the same number
-of forwards: a rank with fewer micro-batches (dynamic batching gives each rank its own
-count) runs zero-weighted dummy ones.
-
-Tensor parallel (`trainer.tp_size`): the `tp_size` consecutive ranks of a group hold one
-model replica between them and must see the same rows, so shares go by data-parallel rank
-(`rank // tp_size`); only the group's first rank contributes to the cross-rank sums.
+Every rank receives the global batch and takes its own token-balanced share of each mini-batch,
+so loss denominators are computed locally and identically, FSDP2 sums gradients, and a 1-rank and
+an N-rank run follow the same optimisation path. FSDP2 gathers parameters inside every forward, so
+a rank with fewer micro-batches runs zero-weighted dummy ones; under tensor parallel a group's
+ranks share rows. docs/trainer.md ("Packing, micro-batches and ranks") has the reasoning.
 """
 
 from __future__ import annotations

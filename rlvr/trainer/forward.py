@@ -1,16 +1,11 @@
 """Forward passes that return per-response-token results in the `[b, T]` loss layout.
 
-The vocabulary projection only runs on positions that predict a response token
-(`logits_to_keep=predict_mask`), and log-softmax runs in fp32 whatever the compute dtype,
-so the ratio pi/pi_old is not dominated by bf16 rounding.
-
-With `chunk_tokens > 0` (`trainer.logits_chunk_tokens`) the `[K, V]` logits are never built:
-the model's LM head is swapped, for the one call, for `rlvr.trainer.chunked_logprobs`, which
-computes log-probs and entropies a chunk of tokens at a time in forward and backward. The swap
-happens inside the model's own forward (not by calling the decoder body and then the head
-weight) because under FSDP2 the head's weight is only gathered while the root module's forward
-runs, and its gradient is reduce-scattered by the hooks on that forward's outputs. Models whose
-forward changes the logits after the head (soft-capping, logit scales) keep the full path.
+Only positions that predict a response token are projected (`logits_to_keep`), and log-softmax
+runs in fp32 so pi/pi_old is not dominated by bf16 rounding. With `chunk_tokens > 0` the model's
+LM head is swapped, for the one call and inside the model's own forward (so FSDP2 gathers the
+head's weight and reduce-scatters its gradient as usual), for `rlvr.trainer.chunked_logprobs`, and
+the `[K, V]` logits are never built. Models that change logits after the head keep the full path
+(docs/trainer.md, "Log-probs a chunk of tokens at a time").
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
-"""Sequence packing and token-budget (dynamic) micro-batching.
+"""Sequence packing, shared prompts and token-budget (dynamic) micro-batching.
 
-RL batches are length-skewed: a few long responses and many short ones. Padding every row
-to the longest wastes most of the compute, so the trainer lays several (prompt + response)
-sequences end to end in one row, restarts `position_ids` at 0 for each, and confines
-attention to each sequence:
-
-- sdpa / eager attention (CPU, or GPU without flash-attn): a 4D block-diagonal causal mask,
-  boolean for sdpa (4x smaller than additive), additive (0 / -inf) for eager; transformers
-  passes any 4D mask through unchanged.
-- varlen implementations (flash-attention, and `rlvr_packed_sdpa` from
-  `rlvr.trainer.attention`, the default without flash-attn): no mask at all; the sequence
-  boundaries travel as `cu_seq_lens_q/k` + `max_length_q/k` (flash-attn's varlen arguments),
-  so attention costs sum(len_i^2) instead of N^2.
-
-Shared prompts (`share_prompts`, on by default with `rlvr_packed_sdpa`): GRPO samples n responses
-per prompt, and packing them one by one runs every prompt token through every layer n times.
-`pack_shared` lays a group's prompt down once and each response after it as a branch: the
-prompt attends causally to itself, each branch to the prompt and causally to itself (a tree
-mask per group, sent as `rlvr_segments`). The branch starts with the prompt's last token, which
-predicts the first response token, so every position keeps one target. Same maths, the
-prompt's layers run once per group instead of n times.
-
-Logits are only projected where they are needed: `predict_mask` marks the positions whose
-next token is a response token and goes to the model as a boolean `logits_to_keep`, so the
-vocabulary projection skips the prompts. `unpack` turns the flat per-position results back
-into the padded `[B, T]` response layout the losses take.
+Packed rows lay several (prompt + response) sequences end to end under a token budget, with
+position ids restarting per sequence and attention kept per sequence: a block-causal mask for
+sdpa/eager, sequence boundaries (`cu_seq_lens_q`) for varlen kernels. `pack_shared` lays a GRPO
+group's prompt down once and its responses after it as branches under a tree mask
+(`rlvr_segments`), each branch starting with the prompt's last token so every response token keeps
+its target. Only positions that predict a response token are projected to the vocabulary
+(`predict_mask`); `unpack` returns results in the `[B, T]` layout the losses take. Why and how:
+docs/trainer.md ("Packing, micro-batches and ranks", "A group's prompt runs once").
 """
 
 from __future__ import annotations
