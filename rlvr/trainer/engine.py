@@ -24,6 +24,7 @@ from rlvr.trainer.batch import TrainBatch
 from rlvr.trainer.model import attn_implementation_of
 from rlvr.trainer.optim import build_optimizer, build_scheduler
 from rlvr.trainer.packing import (
+    SHARED_PREFIX_IMPLEMENTATION,
     MicroBatch,
     make_micro_batches,
     pack_sequences,
@@ -114,8 +115,13 @@ class TrainEngine:
         self.cfg = cfg
         self.device = device or next(model.parameters()).device
         self.attn_implementation = attn_implementation_of(model)
-        # TitanLM reads sequence boundaries itself, not rlvr_segments
-        self.share_prompts = cfg.share_prompts and not getattr(model, "varlen_only", False)
+        # only rlvr's packed sdpa reads rlvr_segments (TitanLM reads sequence boundaries itself), and
+        # rank shares group by prompt only where micro-batches will share them
+        self.share_prompts = (
+            cfg.share_prompts
+            and self.attn_implementation == SHARED_PREFIX_IMPLEMENTATION
+            and not getattr(model, "varlen_only", False)
+        )
         self.optimizer = build_optimizer(model.parameters(), cfg, lr=lr) if trainable else None
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps=total_steps) if self.optimizer else None
         self.last_update_losses: list[float] = []

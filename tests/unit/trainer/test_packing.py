@@ -95,22 +95,30 @@ def _grads_of_one_update(actor, batch):
     return metrics, seen
 
 
-@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
-@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "dapo"])
-def test_packed_and_padded_losses_and_gradients_agree(tiny_model_dir, preset):
-    batch = make_batch(8, seed=3, max_response=24)
-    # old logprobs away from the current policy so ratios (and clipping) are not trivial
+def off_policy(batch):
+    """old logprobs away from the current policy so ratios (and clipping) are not trivial"""
     old = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0)) * 0.1 - 4.6
-    batch = batch.replace(old_logprobs=old * batch.response_mask)
-    packed = build_actor(tiny_model_dir, preset=preset, packing=True, max_tokens_per_micro_batch=40, grad_clip=0.0)
-    padded = build_actor(tiny_model_dir, preset=preset, packing=False, micro_batch_size=3, grad_clip=0.0)
-    m1, g1 = _grads_of_one_update(packed, batch)
-    m2, g2 = _grads_of_one_update(padded, batch)
+    return batch.replace(old_logprobs=old * batch.response_mask)
+
+
+def assert_same_update(a, b, batch) -> None:
+    """One train_step of each actor: same loss, grad norm and every gradient."""
+    m1, g1 = _grads_of_one_update(a, batch)
+    m2, g2 = _grads_of_one_update(b, batch)
     assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
     assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
     assert g1.keys() == g2.keys() and len(g1) > 0
     for name in g1:
         assert torch.allclose(g1[name], g2[name], atol=1e-5), name
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "dapo"])
+def test_packed_and_padded_losses_and_gradients_agree(tiny_model_dir, preset):
+    batch = off_policy(make_batch(8, seed=3, max_response=24))
+    packed = build_actor(tiny_model_dir, preset=preset, packing=True, max_tokens_per_micro_batch=40, grad_clip=0.0)
+    padded = build_actor(tiny_model_dir, preset=preset, packing=False, micro_batch_size=3, grad_clip=0.0)
+    assert_same_update(packed, padded, batch)
 
 
 def test_single_update_uses_the_training_forward_as_pi_old(tiny_model_dir):
@@ -214,18 +222,10 @@ def test_shared_prompts_give_the_same_logprobs(tiny_model_dir, entropy, lora):
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 def test_shared_prompts_give_the_same_loss_and_gradients(tiny_model_dir):
-    batch = grouped_batch(seed=4)
-    old = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0)) * 0.1 - 4.6
-    batch = batch.replace(old_logprobs=old * batch.response_mask)
+    batch = off_policy(grouped_batch(seed=4))
     shared = build_actor(tiny_model_dir, packing=True, share_prompts=True, max_tokens_per_micro_batch=48, grad_clip=0.0)
     plain = build_actor(tiny_model_dir, packing=True, share_prompts=False, max_tokens_per_micro_batch=48, grad_clip=0.0)
-    m1, g1 = _grads_of_one_update(shared, batch)
-    m2, g2 = _grads_of_one_update(plain, batch)
-    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
-    assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
-    assert g1.keys() == g2.keys() and len(g1) > 0
-    for name in g1:
-        assert torch.allclose(g1[name], g2[name], atol=1e-5), name
+    assert_same_update(shared, plain, batch)
 
 
 def test_shared_prompts_give_the_same_values(tiny_model_dir):
