@@ -300,7 +300,7 @@ def trl_check(recipe, steps: int) -> tuple[list, Any]:
 def run_trl(recipe_path: str, steps: int, out: Path) -> dict:
     """Judge server (when the recipe has one) + the GRPOTrainer process (this file with --trl-worker),
     timed together."""
-    from rlvr.launch.commands import judge_command
+    from rlvr.launch.argv import judge_command
     from rlvr.recipe.load import load_recipe
 
     recipe = load_recipe(ROOT / recipe_path)

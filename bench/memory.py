@@ -4,7 +4,7 @@
                            [--baseline-src OLD_TREE] [--steps 3] [--set trainer.activation_checkpointing=full]
 
 `serve`: the exact command the launcher runs for the recipe's embedded server
-(`rlvr.launch.commands.server_command`, with `model.path = DIR`), then one step's worth of
+(`rlvr.launch.argv.server_command`, with `model.path = DIR`), then one step's worth of
 rollouts (`data.prompts_per_step` prompts x `rollout.n` samples of up to `max_new_tokens`,
 EOS ignored so every sequence runs to the limit), a weight push from disk
 (`/update_weights_from_disk`, the same folder) and the rollouts again. The peak is the
@@ -115,7 +115,7 @@ def _post(url: str, body: dict, timeout: float = 600.0) -> dict:
 
 
 def measure_serve(recipe_path: str, model: Path) -> dict:
-    from rlvr.launch.commands import server_command
+    from rlvr.launch.argv import server_command
     from rlvr.process import free_port
     from rlvr.recipe.load import load_recipe
     from rlvr.recipe.plan import ServerSpec

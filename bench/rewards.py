@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rlvr.rewards.pool import RewardPool  # noqa: E402
-from rlvr.rewards.sandbox.local import sandbox_python  # noqa: E402
+from rlvr.sandbox.local import sandbox_python  # noqa: E402
 from rlvr.types import Completion, Group, Sample  # noqa: E402
 
 

@@ -61,7 +61,7 @@ def _hf_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, n:
 
 
 def _engine_generate(engine, prompts: list[list[int]], new_tokens: int, n: int) -> float:
-    from rlvr.rollout.engine import GenerateRequest, SamplingParams
+    from rlvr.rollout.base import GenerateRequest, SamplingParams
 
     temperature = 1.0 if n > 1 else 0.0
     params = SamplingParams(temperature=temperature, max_new_tokens=new_tokens, ignore_eos=True)
@@ -75,7 +75,7 @@ def _engine_generate(engine, prompts: list[list[int]], new_tokens: int, n: int) 
 def _vllm_generate(url: str, prompts: list[list[int]], new_tokens: int, n: int) -> float:
     import asyncio
 
-    from rlvr.rollout.engine import GenerateRequest, SamplingParams
+    from rlvr.rollout.base import GenerateRequest, SamplingParams
     from rlvr.rollout.vllm import VLLMClient
 
     params = SamplingParams(temperature=1.0 if n > 1 else 0.0, max_new_tokens=new_tokens, ignore_eos=True)
@@ -119,7 +119,7 @@ def main() -> None:
     from vllm_engine import server_url, stop_server, vllm_server  # bench/vllm_engine.py, beside this file
 
     from rlvr.process import free_port
-    from rlvr.rollout.embedded import EmbeddedEngine
+    from rlvr.server.embedded import EmbeddedEngine
     from rlvr.tiny import build_tiny_model_dir
 
     if args.threads:

@@ -9,7 +9,7 @@
 Two processes: this one (trainer rank 0, one trainer rank: the FSDP2 gather is not what
 is measured; its model keeps its weights in one arena, as the single-process trainer
 does) and an embedded server it starts from this same file (`--serve`), the real
-`rlvr.rollout.server` app plus bench-only routes: `/bench_raw` receives N bytes into a
+`rlvr.server.routes` app plus bench-only routes: `/bench_raw` receives N bytes into a
 preallocated buffer over the *same* update group, and `/bench_settle` waits for the
 server's background rebuild of its oneDNN weight copies, so that work never slows a
 baseline. Both numbers cross the same sockets between the same two processes; the
@@ -47,8 +47,8 @@ def serve(model_dir: str, port: int) -> None:
     import torch
     from aiohttp import web
 
-    from rlvr.rollout.embedded import EmbeddedEngine
-    from rlvr.rollout.server import ENGINE_KEY, create_app
+    from rlvr.server.embedded import EmbeddedEngine
+    from rlvr.server.routes import ENGINE_KEY, create_app
 
     engine = EmbeddedEngine(model_dir, max_batch=1, device="cpu", max_seq_len=64)
     buffers: dict[int, torch.Tensor] = {}
@@ -57,7 +57,7 @@ def serve(model_dir: str, port: int) -> None:
     def receive(nbytes: int, group_name: str, specs: list | None, reuse: bool, chunk: int) -> None:
         import torch.distributed as dist
 
-        from rlvr.rollout.dist import receive_broadcast, receive_into, torch_dtype
+        from rlvr.sync.group import receive_broadcast, receive_into, torch_dtype
 
         if specs and reuse:  # the per-tensor wire format's floor: no allocation, no copy
             if not preallocated:
@@ -299,7 +299,7 @@ def lora(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     from rlvr.recipe.schema import LoraConfig, SyncConfig
-    from rlvr.rollout.clients import ServeClient
+    from rlvr.rollout.factory import ServeClient
     from rlvr.sync import make_weight_sync
     from rlvr.tiny import build_tiny_model_dir
     from rlvr.trainer.lora import apply_lora

@@ -67,7 +67,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 def vllm_server(
     python: str, model: Path, port: int, log: Path, *, max_model_len: int
 ) -> tuple[subprocess.Popen, float]:
-    from rlvr.launch.commands import prepare_servers, server_command
+    from rlvr.launch.argv import prepare_servers, server_command
     from rlvr.recipe.load import load_recipe
     from rlvr.recipe.plan import ServerSpec
 
@@ -98,7 +98,7 @@ def bench_startup(args, tmp: Path) -> None:
 
 RAW_RECEIVER = """
 import sys
-from rlvr.rollout.dist import join_group_like_sglang, receive_into
+from rlvr.sync.group import join_group_like_sglang, receive_into
 import torch
 address, port, nbytes, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 group = join_group_like_sglang(master_address=address, master_port=port, rank=1, world_size=2, group_name="raw")
@@ -112,9 +112,9 @@ def bench_sync(args, tmp: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlvr.rollout.dist import join_group, send_broadcast
     from rlvr.rollout.vllm import VLLMClient
     from rlvr.sync.broadcast import BroadcastSync
+    from rlvr.sync.group import join_group, send_broadcast
     from rlvr.tiny import build_tiny_model_dir
 
     folder = build_tiny_model_dir(tmp / "model", hidden_size=args.hidden, layers=args.layers, heads=8, kv_heads=4)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlvr.rollout.commands import quiet_loading_bars
-from rlvr.rollout.commands import serve as serve_command
+from rlvr.server.commands import quiet_loading_bars
+from rlvr.server.commands import serve as serve_command
 
 if TYPE_CHECKING:
     from rlvr.recipe.hub import HubMode
@@ -642,7 +642,7 @@ def _mount_subcommands() -> None:
 
 
 _mount_subcommands()
-app.command("serve")(serve_command)  # one definition, also run standalone by tests: rlvr/rollout/commands.py
+app.command("serve")(serve_command)  # one definition, also run standalone by tests: rlvr/server/commands.py
 
 
 def version_callback(value: bool) -> None:

@@ -33,7 +33,7 @@ from rlvr.monitor.samples import sample_rows
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.budget import FailureBudget, StepFailures
 from rlvr.rewards.pool import RewardPool
-from rlvr.rollout.engine import RolloutEngine, SamplingParams
+from rlvr.rollout.base import RolloutEngine, SamplingParams
 from rlvr.rollout.episode import run_group
 from rlvr.tools.session import Toolbox
 from rlvr.types import GROUP_ENDS, Completion, Group, RolloutBatch, Sample

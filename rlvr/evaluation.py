@@ -177,8 +177,8 @@ def evaluate(
 
     from rlvr.data.chat import encode_prompt, render_prompt
     from rlvr.rewards.pool import RewardPool
-    from rlvr.rollout.embedded import EmbeddedEngine
-    from rlvr.rollout.engine import GenerateRequest, SamplingParams
+    from rlvr.rollout.base import GenerateRequest, SamplingParams
+    from rlvr.server.embedded import EmbeddedEngine
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)  # the engine's own (it loads the same folder)
     prompts = [render_prompt(s.messages, tokenizer=tokenizer, template=chat_template) for s in samples]

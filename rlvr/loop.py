@@ -27,7 +27,7 @@ from rlvr.algorithms.kl import make_kl_controller
 from rlvr.controller import RolloutManager
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.schema import Recipe
-from rlvr.rollout.engine import RolloutError
+from rlvr.rollout.base import RolloutError
 from rlvr.rundir import RunDir, latest_checkpoint, step_dir
 from rlvr.sync.base import SyncError, WeightSync
 from rlvr.sync.colocate import colocation_for

@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr.recipe.load import recipe_from_json
     from rlvr.recipe.plan import make_plan
     from rlvr.rendezvous import wait_for_judge, wait_for_servers
-    from rlvr.rollout.clients import sync_pause_mode
-    from rlvr.rollout.commands import quiet_loading_bars
+    from rlvr.rollout.factory import sync_pause_mode
+    from rlvr.server.commands import quiet_loading_bars
     from rlvr.sync import make_weight_sync
     from rlvr.trainer import dist as d
     from rlvr.trainer.actor import Actor
@@ -195,7 +195,7 @@ def build_manager(recipe, *, tokenizer, urls):
     from rlvr.data.sources import load_recipe_domains
     from rlvr.rewards.pool import RewardPool
     from rlvr.rewards.workers import reward_workers
-    from rlvr.rollout.clients import make_client
+    from rlvr.rollout.factory import make_client
 
     train, _ = load_recipe_domains(recipe)
     evals, _ = load_recipe_domains(recipe, eval_files=True)

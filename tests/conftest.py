@@ -67,15 +67,15 @@ def build_embedded_server_command(
     device: str | None = None,
     max_seq_len: int | None = None,
 ) -> list[str]:
-    """argv for `rlvr serve` (as `python -m rlvr.rollout.commands`, independent of the CLI's wiring).
+    """argv for `rlvr serve` (as `python -m rlvr.server.commands`, independent of the CLI's wiring).
 
-    Test-only: the launchers build their server commands in `rlvr.launch.commands`. `cfg` is a
+    Test-only: the launchers build their server commands in `rlvr.launch.argv`. `cfg` is a
     `RolloutConfig` (its `max_batch`).
     """
     argv = [
         python or sys.executable,
         "-m",
-        "rlvr.rollout.commands",
+        "rlvr.server.commands",
         str(model_path),
         "--host",
         host,

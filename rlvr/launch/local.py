@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlvr.launch.commands import (
+from rlvr.launch.argv import (
     SERVER_MODULE_ENV,
     judge_command,
     prepare_servers,

@@ -257,7 +257,7 @@ class Node:
     # -- trainer nodes
 
     def run_trainer(self) -> int:
-        from rlvr.launch.commands import trainer_command
+        from rlvr.launch.argv import trainer_command
         from rlvr.rendezvous import clear_servers
 
         role = self.role
@@ -313,7 +313,7 @@ class Node:
     # -- rollout nodes
 
     def run_rollout(self) -> int:
-        from rlvr.launch.commands import prepare_servers, server_command
+        from rlvr.launch.argv import prepare_servers, server_command
         from rlvr.rendezvous import ServerAddress, register_judge, register_server
 
         role = self.role
@@ -337,7 +337,7 @@ class Node:
         judge_url = None
         if self.recipe.judge is not None and any(spec.index == 0 for spec in role.servers):
             # The recipe's judge model is served beside the first rollout server (CPU-sized judges).
-            from rlvr.launch.commands import judge_command
+            from rlvr.launch.argv import judge_command
 
             port = self.recipe.rollout.base_port + JUDGE_PORT_OFFSET
             argv = judge_command(self.recipe, host=bind, port=port)

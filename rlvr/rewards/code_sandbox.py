@@ -30,8 +30,8 @@ from rlvr.rewards.cases import normalise_test_cases
 from rlvr.rewards.code_blocks import find_program
 from rlvr.rewards.deadline import queued
 from rlvr.rewards.registry import register
-from rlvr.rewards.sandbox import SANDBOX_FAILURES, Limits, RunResult
 from rlvr.rewards.text import split_think
+from rlvr.sandbox import SANDBOX_FAILURES, Limits, RunResult
 from rlvr.types import Completion, RewardResult, Sample
 
 RUNNER = "_rlvr_run.py"
@@ -58,7 +58,7 @@ class Job:
 def _harness(name: str) -> str:
     """A harness file's text, read once per process: every sample's jobs carry it, and a file read
     per sample would be blocking I/O on the rollout manager's event loop."""
-    return resources.files("rlvr.rewards.sandbox").joinpath(name).read_text()
+    return resources.files("rlvr.sandbox").joinpath(name).read_text()
 
 
 def _runner_source() -> str:
@@ -171,7 +171,7 @@ def _semaphore() -> asyncio.Semaphore:
 
 
 def _local_sandbox(reward_args: dict[str, Any]) -> Any:
-    from rlvr.rewards.sandbox.local import LocalSandbox
+    from rlvr.sandbox.local import LocalSandbox
 
     key = (str(reward_args.get("sandbox_mode", "auto")), reward_args.get("python"))
     if key not in _local_sandboxes:
@@ -180,7 +180,7 @@ def _local_sandbox(reward_args: dict[str, Any]) -> Any:
 
 
 async def _run_local(job: Job, limits: Limits, reward_args: dict[str, Any]) -> tuple[int, int, str, RunResult]:
-    from rlvr.rewards.sandbox.local import pytest_binds
+    from rlvr.sandbox.local import pytest_binds
 
     sandbox = _local_sandbox(reward_args)
     async with queued(_semaphore()):
@@ -215,7 +215,7 @@ async def _run_local(job: Job, limits: Limits, reward_args: dict[str, Any]) -> t
 
 
 async def _run_e2b(job: Job, limits: Limits, reward_args: dict[str, Any]) -> tuple[int, int, str, RunResult]:
-    from rlvr.rewards.sandbox.e2b import E2BSandbox
+    from rlvr.sandbox.e2b import E2BSandbox
 
     sandbox = E2BSandbox(template=reward_args.get("e2b_template"))
     if job.judge_files is None:

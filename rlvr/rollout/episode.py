@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlvr.rollout.engine import GenerateRequest, RolloutEngine, RolloutError, SamplingParams
+from rlvr.rollout.base import GenerateRequest, RolloutEngine, RolloutError, SamplingParams
 from rlvr.types import Completion
 
 # Each weight update an episode spans aborts it once; far more means an engine aborts in a loop.

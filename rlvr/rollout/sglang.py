@@ -2,7 +2,7 @@
 
 The client speaks SGLang's native routes, so it drives real SGLang servers (GPU) and `rlvr serve`
 (the embedded engine, any machine) alike; balancing, retries and dead servers are
-`rlvr.rollout.http.ServerPool`'s. The routes and semantics follow `SGLANG_VERSION` (tested against
+`rlvr.rollout.pool.ServerPool`'s. The routes and semantics follow `SGLANG_VERSION` (tested against
 that wheel's own request types and bucket code in tests/conformance): weight updates run in a
 begin/end session, and a seeded request goes out as n one-sample items seeded seed + j, since SGLang
 gives all samples of one item the same seed. SGLang pins its own torch and CUDA, so it runs from its
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlvr.recipe.schema import RolloutConfig
-from rlvr.rollout.engine import GenerateRequest, PauseMode, RolloutError, parse_version
-from rlvr.rollout.http import ServerPool
+from rlvr.rollout.base import GenerateRequest, PauseMode, RolloutError, parse_version
+from rlvr.rollout.pool import ServerPool
 from rlvr.types import Completion
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ ids in and out with n samples per request and per-token weight versions; `proces
 temperature-scaled log-softmax the trainer's `pi_rollout` means; rlvr's pause modes mapped onto
 vLLM's `abort` and `keep`, with a cache flush that re-prefills frozen requests under the new
 weights; and weight updates (broadcast, disk and LoRA adapter) as sessions on rlvr's backend inside
-vLLM (`rlvr.rollout.vllm_backend`). `build_vllm_command` adds a generation config when vLLM would
+vLLM (`rlvr.server.vllm_plugin`). `build_vllm_command` adds a generation config when vLLM would
 miss an EOS id. What differs from SGLang, and why: docs/engines.md (vLLM).
 """
 
@@ -22,15 +22,15 @@ from typing import Any
 
 from rlvr.recipe.schema import Recipe
 from rlvr.recipe.vllm_python import VLLM_VERSION as VLLM_VERSION  # re-exported: the release tests pin
-from rlvr.rollout.engine import GenerateRequest, PauseMode, RolloutError, SamplingParams
-from rlvr.rollout.http import ServerPool
+from rlvr.rollout.base import GenerateRequest, PauseMode, RolloutError, SamplingParams
+from rlvr.rollout.pool import ServerPool
 from rlvr.rollout.vllm_env import ensure_generation_config
 from rlvr.types import Completion
 
 # VLLM_VERSION (rlvr.recipe.vllm_python): the vLLM release rlvr's client, backend and command line are tested against.
 
 BACKEND_CONFIG = '{"backend": "rlvr"}'
-"""`--weight-transfer-config`: rlvr's backend (`rlvr.rollout.vllm_backend`)."""
+"""`--weight-transfer-config`: rlvr's backend (`rlvr.server.vllm_plugin`)."""
 
 PAUSE_MODES = {"abort": "abort", "in_place": "keep", "retract": "keep"}
 

@@ -21,7 +21,7 @@ import rlvr
 from rlvr.recipe.vllm_python import cache_root  # one rule for rlvr's cache (RLVR_CACHE, else ~/.cache/rlvr)
 
 PACKAGE = Path(rlvr.__file__).resolve().parent
-ENTRY_POINTS = "[vllm.general_plugins]\nrlvr = rlvr.rollout.vllm_backend:register\n"
+ENTRY_POINTS = "[vllm.general_plugins]\nrlvr = rlvr.server.vllm_plugin:register\n"
 DIST_INFO = "rlvr_vllm_plugin-1.0.dist-info"
 
 

@@ -70,7 +70,7 @@ def _merge(failures: list[EngineFailure], more: list[EngineFailure]) -> list[Eng
 
 def _abort(group: Any) -> None:
     """Close rank 0's end of a group so engines blocked in a broadcast fail now, not at their timeout."""
-    from rlvr.rollout.dist import WeightGroup
+    from rlvr.sync.group import WeightGroup
 
     if isinstance(group, WeightGroup):
         group.shutdown()
@@ -288,7 +288,7 @@ class BroadcastSync:
 
     def _rebuild(self, members: list[str]) -> list[EngineFailure]:
         """Create a fresh group with `members`; returns the engines that failed to join."""
-        from rlvr.rollout.dist import join_group
+        from rlvr.sync.group import join_group
 
         engines = self.engines
         assert engines is not None

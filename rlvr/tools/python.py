@@ -50,8 +50,8 @@ def python_tool(*, timeout_s: float, memory_mb: int = 512, sandbox_mode: str = "
     sandbox: list[Any] = []  # built on first call: probing the isolation modes runs processes
 
     async def run(code: str) -> str:
-        from rlvr.rewards.sandbox import Limits
-        from rlvr.rewards.sandbox.local import LocalSandbox
+        from rlvr.sandbox import Limits
+        from rlvr.sandbox.local import LocalSandbox
 
         if not sandbox:
             sandbox.append(LocalSandbox(mode=sandbox_mode))

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from rlvr.recipe.schema import RolloutConfig
-from rlvr.rollout.engine import GenerateRequest, SamplingParams
+from rlvr.rollout.base import GenerateRequest, SamplingParams
 from rlvr.rollout.sglang import SGLangClient, build_sglang_command
 
 from .sglang_env import run_with_sglang

@@ -19,8 +19,8 @@ def test_embedded_engine_bf16_logprobs_match_forward(tiny_model_dir: Path) -> No
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlvr.rollout.embedded import EmbeddedEngine
-    from rlvr.rollout.engine import GenerateRequest, SamplingParams
+    from rlvr.rollout.base import GenerateRequest, SamplingParams
+    from rlvr.server.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(tiny_model_dir, dtype="bfloat16", device="cuda", max_batch=8)
     try:
@@ -68,7 +68,7 @@ def test_fsdp2_bf16_step_on_nccl(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 WEIGHT_RECEIVER = """
 import sys, torch
-from rlvr.rollout.dist import join_group_like_sglang, receive_broadcast
+from rlvr.sync.group import join_group_like_sglang, receive_broadcast
 port, name = int(sys.argv[1]), sys.argv[2]
 torch.cuda.set_device(1)
 group = join_group_like_sglang(master_address="127.0.0.1", master_port=port, rank=1, world_size=2,
@@ -91,7 +91,7 @@ def test_nccl_weight_group_between_two_processes(tmp_path: Path) -> None:
 
     import torch
 
-    from rlvr.rollout.dist import join_group, send_broadcast
+    from rlvr.sync.group import join_group, send_broadcast
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -66,7 +66,7 @@ def test_embedded_kv_cache_estimate_is_within_15_percent_of_cuda(tiny_model_dir)
 
     from rlvr.recipe.memory import ModelShape as Shape
     from rlvr.recipe.memory import safetensors_shapes
-    from rlvr.rollout.decoders import StaticKVDecoder
+    from rlvr.server.decoders import StaticKVDecoder
 
     loaded: Any = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
     model = loaded.to("cuda").eval()

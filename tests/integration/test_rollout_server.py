@@ -22,7 +22,7 @@ import torch
 
 from rlvr.process import free_port
 from rlvr.recipe.schema import RolloutConfig
-from rlvr.rollout.engine import GenerateRequest, RolloutEngine, RolloutError, SamplingParams
+from rlvr.rollout.base import GenerateRequest, RolloutEngine, RolloutError, SamplingParams
 from rlvr.rollout.sglang import SGLangClient
 from tests.conftest import build_embedded_server_command, build_sharp_model_dir, embedded_server
 
@@ -305,7 +305,7 @@ async def test_update_weights_from_distributed_with_an_in_test_sender(client, mo
     """This process plays trainer rank 0: it hosts the group and broadcasts perturbed weights."""
     from transformers import AutoModelForCausalLM
 
-    from rlvr.rollout.dist import dtype_name, join_group, send_broadcast
+    from rlvr.sync.group import dtype_name, join_group, send_broadcast
 
     tok = _tokenizer(model_dir)
     request = GenerateRequest(tok.encode("hello"), SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True))
@@ -353,7 +353,7 @@ async def test_update_weights_from_distributed_with_an_in_test_sender(client, mo
     after = (await client.generate([request]))[0]
     assert after.policy_version == 7 and after.token_ids != before.token_ids
 
-    from rlvr.rollout.embedded import EmbeddedEngine
+    from rlvr.server.embedded import EmbeddedEngine
 
     local = EmbeddedEngine(model_dir, max_batch=2, device="cpu")
     try:
@@ -379,7 +379,7 @@ async def test_dead_server_is_skipped_and_requests_rerouted(server):
 
 def test_server_command_is_runnable_python():
     argv = build_embedded_server_command(RolloutConfig(max_batch=4), model_path="/m", port=1234)
-    assert argv[:3] == [sys.executable, "-m", "rlvr.rollout.commands"]
+    assert argv[:3] == [sys.executable, "-m", "rlvr.server.commands"]
     assert "--max-batch" in argv and argv[argv.index("--max-batch") + 1] == "4"
 
 
@@ -475,12 +475,12 @@ async def test_flush_cache_is_refused_while_requests_run(server, client, model_d
 
 def test_a_dead_engine_worker_stops_the_server(tmp_path):
     """If the worker thread dies the process exits non-zero instead of answering 500s forever."""
-    from rlvr.rollout import server as srv
+    from rlvr.server import routes as srv
 
     script = tmp_path / "die.py"
     script.write_text(
         "import asyncio, sys\n"
-        "from rlvr.rollout import server as srv\n"
+        "from rlvr.server import routes as srv\n"
         "class E:\n    worker_alive = False\n    _error = RuntimeError('boom')\n"
         "asyncio.run(srv._watch(E(), interval_s=0.01))\n"
     )

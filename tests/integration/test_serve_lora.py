@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from rlvr.rollout.clients import ServeClient
-from rlvr.rollout.engine import GenerateRequest, RolloutError
+from rlvr.rollout.base import GenerateRequest, RolloutError
+from rlvr.rollout.factory import ServeClient
 from tests.conftest import embedded_server
 
 # The transformers reference and the adapter folders are the vLLM tests' and the merge tests' own.

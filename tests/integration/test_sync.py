@@ -42,7 +42,7 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
 
 
 def _ask(url: str, tokenizer) -> list[dict]:
-    from rlvr.rollout.engine import GenerateRequest, SamplingParams
+    from rlvr.rollout.base import GenerateRequest, SamplingParams
     from rlvr.rollout.sglang import SGLangClient
 
     async def go():

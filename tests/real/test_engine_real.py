@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import torch
 
-from rlvr.rollout.embedded import EmbeddedEngine
-from rlvr.rollout.engine import GenerateRequest, SamplingParams
+from rlvr.rollout.base import GenerateRequest, SamplingParams
+from rlvr.server.embedded import EmbeddedEngine
 
 NEW_TOKENS = 24
 # fp32 engine against fp32 transformers. Measured max |difference| here (2 shared cores, oneDNN
@@ -236,7 +236,7 @@ def test_hf_fallback_greedy_ids_equal_transformers_generate(engine, prompts, hf_
 
 def test_openai_chat_route_builds_the_models_template(engine, prompts) -> None:
     """`/v1/chat/completions` (the judge's route) tokenizes messages as the data pipeline does."""
-    from rlvr.rollout.server import _chat_prompt
+    from rlvr.server.routes import _chat_prompt
 
     assert [_chat_prompt(engine.tokenizer, m) for m in MESSAGES] == prompts
 

@@ -200,7 +200,7 @@ def test_rlvr_eval_sends_the_chat_template_ids(
 ) -> None:
     """`rlvr eval`'s `evaluate` on the real engine: the ids it sends, and the prompt its rows report."""
     from rlvr.evaluation import evaluate
-    from rlvr.rollout.embedded import EmbeddedEngine
+    from rlvr.server.embedded import EmbeddedEngine
 
     sent: list[list[int]] = []
     generate = EmbeddedEngine.generate

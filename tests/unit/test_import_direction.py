@@ -26,8 +26,9 @@ RLVR = Path(__file__).resolve().parents[2] / "rlvr"
 LAYERS: list[tuple[str, ...]] = [
     ("rlvr", "rlvr.types", "rlvr.rundir", "rlvr.process", "rlvr.rendezvous", "rlvr.models"),
     ("rlvr.recipe",),
+    ("rlvr.sandbox", "rlvr.sync.group"),
     ("rlvr.data", "rlvr.rewards", "rlvr.algorithms", "rlvr.weight_arena", "rlvr.tiny"),
-    ("rlvr.rollout", "rlvr.trainer", "rlvr.tools", "rlvr.quickstart"),
+    ("rlvr.rollout", "rlvr.server", "rlvr.trainer", "rlvr.tools", "rlvr.quickstart"),
     ("rlvr.sync", "rlvr.monitor", "rlvr.evaluation"),
     ("rlvr.controller",),
     ("rlvr.loop",),
@@ -44,9 +45,12 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> int | None:
-    """The layer of `module`: that of its top-level unit (`rlvr.launch.node` -> `rlvr.launch`)."""
+    """The layer of `module`: its own entry if it has one (`rlvr.sync.group`, which rollout servers
+    import), else that of its top-level unit (`rlvr.launch.node` -> `rlvr.launch`)."""
     parts = module.split(".")
-    return LAYER_OF.get(".".join(parts[:2])) if len(parts) > 1 else LAYER_OF.get(module)
+    if module in LAYER_OF:
+        return LAYER_OF[module]
+    return LAYER_OF.get(".".join(parts[:2])) if len(parts) > 1 else None
 
 
 def imports(path: Path) -> list[tuple[int, str, list[str]]]:
@@ -160,4 +164,4 @@ def test_the_graph_resolves_submodules_and_sees_function_level_imports() -> None
     graph = import_graph()
     assert "rlvr.trainer.dist" in graph["rlvr.trainer.model"]  # `from rlvr.trainer import dist as d`
     assert "rlvr.loop" in graph["rlvr.worker"]  # inside main()
-    assert "rlvr.rewards.sandbox" in graph["rlvr.rewards.sandbox.local"]  # a name from the package __init__
+    assert "rlvr.sandbox" in graph["rlvr.sandbox.local"]  # a name from the package __init__

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rlvr.rollout.engine import GenerateRequest, SamplingParams
+from rlvr.rollout.base import GenerateRequest, SamplingParams
 from rlvr.rollout.vllm import VLLMClient
 
 from .vllm_env import ROOT

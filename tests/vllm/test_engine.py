@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from rlvr.rollout.engine import GenerateRequest, SamplingParams
+from rlvr.rollout.base import GenerateRequest, SamplingParams
 from rlvr.rollout.episode import run_episode
-from rlvr.rollout.http import RolloutError
+from rlvr.rollout.pool import RolloutError
 from rlvr.rollout.vllm import VLLMClient
 
 from .helpers import (
@@ -38,7 +38,7 @@ def base(vllm_server):
 
 
 def test_greedy_ids_equal_the_embedded_engine(vllm_server, base) -> None:
-    from rlvr.rollout.embedded import EmbeddedEngine
+    from rlvr.server.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(str(POLICY), max_batch=8, device="cpu")
     requests = [greedy(p, 48) for p in PROMPTS]

@@ -1,6 +1,6 @@
 """The real vLLM (CPU build) takes a LoRA adapter push through rlvr's backend: base + adapter, merged.
 
-No `--enable-lora`: the backend merges the adapter into the base (`rlvr.rollout.lora_merge`) and
+No `--enable-lora`: the backend merges the adapter into the base (`rlvr.server.lora_merge`) and
 reloads only the layers it touches (with their fused siblings), under the pushed version.
 The reference is transformers + peft (the unmerged adapter), as for `rlvr serve`
 (tests/integration/test_serve_lora.py, whose helpers these are).
@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from rlvr.rollout.engine import RolloutError
+from rlvr.rollout.base import RolloutError
 from rlvr.rollout.vllm import VLLMClient
 from tests.integration.test_serve_lora import (
     PROMPTS,

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from rlvr.rollout.engine import GenerateRequest, SamplingParams
+from rlvr.rollout.base import GenerateRequest, SamplingParams
 from rlvr.rollout.vllm import VLLMClient
 
 from .helpers import generate, push

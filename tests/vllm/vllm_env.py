@@ -58,7 +58,7 @@ class Server:
     """One vLLM server process (its own process group), started from a recipe's command line."""
 
     def __init__(self, recipe, *, port: int, log: Path, gpus: tuple[int, ...] = ()):
-        from rlvr.launch.commands import prepare_servers, server_command
+        from rlvr.launch.argv import prepare_servers, server_command
         from rlvr.recipe.plan import make_plan
 
         prepare_servers(recipe)

@@ -160,8 +160,8 @@ def test_rlvr_serve_frees_its_kv_cache_on_release_and_generates_the_same_after_r
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from rlvr.rollout.embedded import EmbeddedEngine
-    from rlvr.rollout.server import create_app
+    from rlvr.server.embedded import EmbeddedEngine
+    from rlvr.server.routes import create_app
 
     engine = EmbeddedEngine(tiny_model_dir, max_batch=4, max_seq_len=64)
     body = {"input_ids": [5, 17, 40], "sampling_params": {"temperature": 0, "max_new_tokens": 6}}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlvr.launch.commands import judge_command, server_command, trainer_command
+from rlvr.launch.argv import judge_command, server_command, trainer_command
 from rlvr.recipe.load import load_recipe
 from rlvr.recipe.plan import make_plan
 
@@ -51,7 +51,7 @@ def test_local_quickstart_runs_embedded_servers_and_the_judge() -> None:
 def test_the_embedded_kv_cache_is_sized_from_the_measured_prompts() -> None:
     """launch measures every row's prompt (rlvr.data.prompt_fit): with the default prompt limit of
     1024 and prompts of 60 tokens, a server's sequences are 64 + the response, not 1024 + it."""
-    from rlvr.launch.commands import embedded_max_seq_len
+    from rlvr.launch.argv import embedded_max_seq_len
 
     recipe = load_recipe(ROOT / "recipes" / "quickstart.toml", ["data.max_prompt_tokens=1024", "model.path=/nowhere"])
     assert embedded_max_seq_len(recipe) == 1024 + 64  # not measured: the limit

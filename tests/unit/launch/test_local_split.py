@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.launch.commands import SERVER_MODULE_ENV, WORKER_MODULE_ENV
+from rlvr.launch.argv import SERVER_MODULE_ENV, WORKER_MODULE_ENV
 from rlvr.launch.local import LocalLauncher, colocate_flags, gpu_env
 from rlvr.recipe.checks import split_problem
 from rlvr.recipe.load import load_recipe

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.launch.commands import trainer_command
+from rlvr.launch.argv import trainer_command
 from rlvr.launch.node import (
     ROLLOUT,
     TRAINER,

@@ -20,7 +20,7 @@ from rlvr.controller import GROUP_ENDS, RolloutManager
 from rlvr.loop import RLLoop
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.schema import Recipe
-from rlvr.rollout.embedded import EmbeddedEngine
+from rlvr.server.embedded import EmbeddedEngine
 from rlvr.sync.inprocess import InProcessSync
 from rlvr.trainer.actor import Actor
 from rlvr.trainer.critic import Critic
@@ -273,7 +273,7 @@ def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
 
     from rlvr.algorithms.filters import keep_group
     from rlvr.data.mixture import hash_seed
-    from rlvr.rollout.engine import GenerateRequest
+    from rlvr.rollout.base import GenerateRequest
     from rlvr.trainer.prepare import prepare_batch
 
     algorithm = {"dynamic_sampling": True, "max_refill_rounds": 1, "min_group_std": 0.02}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlvr.loop import FAILED_EXIT
-from rlvr.rollout.engine import RolloutError
+from rlvr.rollout.base import RolloutError
 
 from .test_loop import make_loop, model_dir, run, weights  # noqa: F401 - model_dir is a fixture
 

@@ -18,7 +18,7 @@ from rlvr.loop import RLLoop
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.load import load_recipe
 from rlvr.rewards.pool import RewardPool
-from rlvr.rollout.embedded import EmbeddedEngine
+from rlvr.server.embedded import EmbeddedEngine
 from rlvr.sync.inprocess import InProcessSync
 from rlvr.trainer.actor import Actor
 

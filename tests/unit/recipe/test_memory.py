@@ -99,13 +99,13 @@ def real_model_from(folder: Path) -> torch.nn.Module:
 
 
 def test_the_embedded_kv_cache_is_what_its_decoder_allocates() -> None:
-    from rlvr.rollout.decoders import StaticKVDecoder
+    from rlvr.server.decoders import StaticKVDecoder
 
     recipe = load_recipe(RECIPE, ["cluster.gpus_per_node=2", "rollout.max_batch=3", "cluster.gpu_memory_gb=80"])
     shape = model_shape(recipe)
     assert shape is not None
     kv = next(t for t in estimate(recipe, make_plan(recipe)).loads[1].terms if t.name == "KV cache")
-    # the length the launcher gives `rlvr serve --max-seq-len` (rlvr.launch.commands.server_command)
+    # the length the launcher gives `rlvr serve --max-seq-len` (rlvr.launch.argv.server_command)
     decoder = StaticKVDecoder(real_model_from(POLICY), max_slots=3, max_len=longest_sequence(recipe))
     allocated = sum(t.numel() * t.element_size() for t in (decoder.k_cache, decoder.v_cache))
     assert kv.bytes == allocated
@@ -217,7 +217,7 @@ def test_validate_refuses_a_kv_budget_the_embedded_engine_would_refuse() -> None
     from transformers import AutoConfig
 
     from rlvr.recipe.checks import kv_budget_problem
-    from rlvr.rollout.embedded import KVBudgetError, kv_cache_plan
+    from rlvr.server.embedded import KVBudgetError, kv_cache_plan
 
     config = AutoConfig.from_pretrained(POLICY)
     length = longest_sequence(load_recipe(RECIPE, []))

@@ -29,7 +29,7 @@ def _close_worker_pools():
 
 
 def sandbox_available() -> bool:
-    from rlvr.rewards.sandbox.local import available_mode
+    from rlvr.sandbox.local import available_mode
 
     try:
         return available_mode("bwrap") == "bwrap"

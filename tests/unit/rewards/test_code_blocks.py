@@ -28,7 +28,7 @@ REPLIES = {
 
 
 def sandbox_usable() -> bool:
-    from rlvr.rewards.sandbox.local import available_mode
+    from rlvr.sandbox.local import available_mode
 
     try:
         return available_mode("auto") in ("bwrap", "unshare")

@@ -92,7 +92,7 @@ async def test_sandbox_python_has_no_host_site_packages():
 
 
 def test_insecure_mode_needs_to_be_asked_for(monkeypatch):
-    from rlvr.rewards.sandbox import local
+    from rlvr.sandbox import local
 
     monkeypatch.setattr(local.shutil, "which", lambda name: None)
     monkeypatch.setattr(local, "_modes_cache", {})
@@ -165,7 +165,7 @@ class FakeAsyncSandbox:
 
 @pytest.fixture
 def fake_e2b(monkeypatch):
-    from rlvr.rewards.sandbox import e2b
+    from rlvr.sandbox import e2b
 
     FakeAsyncSandbox.log = []
     FakeAsyncSandbox.behaviour = "run"
@@ -220,7 +220,7 @@ def test_runner_is_packaged():
 
 @pytest.mark.parametrize("mode", ["unshare", "insecure"])
 async def test_fallback_modes_run_and_time_out(mode):
-    from rlvr.rewards.sandbox.local import available_mode
+    from rlvr.sandbox.local import available_mode
 
     try:
         available_mode(mode)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.rollout.embedded import EmbeddedEngine
-from rlvr.rollout.engine import GenerateRequest, RolloutEngine, SamplingParams
+from rlvr.rollout.base import GenerateRequest, RolloutEngine, SamplingParams
+from rlvr.server.embedded import EmbeddedEngine
 
 PROMPTS = ["hello", "the quick brown fox", "a", "xyz 123 abc", "solve: 2+2=", "def f(x):\n    return"]
 
@@ -52,7 +52,7 @@ def test_onednn_packed_projections_match_plain_linear(model_dir, monkeypatch):
     through `refresh()` (which every weight load calls)."""
     from transformers import AutoModelForCausalLM
 
-    from rlvr.rollout.decoders import StaticKVDecoder, _Linear
+    from rlvr.server.decoders import StaticKVDecoder, _Linear
 
     monkeypatch.setattr(_Linear, "MIN_PACKED_NUMEL", 0)  # the tiny model is below both thresholds
     monkeypatch.setattr(_Linear, "MIN_PACKED_MACS", 0)
@@ -313,7 +313,7 @@ def _free_port() -> int:
 
 def _join_as_trainer(engine: EmbeddedEngine, group_name: str):
     """A 2-rank gloo update group: this process's rank 0 (the trainer) and the engine's rank 1."""
-    from rlvr.rollout.dist import join_group
+    from rlvr.sync.group import join_group
 
     port = _free_port()
     holder: dict[str, object] = {}
@@ -346,7 +346,7 @@ def _perturbed(model_dir, seed: int):
 
 def _spy_receives(monkeypatch) -> list[int]:
     """The data pointers every `receive_into` call of the engine writes to, in order."""
-    import rlvr.rollout.dist as rdist
+    import rlvr.sync.group as rdist
 
     received: list[int] = []
     real_receive_into = rdist.receive_into
@@ -361,7 +361,7 @@ def _spy_receives(monkeypatch) -> list[int]:
 
 def _push(engine: EmbeddedEngine, group, group_name: str, named: list[tuple[str, torch.Tensor]], **kw) -> None:
     """Rank 0 broadcasts `named` while the engine receives them as one bucket; re-raises the engine's error."""
-    from rlvr.rollout.dist import dtype_name, send_broadcast
+    from rlvr.sync.group import dtype_name, send_broadcast
 
     errors: list[BaseException] = []
 
@@ -497,7 +497,7 @@ def test_worker_threads_default_to_one_for_narrow_cpu_models(engine, model_dir):
     wide models keep every core, GPUs are untouched, and `threads=` overrides."""
     from types import SimpleNamespace
 
-    from rlvr.rollout.embedded import _default_threads
+    from rlvr.server.embedded import _default_threads
 
     def model(hidden):
         return SimpleNamespace(config=SimpleNamespace(hidden_size=hidden))

@@ -12,9 +12,9 @@ import asyncio
 import pytest
 import torch
 
-from rlvr.rollout.embedded import EmbeddedEngine
-from rlvr.rollout.engine import GenerateRequest, SamplingParams
+from rlvr.rollout.base import GenerateRequest, SamplingParams
 from rlvr.rollout.episode import run_episode
+from rlvr.server.embedded import EmbeddedEngine
 
 LONG = SamplingParams(temperature=0.0, max_new_tokens=900, ignore_eos=True)
 

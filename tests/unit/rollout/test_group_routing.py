@@ -16,10 +16,10 @@ import pytest
 from aiohttp import web
 
 from rlvr.recipe.schema import RolloutConfig
-from rlvr.rollout.clients import SERVER_INFLIGHT, make_client, max_inflight_per_server
-from rlvr.rollout.engine import GenerateRequest, SamplingParams
+from rlvr.rollout.base import GenerateRequest, SamplingParams
 from rlvr.rollout.episode import run_episode, run_group
-from rlvr.rollout.http import _Slots
+from rlvr.rollout.factory import SERVER_INFLIGHT, make_client, max_inflight_per_server
+from rlvr.rollout.pool import _Slots
 from rlvr.rollout.sglang import SGLangClient
 from rlvr.types import Completion
 from tests.conftest import serve_app
@@ -278,7 +278,7 @@ def test_in_flight_default_follows_the_engine_and_the_recipe_key_wins() -> None:
 async def test_the_embedded_engine_samples_a_group_as_n_separate_episodes_would(model_dir) -> None:
     """One n-sample request (shared prefill, sample j seeded seed + j) against n episodes each
     asking alone: the same ids and logprobs, so routing groups changes no run's samples."""
-    from rlvr.rollout.embedded import EmbeddedEngine
+    from rlvr.server.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(model_dir, max_batch=8, device="cpu")
     try:

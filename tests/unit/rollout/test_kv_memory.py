@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.rollout.embedded import EmbeddedEngine, KVBudgetError, kv_bytes_per_token
-from rlvr.rollout.engine import GenerateRequest, SamplingParams
+from rlvr.rollout.base import GenerateRequest, SamplingParams
+from rlvr.server.embedded import EmbeddedEngine, KVBudgetError, kv_bytes_per_token
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -35,14 +35,14 @@ def _serve_args(argv: list[str]) -> dict[str, str]:
 def test_the_kv_cache_holds_the_recipes_sequences(model_dir: Path, caplog) -> None:
     """`server_command` passes the recipe's longest sequence (prompt limit + response budget) and
     the engine allocates max_batch sequences of exactly that, and says so at start-up."""
-    from rlvr.launch.commands import server_command
+    from rlvr.launch.argv import server_command
     from rlvr.recipe.plan import ServerSpec
 
     recipe = _recipe(model_dir, "data.max_prompt_tokens=40", "rollout.max_new_tokens=24", "rollout.max_batch=6")
     args = _serve_args(server_command(recipe, ServerSpec(index=0, node=0, port=1)))
     length = 40 + 24
     assert args["--max-seq-len"] == str(length) and args["--max-batch"] == "6"
-    with caplog.at_level(logging.INFO, logger="rlvr.rollout.embedded"):
+    with caplog.at_level(logging.INFO, logger="rlvr.server.embedded"):
         engine = EmbeddedEngine(model_dir, max_batch=6, max_seq_len=int(args["--max-seq-len"]), device="cpu")
     try:
         config = engine.model.config
@@ -65,7 +65,7 @@ def test_the_kv_cache_holds_the_recipes_sequences(model_dir: Path, caplog) -> No
 
 
 def test_a_tool_episode_budget_sets_the_length(model_dir: Path) -> None:
-    from rlvr.launch.commands import server_command
+    from rlvr.launch.argv import server_command
     from rlvr.recipe.plan import ServerSpec
 
     recipe = _recipe(model_dir, "data.max_prompt_tokens=30", "rollout.max_new_tokens=20")

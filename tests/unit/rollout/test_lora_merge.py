@@ -1,4 +1,4 @@
-"""LoRA adapters merged into the base weights (rlvr.rollout.lora_merge) and the embedded engine's adapter load.
+"""LoRA adapters merged into the base weights (rlvr.server.lora_merge) and the embedded engine's adapter load.
 
 The reference is peft itself: an adapter folder written by `save_pretrained` and merged by
 `merge_and_unload` on the quickstart policy (Qwen3, tied embeddings, 3 layers).
@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlvr.rollout.lora_merge import AdapterError, AdapterMerge, merged_weights
+from rlvr.server.lora_merge import AdapterError, AdapterMerge, merged_weights
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICY = ROOT / "recipes" / "quickstart" / "policy"
@@ -213,7 +213,7 @@ def test_a_broken_folder_fails_with_one_line(adapters, tmp_path, how: str) -> No
 
 @pytest.fixture(scope="module")
 def engine():
-    from rlvr.rollout.embedded import EmbeddedEngine
+    from rlvr.server.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(str(POLICY), max_batch=4, device="cpu", max_seq_len=128)
     yield engine

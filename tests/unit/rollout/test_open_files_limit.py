@@ -34,7 +34,7 @@ def test_the_soft_limit_goes_up_to_the_hard_one() -> None:
 
 def test_rlvr_serve_and_the_worker_raise_it_before_anything_else(monkeypatch) -> None:
     import rlvr.process
-    import rlvr.rollout.server as server
+    import rlvr.server.routes as server
     import rlvr.worker as worker
 
     calls: list[str] = []

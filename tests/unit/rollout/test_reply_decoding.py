@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rlvr.rollout import http
+from rlvr.rollout import pool as http_pool
 from tests.conftest import serve_app
 
 
@@ -25,20 +25,20 @@ async def serve(body: str) -> tuple[web.AppRunner, str]:
 
 def test_long_replies_are_decoded_on_a_worker_thread(monkeypatch) -> None:
     threads: list[str] = []
-    real = http.jsonlib.loads
+    real = http_pool.jsonlib.loads
 
     def loads(text: str) -> Any:
         threads.append(threading.current_thread().name)
         return real(text)
 
-    monkeypatch.setattr(http.jsonlib, "loads", loads)
+    monkeypatch.setattr(http_pool.jsonlib, "loads", loads)
     long_reply = {"output_ids": list(range(40_000)), "meta_info": {"finish_reason": "length"}}
 
     async def main() -> list[Any]:
         out = []
         for body in (json.dumps({"ok": 1}), json.dumps(long_reply)):
             runner, url = await serve(body)
-            pool = http.ServerPool([url])
+            pool = http_pool.ServerPool([url])
             try:
                 out.append(await pool._request(pool.servers[0], "POST", "/generate", json={}, generation=True))
             finally:
@@ -49,5 +49,5 @@ def test_long_replies_are_decoded_on_a_worker_thread(monkeypatch) -> None:
     loop_thread = threading.current_thread().name
     short, long = asyncio.run(main())
     assert short == {"ok": 1} and long == long_reply
-    assert len(json.dumps(long_reply)) > http.OFF_LOOP_JSON_CHARS
+    assert len(json.dumps(long_reply)) > http_pool.OFF_LOOP_JSON_CHARS
     assert threads[0] == loop_thread and threads[1] != loop_thread, threads

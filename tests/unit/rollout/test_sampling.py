@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from rlvr.rollout.engine import SamplingParams
-from rlvr.rollout.sampling import RowSampling, sample_greedy, sample_plain, sample_rows
+from rlvr.rollout.base import SamplingParams
+from rlvr.server.sampling import RowSampling, sample_greedy, sample_plain, sample_rows
 
 
 def _row(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, uniform=0.5) -> RowSampling:

@@ -93,7 +93,7 @@ def test_least_outstanding_pick():
 def test_a_held_server_stays_out_of_rotation_past_the_revive_time(monkeypatch) -> None:
     """The weight sync holds a dropped engine (stale weights): the real client must not revive
     it after `revive_after_s` like a crashed one, even when /health answers; `admit` does."""
-    import rlvr.rollout.http as sg
+    import rlvr.rollout.pool as sg
 
     client = SGLangClient(["http://a:1", "http://b:1"], revive_after_s=30)
     client.hold("http://b:1")

@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.launch.commands import server_command, vllm_max_model_len
+from rlvr.launch.argv import server_command, vllm_max_model_len
 from rlvr.recipe.load import load_recipe
 from rlvr.recipe.plan import make_plan
-from rlvr.rollout.engine import SamplingParams
+from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.vllm import completions_from_vllm, sampling_payload, token_versions
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,7 +38,7 @@ def test_per_token_versions_come_from_vllms_spans() -> None:
 
 
 def test_a_logprob_count_that_does_not_match_the_tokens_is_an_error() -> None:
-    from rlvr.rollout.engine import RolloutError
+    from rlvr.rollout.base import RolloutError
 
     bad = {"choices": [{"index": 0, "token_ids": [1, 2], "logprobs": {"content": [{"logprob": -1.0}]}}]}
     with pytest.raises(RolloutError, match="1 logprobs for 2 tokens"):

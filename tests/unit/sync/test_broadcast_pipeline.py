@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from rlvr.rollout.embedded import EmbeddedEngine
+from rlvr.server.embedded import EmbeddedEngine
 from rlvr.sync import SyncError
 from rlvr.sync.base import plan_buckets, weight_specs
 from rlvr.sync.broadcast import BroadcastSync
@@ -58,7 +58,7 @@ class Spy:
 def _hold_answers_until_the_next_request(monkeypatch, spy: Spy, buckets: int) -> list[bool]:
     """After bucket k's bytes are in (engine lock held), wait for request k+1; returns, per
     bucket, whether it came in time."""
-    import rlvr.rollout.dist as rdist
+    import rlvr.sync.group as rdist
 
     real = rdist.receive_into
     seen: list[bool] = []

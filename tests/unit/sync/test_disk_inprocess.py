@@ -56,8 +56,8 @@ def test_disk_fail_and_continue_modes(harness, model, tmp_path: Path) -> None:
 def test_inprocess_copies_into_an_embedded_engine(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from rlvr.rollout.embedded import EmbeddedEngine
-    from rlvr.rollout.engine import GenerateRequest, SamplingParams
+    from rlvr.rollout.base import GenerateRequest, SamplingParams
+    from rlvr.server.embedded import EmbeddedEngine
     from rlvr.tiny import build_tiny_model_dir
 
     path = build_tiny_model_dir(tmp_path / "tiny")

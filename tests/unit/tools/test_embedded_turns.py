@@ -7,9 +7,9 @@ import string
 
 import pytest
 
-from rlvr.rollout.embedded import EmbeddedEngine
-from rlvr.rollout.engine import GenerateRequest, SamplingParams
+from rlvr.rollout.base import GenerateRequest, SamplingParams
 from rlvr.rollout.episode import ToolReply, run_episode
+from rlvr.server.embedded import EmbeddedEngine
 from tests.conftest import build_sharp_model_dir
 
 

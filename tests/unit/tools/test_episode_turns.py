@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rlvr.rollout.engine import SamplingParams
+from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.episode import run_episode
 from tests.unit.tools.conftest import ScriptedEngine, fake_tool, toolbox
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr.rollout.engine import SamplingParams
+from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.episode import run_episode
 from rlvr.tools.base import ToolConfigError
 from rlvr.tools.formats import HermesFormat

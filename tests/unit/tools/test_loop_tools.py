@@ -15,7 +15,7 @@ from rlvr.controller import RolloutManager
 from rlvr.loop import RLLoop
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.schema import Recipe
-from rlvr.rollout.embedded import EmbeddedEngine
+from rlvr.server.embedded import EmbeddedEngine
 from rlvr.sync.inprocess import InProcessSync
 from rlvr.tools.formats import ToolCall
 from rlvr.trainer.actor import Actor

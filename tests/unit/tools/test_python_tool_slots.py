@@ -34,7 +34,7 @@ class CountingSandbox:
 
 
 async def test_python_programs_at_once_are_capped_at_the_cores(tokenizer, monkeypatch) -> None:
-    import rlvr.rewards.sandbox.local as local
+    import rlvr.sandbox.local as local
 
     monkeypatch.setattr(local, "LocalSandbox", CountingSandbox)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)  # the node's cores

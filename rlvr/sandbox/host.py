@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from rlvr.rewards.sandbox import Limits, RunResult
+from rlvr.sandbox import Limits, RunResult
 
 SANDBOX_DIR = "/sandbox"
 

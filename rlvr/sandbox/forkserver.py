@@ -27,8 +27,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from rlvr.rewards.sandbox import Limits, RunResult
-from rlvr.rewards.sandbox.host import SANDBOX_DIR, python_prefix, reap, root_binds, supervise
+from rlvr.sandbox import Limits, RunResult
+from rlvr.sandbox.host import SANDBOX_DIR, python_prefix, reap, root_binds, supervise
 
 
 class ForkServer:
@@ -45,7 +45,7 @@ class ForkServer:
         if not self.spool or not os.path.isdir(self.spool):  # a restart keeps it: runs may have written there
             self.spool = tempfile.mkdtemp(prefix="rlvr-spool-")
         zygote = Path(self.spool).with_name(Path(self.spool).name + "-zygote.py")
-        zygote.write_text(resources.files("rlvr.rewards.sandbox").joinpath("zygote.py").read_text())
+        zygote.write_text(resources.files("rlvr.sandbox").joinpath("zygote.py").read_text())
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--die-with-parent", "--new-session", "--cap-add", "ALL", *root_binds()]  # fmt: skip

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlvr.rewards.sandbox import Limits, RunResult
-from rlvr.rewards.sandbox.forkserver import ForkServer
-from rlvr.rewards.sandbox.host import SANDBOX_DIR, python_prefix, reap, root_binds, supervise
+from rlvr.sandbox import Limits, RunResult
+from rlvr.sandbox.forkserver import ForkServer
+from rlvr.sandbox.host import SANDBOX_DIR, python_prefix, reap, root_binds, supervise
 
 PYLIB_DIR = "/opt/rlvr-pylib"
 _PYTEST_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py")

@@ -14,7 +14,7 @@ import shlex
 import time
 from typing import Any
 
-from rlvr.rewards.sandbox import Limits, RunResult
+from rlvr.sandbox import Limits, RunResult
 
 WORKDIR = "/home/user/rlvr"
 

@@ -91,7 +91,7 @@ class GenerateRequest:
 
     `affinity`: requests with the same key go to the same server while it is live (one GRPO
     group's n-sample request and its samples' continuations), so the prompt's KV is reused
-    there; an HTTP client routes by it (`rlvr.rollout.http`), an in-process engine ignores it.
+    there; an HTTP client routes by it (`rlvr.rollout.pool`), an in-process engine ignores it.
     """
 
     input_ids: list[int]

@@ -2,8 +2,8 @@
 
 It runs in vLLM's own Python, never rlvr's: vLLM loads it through its plug-in entry point group
 `vllm.general_plugins` in every process, and `register` adds the backend `rlvr` to vLLM's
-`WeightTransferEngineFactory`; so it imports only torch, vLLM, `rlvr.rollout.dist` and
-`rlvr.rollout.lora_merge`. vLLM's own backends need an accelerator and vLLM in the trainer's env;
+`WeightTransferEngineFactory`; so it imports only torch, vLLM, `rlvr.sync.group` and
+`rlvr.server.lora_merge`. vLLM's own backends need an accelerator and vLLM in the trainer's env;
 this one joins the group SGLang and `rlvr serve` join, so `BroadcastSync` is one path for all.
 Each bucket is checked against the served model before it loads (a failed reload cannot be undone)
 and loads on a thread while the next one arrives; the last bucket raises the push's first failure
@@ -28,7 +28,7 @@ BACKEND = "rlvr"
 
 
 def register() -> None:
-    """vLLM's plug-in hook (entry point `rlvr = rlvr.rollout.vllm_backend:register`)."""
+    """vLLM's plug-in hook (entry point `rlvr = rlvr.server.vllm_plugin:register`)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     if BACKEND not in WeightTransferEngineFactory._registry:
@@ -101,7 +101,7 @@ class RlvrWeightTransfer(_engine_base()):
         self._session = False  # between start_weight_update and the reload's finalize
 
     def init_transfer_engine(self, init_info: RlvrInitInfo) -> None:
-        from rlvr.rollout.dist import join_group_like_sglang
+        from rlvr.sync.group import join_group_like_sglang
 
         self.shutdown()
         parallel = self.parallel_config
@@ -178,7 +178,7 @@ class RlvrWeightTransfer(_engine_base()):
         since the reload keeps the tensors it is given)."""
         import torch
 
-        from rlvr.rollout.dist import receive_broadcast, receive_into, torch_dtype
+        from rlvr.sync.group import receive_broadcast, receive_into, torch_dtype
 
         device = self.group.device
         if update_info.load_format != "flattened_bucket":
@@ -201,7 +201,7 @@ class RlvrWeightTransfer(_engine_base()):
         """Merge a peft adapter into the base and load what it changes (module docstring)."""
         import torch
 
-        from rlvr.rollout.lora_merge import AdapterMerge
+        from rlvr.server.lora_merge import AdapterMerge
 
         start = time.perf_counter()
         self._quiet = self._quiet or _quiet_reload_warnings()
@@ -228,7 +228,7 @@ class RlvrWeightTransfer(_engine_base()):
         them loads: a tensor that fails half-way through vLLM's layerwise reload cannot be undone
         (finalizing the reload replays it and fails again), and the engine dies. Raises ValueError
         with `where` + the name (for a bucket, that becomes the push's refusal: see `_refusal`)."""
-        from rlvr.rollout.lora_merge import base_index
+        from rlvr.server.lora_merge import base_index
 
         if self._base_shapes is None:  # the folder vLLM was started on, read once
             index = base_index(_base_folder(self.vllm_config))
@@ -242,7 +242,7 @@ class RlvrWeightTransfer(_engine_base()):
 
     def _check_folder(self, path: str) -> None:
         """A pushed folder's tensors, from its safetensors headers (no tensor read), as `_check_shapes`."""
-        from rlvr.rollout.lora_merge import base_index
+        from rlvr.server.lora_merge import base_index
 
         self._check_shapes((f"{t.file.name} in {path}: ", name, list(t.shape)) for name, t in base_index(path).items())
 

@@ -26,7 +26,7 @@ from typing import Any, Self
 
 import aiohttp
 
-from rlvr.rollout.engine import RolloutError
+from rlvr.rollout.base import RolloutError
 
 log = logging.getLogger(__name__)
 

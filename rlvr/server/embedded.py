@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.rollout.engine import GenerateRequest, PauseMode, SamplingParams, parse_version
+from rlvr.rollout.base import GenerateRequest, PauseMode, SamplingParams, parse_version
 from rlvr.types import Completion
 from rlvr.weight_arena import back_to_back_bytes, build_weight_arena
 
@@ -215,7 +215,7 @@ class EmbeddedEngine:
         return frozenset(ids)
 
     def _make_backend(self, fast: bool) -> Any:
-        from rlvr.rollout.decoders import RecomputeDecoder, StaticKVDecoder, fast_path_supported
+        from rlvr.server.decoders import RecomputeDecoder, StaticKVDecoder, fast_path_supported
 
         ok, why = fast_path_supported(self.model)
         if fast and ok:
@@ -471,7 +471,7 @@ class EmbeddedEngine:
         self._sample_and_check(list(live), logits)
 
     def _sample_and_check(self, seqs: list[_Seq], logits: Any) -> None:
-        from rlvr.rollout.sampling import RowSampling, is_greedy, sample_greedy, sample_plain, sample_rows, truncates
+        from rlvr.server.sampling import RowSampling, is_greedy, sample_greedy, sample_plain, sample_rows, truncates
 
         params = [s.params for s in seqs]
         if all(is_greedy(p.temperature, p.top_k) for p in params):
@@ -660,14 +660,14 @@ class EmbeddedEngine:
 
     def load_lora_adapter_sync(self, path: str | Path, *, version: str | None = None) -> None:
         """Serve the base weights plus a peft LoRA adapter: W_base + (lora_alpha / r) * B @ A for
-        every module it targets (`rlvr.rollout.lora_merge`), the base read from the folder this
+        every module it targets (`rlvr.server.lora_merge`), the base read from the folder this
         engine was started on; what the previous adapter merged and this one does not target goes
         back to the base (each load replaces, never stacks). The folder is checked against the
         base before any weight changes (a bad one raises `AdapterError` and sets no version). The
         merged tensors go in through `load_state_dict`, in buckets of `ADAPTER_BUCKET_BYTES`,
         under one hold of the step lock, so no step sees half of them; the version comes last.
         """
-        from rlvr.rollout.lora_merge import AdapterMerge
+        from rlvr.server.lora_merge import AdapterMerge
 
         merge = AdapterMerge(path, self.model_path, previous=self._adapter_weights)
         table = self._weight_table()
@@ -703,7 +703,7 @@ class EmbeddedEngine:
         backend: str = "gloo",
         timeout_s: float = 600.0,
     ) -> None:
-        from rlvr.rollout.dist import join_group_like_sglang
+        from rlvr.sync.group import join_group_like_sglang
 
         if group_name in self._weight_groups:
             raise ValueError(f"weight update group {group_name!r} already exists; destroy it first")
@@ -751,7 +751,7 @@ class EmbeddedEngine:
         """
         import torch
 
-        from rlvr.rollout.dist import receive_into
+        from rlvr.sync.group import receive_into
 
         if not self.update_session:
             raise RuntimeError(
@@ -789,7 +789,7 @@ class EmbeddedEngine:
         self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]
     ) -> tuple[dict[str, Any], list[tuple[Any, tuple[int, ...]]], list[str]]:
         """The weight table, each tensor's (torch dtype, shape), and what is wrong with the bucket."""
-        from rlvr.rollout.dist import torch_dtype
+        from rlvr.sync.group import torch_dtype
 
         table = self._weight_table()
         specs = [(torch_dtype(dt), tuple(int(s) for s in shape)) for dt, shape in zip(dtypes, shapes, strict=True)]

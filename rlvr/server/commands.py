@@ -1,7 +1,7 @@
 """`rlvr serve MODEL_PATH`: the embedded engine behind SGLang's HTTP API and OpenAI's routes.
 
 The one definition of the command: the CLI mounts this function as `rlvr serve`, and it also
-runs standalone (`python -m rlvr.rollout.commands MODEL_PATH ...`) so tests need not depend
+runs standalone (`python -m rlvr.server.commands MODEL_PATH ...`) so tests need not depend
 on the CLI's wiring. Nothing heavy is imported at module level (the CLI imports this at
 parse time).
 """
@@ -52,7 +52,7 @@ def serve(
     """
     if not (model_path / "config.json").exists():
         _fail(f"{model_path}: no model folder here (expected a HF folder with config.json)")
-    from rlvr.rollout.embedded import DTYPES  # torch-free: the check stays instant
+    from rlvr.server.embedded import DTYPES  # torch-free: the check stays instant
 
     if dtype not in DTYPES:
         _fail(f"--dtype {dtype}: expected {', '.join(DTYPES[:-1])} or {DTYPES[-1]}")
@@ -61,7 +61,7 @@ def serve(
             _fail(f"{name} {value}: must be at least 1")
     if kv_cache_gb is not None and not kv_cache_gb > 0:
         _fail(f"--kv-cache-gb {kv_cache_gb}: must be a positive number of GB")
-    from rlvr.rollout.server import bind
+    from rlvr.server.routes import bind
 
     try:
         sock = bind(host, port)
@@ -69,8 +69,8 @@ def serve(
         _fail(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); pick another or --port 0")
     bound = sock.getsockname()[1]
     typer.echo(f"rlvr serve: loading {model_path}; will listen on http://{host}:{bound}")
-    from rlvr.rollout.embedded import EmbeddedEngine, KVBudgetError
-    from rlvr.rollout.server import run_server
+    from rlvr.server.embedded import EmbeddedEngine, KVBudgetError
+    from rlvr.server.routes import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_loading_bars()

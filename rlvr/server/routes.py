@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rlvr.rollout.engine import GenerateRequest, SamplingParams
+from rlvr.rollout.base import GenerateRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
