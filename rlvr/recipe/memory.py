@@ -381,7 +381,7 @@ def engine_load(recipe: Recipe, shape: ModelShape, *, gpus: list[int], gpu_bytes
     tp_hint = "a larger tensor-parallel size splits it" if engine != "embedded" else "a smaller model or dtype"
     load = GpuLoad(role, gpus, [Term(f"weights ({dtype}, 1/{tp} shard)", weights, tp_key, tp_hint)])
     per_token = shape.kv_bytes_per_token(dtype_bytes=width, tp=tp)
-    sample = recipe.data.max_prompt_tokens + rollout.max_new_tokens
+    sample = longest_sequence(recipe, capped=False)  # a tool episode's turns are in its sample
     if engine == "embedded":
         max_len = longest_sequence(recipe)  # what the launcher passes as `rlvr serve --max-seq-len`
         kv = per_token * rollout.max_batch * max_len

@@ -43,11 +43,11 @@ def max_positions(model_path: str | None) -> int:
         return 0
 
 
-def longest_sequence(recipe: Recipe) -> int:
+def longest_sequence(recipe: Recipe, *, capped: bool = True) -> int:
     """The longest sequence a step can make (what `rlvr serve --max-seq-len` and vLLM's
-    `--max-model-len` are launched with, and what the memory estimate sizes the KV cache for): the prompt limit plus the longest response or tool
-    episode, capped at the model's `max_position_embeddings` when it is known."""
-    episodes = [d.max_episode_tokens or 0 for d in recipe.domains.values()]
-    longest = recipe.data.max_prompt_tokens + max([recipe.rollout.max_new_tokens, *episodes])
-    limit = max_positions(recipe.model.path)
+    `--max-model-len` are launched with, and what the memory estimate sizes the KV cache for): the
+    prompt limit plus the longest response or tool episode (`Recipe.longest_episode`), capped at the
+    model's `max_position_embeddings` when it is known (`capped=False`: not capped)."""
+    longest = recipe.data.max_prompt_tokens + recipe.longest_episode()[1]
+    limit = max_positions(recipe.model.path) if capped else 0
     return min(longest, limit) if limit else longest

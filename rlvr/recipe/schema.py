@@ -770,6 +770,19 @@ class Recipe(Section):
                 "each a zero advantage; set rollout.temperature > 0 (e.g. 1.0)",
             )
 
+    def longest_episode(self) -> tuple[tuple[str, ...], int]:
+        """The most tokens a sample adds after its prompt, and the key that sets it: the response
+        (`rollout.max_new_tokens`), or a tool domain's episode, whose tool turns add their tokens
+        to the sequence (`max_episode_tokens` counts model and tool tokens together). A domain
+        without tools runs no episode, so its `max_episode_tokens` is not used."""
+        budgets = [(("rollout", "max_new_tokens"), self.rollout.max_new_tokens)]
+        budgets += [
+            (("domains", name, "max_episode_tokens"), d.max_episode_tokens)
+            for name, d in self.domains.items()
+            if d.tools and d.max_episode_tokens
+        ]
+        return max(budgets, key=lambda item: item[1])  # the first of equals: the response
+
     def check_context(self, hf_config: dict[str, Any]) -> None:
         """The longest sequence a step makes (prompt limit plus the longest response or tool episode)
         must fit the model's `max_position_embeddings` (called with `model.config`, and by the loader
@@ -778,13 +791,7 @@ class Recipe(Section):
         if not positions:
             return
         prompt = self.data.max_prompt_tokens
-        budgets = [(("rollout", "max_new_tokens"), self.rollout.max_new_tokens)]
-        budgets += [
-            (("domains", name, "max_episode_tokens"), d.max_episode_tokens)
-            for name, d in self.domains.items()
-            if d.tools and d.max_episode_tokens
-        ]
-        key, tokens = max(budgets, key=lambda item: item[1])
+        key, tokens = self.longest_episode()
         if prompt + tokens > positions:
             raise _at(
                 key,

@@ -13,6 +13,7 @@ from rlvr.recipe.checks import memory_problem
 from rlvr.recipe.load import load_recipe
 from rlvr.recipe.memory import (
     GIB,
+    engine_load,
     estimate,
     llama_tensors,
     model_shape,
@@ -234,3 +235,24 @@ def test_validate_refuses_a_kv_budget_the_embedded_engine_would_refuse() -> None
     assert problem is None
     key, message = kv_budget_problem(load_recipe(RECIPE, ["rollout.kv_cache_gb=1e-6"])) or ((), "")
     assert key == ("rollout", "kv_cache_gb") and f"holds no sequence of {length} tokens" in message
+
+
+def test_the_longest_sequence_counts_a_tool_domains_turns() -> None:
+    """A tool episode's budget (model and tool turns together) sizes the longest sequence, for the
+    servers and the memory estimate alike; a domain without tools runs no episode."""
+    recipe = load_recipe(RECIPE, ["cluster.gpus_per_node=0"])
+    prompt, response = recipe.data.max_prompt_tokens, recipe.rollout.max_new_tokens
+    episode = response + 100
+    plain = recipe.domains["math"].model_copy(update={"max_episode_tokens": episode})
+    without_tools = recipe.model_copy(update={"domains": {**recipe.domains, "math": plain}})
+    assert longest_sequence(without_tools, capped=False) == prompt + response
+    assert without_tools.longest_episode() == (("rollout", "max_new_tokens"), response)
+    tool_domain = plain.model_copy(update={"tools": ["python"]})
+    with_tools = recipe.model_copy(update={"domains": {**recipe.domains, "math": tool_domain}})
+    assert longest_sequence(with_tools, capped=False) == prompt + episode
+    assert with_tools.longest_episode() == (("domains", "math", "max_episode_tokens"), episode)
+    vllm = with_tools.model_copy(update={"rollout": with_tools.rollout.model_copy(update={"engine": "vllm"})})
+    shape = model_shape(vllm)
+    assert shape is not None
+    load = engine_load(vllm, shape, gpus=[0], gpu_bytes=80 * GIB, role="rollout")
+    assert load.note.endswith(f" samples of {prompt + episode} tokens")

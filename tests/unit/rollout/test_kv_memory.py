@@ -69,6 +69,7 @@ def test_a_tool_episode_budget_sets_the_length(model_dir: Path) -> None:
     from rlvr.recipe.plan import ServerSpec
 
     recipe = _recipe(model_dir, "data.max_prompt_tokens=30", "rollout.max_new_tokens=20")
+    recipe.domains["math"].tools = ["python"]  # only a tool domain runs an episode
     recipe.domains["math"].max_episode_tokens = 90  # a tool episode's budget beats the response's
     assert _serve_args(server_command(recipe, ServerSpec(index=0, node=0, port=1)))["--max-seq-len"] == "120"
     recipe.rollout.kv_cache_gb = 0.5
