@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TypeVar, cast
 
 import torch
 from torch import Tensor
+
+from rlvr.recipe.schema import AlgorithmConfig
 
 GRPO_EPS = 1e-6
 """Added to the std in GRPO-style normalisation (verl's default)."""
@@ -31,7 +33,8 @@ _Values = TypeVar("_Values", Tensor, float)
 
 def _group_index(group_ids: Tensor) -> tuple[Tensor, int]:
     """Dense group index in [0, G) for arbitrary ids, and G."""
-    _, inverse = torch.unique(group_ids, return_inverse=True)
+    # torch.unique is untyped (it dispatches on its flags at runtime); its second output is a tensor
+    inverse = cast(Tensor, torch.unique(group_ids, return_inverse=True)[1])  # pyright: ignore[reportUnknownMemberType]
     return inverse, int(inverse.max().item()) + 1 if inverse.numel() else 0
 
 
@@ -200,7 +203,7 @@ _TOKEN_LEVEL = ("gae", "reinforce_pp", "reinforce_pp_baseline")
 
 def compute_advantages(
     *,
-    cfg: Any,
+    cfg: AlgorithmConfig,
     rewards: Tensor,
     group_ids: Tensor,
     mask: Tensor,
@@ -271,7 +274,9 @@ def compute_advantages(
     return adv * m, returns * m
 
 
-def _sequence_advantages(estimator: str, r: Tensor, group_ids: Tensor, m: Tensor, *, std_norm: str, cfg: Any) -> Tensor:
+def _sequence_advantages(
+    estimator: str, r: Tensor, group_ids: Tensor, m: Tensor, *, std_norm: str, cfg: AlgorithmConfig
+) -> Tensor:
     if estimator == "grpo":
         return normalize_rewards_per_group(r, group_ids, std_norm=std_norm)
     if estimator == "dr_grpo":
@@ -329,7 +334,7 @@ class RunningMoments:
         return math.sqrt(self.var)
 
     def update(self, values: Tensor | Sequence[float]) -> None:
-        xs = values.detach().double().flatten().tolist() if isinstance(values, Tensor) else [float(v) for v in values]
+        xs = _floats(values) if isinstance(values, Tensor) else [float(v) for v in values]
         if not xs:
             return
         n_b = float(len(xs))
@@ -353,3 +358,8 @@ class RunningMoments:
         self.count = float(state["count"])
         self.mean = float(state["mean"])
         self.m2 = float(state["m2"])
+
+
+def _floats(values: Tensor) -> list[float]:
+    """A tensor's values as python floats (float64), flattened (torch types `tolist` loosely)."""
+    return cast("list[float]", values.detach().double().flatten().tolist())  # pyright: ignore[reportUnknownMemberType]

@@ -15,22 +15,51 @@ sequence of numbers works): no torch needed to decide what to keep.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable
+from typing import Protocol, TypeAlias, cast, runtime_checkable
+
+from rlvr.recipe.schema import AlgorithmConfig
 
 _STD_TOL = 1e-12
 
 
-def _scores(rewards: Any) -> list[float]:
+@runtime_checkable
+class _HasScores(Protocol):
+    """A group of scored completions (``rlvr.types.Group``)."""
+
+    @property
+    def scores(self) -> list[float]: ...
+
+
+@runtime_checkable
+class _HasToList(Protocol):
+    """A 1-d tensor or array of rewards."""
+
+    def tolist(self) -> object: ...
+
+
+@runtime_checkable
+class _Scored(Protocol):
+    """One reward result (``rlvr.types.RewardResult``)."""
+
+    @property
+    def score(self) -> float: ...
+
+
+Rewards: TypeAlias = _HasScores | _HasToList | Iterable[float | _Scored]
+"""What the filters accept as one group's rewards."""
+
+
+def _scores(rewards: Rewards) -> list[float]:
     """Floats from a list, a tensor, an object with ``.scores`` (``rlvr.types.Group``) or ``.score`` items."""
-    if hasattr(rewards, "scores"):
+    if isinstance(rewards, _HasScores):
         rewards = rewards.scores
-    if hasattr(rewards, "tolist"):
-        rewards = rewards.tolist()
-    return [float(getattr(r, "score", r)) for r in rewards]
+    if isinstance(rewards, _HasToList):
+        rewards = cast("list[float]", rewards.tolist())  # a 1-d tensor's python numbers
+    return [float(r.score if isinstance(r, _Scored) else r) for r in rewards]
 
 
-def reward_std(rewards: Any) -> float:
+def reward_std(rewards: Rewards) -> float:
     """Sample (unbiased) std, the convention of ``advantages.py``; 0 for fewer than two rewards."""
     xs = _scores(rewards)
     if len(xs) < 2:
@@ -39,7 +68,7 @@ def reward_std(rewards: Any) -> float:
     return math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def keep_group(rewards: Any, *, cfg: Any) -> bool:
+def keep_group(rewards: Rewards, *, cfg: AlgorithmConfig) -> bool:
     """Whether a prompt group goes into the batch.
 
     Dropped when (a) ``cfg.dynamic_sampling`` or ``cfg.min_group_std > 0`` and the group's
@@ -62,7 +91,7 @@ def keep_group(rewards: Any, *, cfg: Any) -> bool:
     return not (high is not None and mean > high)
 
 
-def overlong_mask(finish_reasons: Iterable[str], *, cfg: Any) -> list[bool]:
+def overlong_mask(finish_reasons: Iterable[str], *, cfg: AlgorithmConfig) -> list[bool]:
     """Per sequence, True = keep its loss. With ``cfg.overlong_mask``, truncated responses
     (``finish_reason == "length"``) get False; otherwise every entry is True."""
     reasons = list(finish_reasons)
@@ -89,6 +118,6 @@ def soft_overlong_penalty(length: int, *, max_new_tokens: int, buffer: int, pena
     return -penalty
 
 
-def raft_sample_mask(rewards: Sequence[float] | Any, *, threshold: float) -> list[bool]:
+def raft_sample_mask(rewards: Rewards, *, threshold: float) -> list[bool]:
     """RAFT (Dong et al. 2023) / RAFT++ (Xiong et al. 2025): train only on rewards > threshold."""
     return [x > threshold for x in _scores(rewards)]

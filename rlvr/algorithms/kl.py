@@ -12,10 +12,12 @@ measured KL tracks a target.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
+
+from rlvr.recipe.schema import AlgorithmConfig
 
 KLEstimator = Literal["k1", "k2", "k3", "abs"]
 
@@ -55,9 +57,9 @@ class KLController(Protocol):
 
     def update(self, current_kl: float, n_steps: int) -> None: ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, float]: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, float]) -> None: ...
 
 
 class FixedKLController:
@@ -69,10 +71,10 @@ class FixedKLController:
     def update(self, current_kl: float, n_steps: int) -> None:
         del current_kl, n_steps
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, float]:
         return {"value": self.value}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, float]) -> None:
         self.value = float(state["value"])
 
 
@@ -96,16 +98,16 @@ class AdaptiveKLController:
         proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, float]:
         return {"value": self.value, "target": self.target, "horizon": self.horizon}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, float]) -> None:
         self.value = float(state["value"])
         self.target = float(state.get("target", self.target))
         self.horizon = int(state.get("horizon", self.horizon))
 
 
-def make_kl_controller(cfg: Any) -> FixedKLController | AdaptiveKLController:
+def make_kl_controller(cfg: AlgorithmConfig) -> FixedKLController | AdaptiveKLController:
     """The controller an ``AlgorithmConfig`` asks for, starting at ``cfg.kl_coef``."""
     coef = float(cfg.kl_coef)
     if cfg.kl_controller == "adaptive":

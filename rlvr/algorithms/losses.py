@@ -13,12 +13,12 @@ short sequences. When the counts are None, the batch's own are used. The formula
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from rlvr.algorithms.kl import kl_penalty
+from rlvr.recipe.schema import AlgorithmConfig
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 _LOG_RATIO_CLAMP = 20.0
@@ -180,7 +180,7 @@ def tis_pg_loss(ratio: Tensor, logprobs: Tensor, advantages: Tensor, *, cap: flo
 
 def compute_policy_loss(
     *,
-    cfg: Any,
+    cfg: AlgorithmConfig,
     logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
