@@ -72,10 +72,10 @@ def load_checked(
     domain loaded and how many prompts are longer than `data.max_prompt_tokens` (`rlvr plan`'s
     table). A warning line each on stderr for the domains that lose rows to the prompt limit; a
     line each on stdout for the hub snapshot a key resolved to."""
+    from rlvr.plugins import add_plugin_dir
     from rlvr.recipe.checks import machine_problems
     from rlvr.recipe.hub import pending_values, report_lines
     from rlvr.recipe.load import Locator, RecipeError, load_recipe_with_hub
-    from rlvr.rewards.registry import add_plugin_dir
 
     try:
         recipe, snapshots = load_recipe_with_hub(path, overrides or [], hub=hub, announce=typer.echo)

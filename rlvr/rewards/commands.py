@@ -94,8 +94,9 @@ def check(
     """
     import asyncio
 
+    from rlvr.plugins import add_plugin_dir
     from rlvr.rewards.cases import check_test_cases
-    from rlvr.rewards.registry import add_plugin_dir, check_reward_args, check_reward_name, get_reward
+    from rlvr.rewards.registry import check_reward_args, check_reward_name, get_reward
 
     try:
         reward_args = json.loads(args)

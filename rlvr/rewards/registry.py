@@ -4,9 +4,8 @@ Built-ins are listed in `_BUILTINS` as `name -> ("module:attr", one-line doc)`, 
 list` and `rlvr validate` answer without importing math_verify (sympy), aiohttp or the E2B SDK;
 the module is imported on first `get_reward`, and `@register` keeps the table and the modules in
 agreement. Every callable returned has the contract's async signature (a sync plug-in runs in a
-thread, so a slow one cannot stall the event loop). Plug-ins come from the installed packages,
-PYTHONPATH and the folders in `RLVR_PLUGIN_PATH`, where `validate`, `launch` and `rewards check`
-add the recipe's folder for themselves and the processes they start (docs/rewards.md).
+thread, so a slow one cannot stall the event loop). Built-ins and plug-ins alike are loaded by
+`rlvr.plugins`, which says where plug-ins are imported from (docs/rewards.md).
 """
 
 from __future__ import annotations
@@ -14,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import difflib
 import functools
-import importlib
 import inspect
-import os
-import sys
-from pathlib import Path
 from typing import Any
 
+from rlvr.plugins import PluginError, import_plugin_module, load_plugin
 from rlvr.rewards.base import RewardFn, coerce_result
 
 _BUILTINS: dict[str, tuple[str, str]] = {
@@ -80,19 +76,20 @@ def is_plugin(name: str) -> bool:
 def get_reward(name: str) -> RewardFn:
     """The async reward for a built-in name or a `package.module:function` plug-in.
 
-    Raises KeyError (unknown name, listing the known ones) or ImportError/AttributeError
-    (plug-in that does not load) with a message fit for a user.
+    Raises KeyError (unknown name, listing the known ones) or `rlvr.plugins.PluginError`, an
+    ImportError (plug-in that does not load), with a message fit for a user.
     """
     if is_plugin(name):
-        return _normalise(_load_plugin(name), origin=name)
+        return _normalise(load_plugin(name), origin=name)
     if name in _REGISTERED:
         return _REGISTERED[name]
     if name in _BUILTINS:
         target = _BUILTINS[name][0]
-        module_name, _, _attr = target.partition(":")
-        importlib.import_module(module_name)  # its @register fills _REGISTERED
+        import_plugin_module(
+            target.partition(":")[0], ref=name, kind="built-in reward"
+        )  # its @register fills _REGISTERED
         if name not in _REGISTERED:  # a module that forgot to register: use the table
-            _REGISTERED[name] = _normalise(_load_plugin(target), origin=name)
+            _REGISTERED[name] = _normalise(load_plugin(target, kind="built-in reward"), origin=name)
         return _REGISTERED[name]
     raise KeyError(_unknown(name))
 
@@ -109,8 +106,8 @@ def check_reward_name(name: str) -> str | None:
     if not is_plugin(name):
         return None if name in _BUILTINS or name in _REGISTERED else _unknown(name)
     try:
-        obj = _load_plugin(name)
-    except (ImportError, AttributeError, ValueError) as exc:
+        obj = load_plugin(name)
+    except PluginError as exc:
         return str(exc)
     if inspect.isclass(obj):
         if not callable(getattr(obj, "score", None)) and not any("__call__" in k.__dict__ for k in obj.__mro__[:-1]):
@@ -160,8 +157,8 @@ def _not_taken(name: str, unknown: list[str], known: set[str] | frozenset[str]) 
 
 def _plugin_args_problem(name: str, args: dict[str, Any]) -> str | None:
     try:
-        signature = _plugin_signature(_load_plugin(name))
-    except (ImportError, AttributeError, ValueError):
+        signature = _plugin_signature(load_plugin(name))
+    except PluginError:
         return None  # check_reward_name says why
     if signature is None:
         return None
@@ -221,78 +218,6 @@ def _known_hint() -> str:
     return f"known rewards: {', '.join(builtin_names())}; or a plug-in as 'package.module:function'"
 
 
-PLUGIN_PATH_ENV = "RLVR_PLUGIN_PATH"
-"""Folders plug-ins are imported from (os.pathsep-separated), after the installed packages."""
-
-
-def add_plugin_dir(folder: str | Path) -> None:
-    """Import plug-ins from `folder` too (the recipe's): in this process, and, through the
-    environment, in every process it starts (the trainer that scores; tool plug-ins too)."""
-    path = str(Path(folder).resolve())
-    dirs = plugin_dirs()
-    if path not in dirs:
-        os.environ[PLUGIN_PATH_ENV] = os.pathsep.join([*dirs, path])
-    _use_plugin_dirs()
-
-
-def plugin_dirs() -> list[str]:
-    """The plug-in folders of `RLVR_PLUGIN_PATH`, in order."""
-    return [d for d in os.environ.get(PLUGIN_PATH_ENV, "").split(os.pathsep) if d]
-
-
-def _use_plugin_dirs() -> None:
-    """Append the plug-in folders to sys.path: after the installed packages, so a `types.py` or
-    `datasets.py` beside a recipe cannot shadow a module rlvr needs."""
-    missing = [d for d in plugin_dirs() if d not in sys.path]
-    if missing:
-        sys.path.extend(missing)
-        importlib.invalidate_caches()
-
-
-def searched_dirs() -> list[str]:
-    """The folders an import looks in besides Python's own and the installed packages."""
-    install = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
-    out: list[str] = []
-    for entry in sys.path:
-        folder = os.path.realpath(entry or os.getcwd())
-        if (
-            os.path.isdir(folder)
-            and folder not in out
-            and not any(folder == root or folder.startswith(root + os.sep) for root in install)
-        ):
-            out.append(folder)
-    return out
-
-
-def _load_plugin(spec: str) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"plug-in {spec!r} must look like 'package.module:function'")
-    _use_plugin_dirs()
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            where = ", ".join(searched_dirs())
-            where = f"{where} or the installed packages" if where else "the installed packages"
-            raise ImportError(
-                f"plug-in {spec!r}: cannot import module {module_name!r}: no {exc.name!r} in {where} "
-                "(plug-ins are imported from the recipe's folder, PYTHONPATH and the installed packages)"
-            ) from exc
-        raise ImportError(f"plug-in {spec!r}: importing module {module_name!r} failed: {exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - the plug-in's own code failed at import: one line, its cause
-        raise ImportError(
-            f"plug-in {spec!r}: importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            public = sorted(n for n in dir(module) if not n.startswith("_"))[:20]
-            raise AttributeError(f"plug-in {spec!r}: module {module_name!r} has no attribute {attr!r} (has: {public})")
-        obj = getattr(obj, part)
-    return obj
-
-
 def _normalise(obj: Any, *, origin: str) -> RewardFn:
     """Turn a function, coroutine function, Reward class or object into the async contract."""
     if inspect.isclass(obj):
@@ -324,6 +249,3 @@ def _normalise(obj: Any, *, origin: str) -> RewardFn:
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
-
-
-_use_plugin_dirs()  # a process `rlvr launch` started (the trainer) finds the recipe's plug-ins

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import multiprocessing
 import os
 import queue
@@ -29,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.plugins import load_plugin
 from rlvr.process import die_with_parent
 from rlvr.recipe.machine import cpu_cores
 from rlvr.rewards.deadline import queued
@@ -83,8 +83,7 @@ def _worker_main(conn: Any, preload: Sequence[str]) -> None:
 
     def resolve(target: str) -> Any:
         if target not in cache:
-            module_name, _, attr = target.partition(":")
-            cache[target] = getattr(importlib.import_module(module_name), attr)
+            cache[target] = load_plugin(target, kind="reward worker job", form="module:function")
         return cache[target]
 
     for target in preload:

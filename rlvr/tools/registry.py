@@ -10,12 +10,12 @@ prompt can list it without any extra declaration.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import re
 from collections.abc import Callable
 from typing import Any
 
+from rlvr.plugins import PluginError, load_plugin
 from rlvr.tools.base import Tool, ToolConfigError
 
 BUILTIN_TOOLS = {
@@ -77,13 +77,13 @@ def check_tools(domain: Any) -> str | None:
 
 
 def plugin_tool(spec: str) -> Tool:
-    module_name, _, attr = spec.partition(":")
+    """The tool a `package.module:function` plug-in makes (`rlvr.plugins` loads it), named after
+    the function; ToolConfigError for a reference that does not resolve or is not a function."""
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except ImportError as exc:
-        raise ToolConfigError(f"tool plug-in {spec!r}: cannot import {module_name!r} ({exc})") from None
-    except AttributeError:
-        raise ToolConfigError(f"tool plug-in {spec!r}: {module_name} has no {attr!r}") from None
+        fn = load_plugin(spec, kind="tool plug-in")
+    except PluginError as exc:
+        raise ToolConfigError(str(exc)) from None
+    attr = spec.partition(":")[2]
     if not callable(fn):
         raise ToolConfigError(f"tool plug-in {spec!r} is a {type(fn).__name__}, not a function")
     description, parameters = schema_of(fn)

@@ -15,7 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.rewards.registry import PLUGIN_PATH_ENV, check_reward_args, check_reward_name
+from rlvr.plugins import PLUGIN_PATH_ENV
+from rlvr.rewards.registry import check_reward_args, check_reward_name
 from tests.unit.recipe.helpers import one_error_line
 
 runner = CliRunner()

@@ -109,7 +109,9 @@ def test_check_tools_names_the_problem(corpus):
     assert check_tools(_domain(tools=["python", "search", PLUGIN], search_corpus=str(corpus))) is None
     assert "unknown tool 'calculator'" in (check_tools(_domain(tools=["calculator"])) or "")
     assert "cannot import" in (check_tools(_domain(tools=["no_such_pkg.mod:fn"])) or "")
-    assert "has no 'missing'" in (check_tools(_domain(tools=["tests.unit.tools.plugin_example:missing"])) or "")
+    assert "has no attribute 'missing'" in (
+        check_tools(_domain(tools=["tests.unit.tools.plugin_example:missing"])) or ""
+    )
     assert "not a function" in (check_tools(_domain(tools=["tests.unit.tools.plugin_example:NOT_A_FUNCTION"])) or "")
     assert "needs search_corpus" in (check_tools(_domain(tools=["search"])) or "")
     assert "listed twice" in (check_tools(_domain(tools=["python", "python"])) or "")
