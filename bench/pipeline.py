@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlvr.controller import RolloutManager  # noqa: E402 (after the path fix-up)
+from rlvr.collect.manager import RolloutManager  # noqa: E402 (after the path fix-up)
 from rlvr.recipe.schema import Recipe  # noqa: E402
 from rlvr.types import Completion, Group, RewardResult, Sample  # noqa: E402
 

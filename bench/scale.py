@@ -110,7 +110,7 @@ def reset_peak() -> float:
 
 
 def make_manager(args: argparse.Namespace):
-    from rlvr.controller import RolloutManager
+    from rlvr.collect.manager import RolloutManager
     from rlvr.recipe.schema import Recipe
     from rlvr.rewards.pool import DomainReward, RewardPool
     from rlvr.types import RewardResult, Sample

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rlvr.algorithms.kl import make_kl_controller
-from rlvr.controller import RolloutManager
+from rlvr.collect.manager import RolloutManager
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.schema import Recipe
 from rlvr.rollout.base import RolloutError

@@ -191,7 +191,7 @@ def judges_problem(recipe) -> str | None:
 
 
 def build_manager(recipe, *, tokenizer, urls):
-    from rlvr.controller import RolloutManager
+    from rlvr.collect.manager import RolloutManager
     from rlvr.data.sources import load_recipe_domains
     from rlvr.rewards.pool import RewardPool
     from rlvr.rewards.workers import reward_workers

@@ -126,7 +126,7 @@ class ZeroRewards:
 def test_the_rollout_sends_the_chat_template_ids(smollm2_dir: Path, reference: dict[str, list[int]]) -> None:
     """The worker's own tokenizer (`rlvr.trainer.model.load_tokenizer`) in the rollout manager: the
     ids of a training step and of the in-run eval are the reference's, byte for byte."""
-    from rlvr.controller import RolloutManager
+    from rlvr.collect.manager import RolloutManager
     from rlvr.trainer.model import load_tokenizer
 
     recipe = Recipe.model_validate(recipe_dict(smollm2_dir, ["x"]))

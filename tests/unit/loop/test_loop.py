@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from rlvr.controller import GROUP_ENDS, RolloutManager
+from rlvr.collect.manager import RolloutManager
 from rlvr.loop import RLLoop
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.schema import Recipe
@@ -24,7 +24,7 @@ from rlvr.server.embedded import EmbeddedEngine
 from rlvr.sync.inprocess import InProcessSync
 from rlvr.trainer.actor import Actor
 from rlvr.trainer.critic import Critic
-from rlvr.types import Group, RewardResult, Sample
+from rlvr.types import GROUP_ENDS, Group, RewardResult, Sample
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -61,7 +61,7 @@ def test_a_push_that_fails_part_way_keeps_the_step_and_the_engine_paused(tmp_pat
     assert "OSError('copy failed')" in loop.failure
     assert checkpoints(tmp_path) == ["step_1"]  # the trained step is kept
     assert engine.paused and pushes["n"] == 1  # never resumed on half of the new weights
-    assert not loop.manager._weights_ready.is_set()  # type: ignore[union-attr]  # the gate stayed closed
+    assert not loop.manager.scheduler.weights_ready.is_set()  # type: ignore[union-attr]  # the gate stayed closed
     assert any(not torch.equal(served[k], v) for k, v in engine.model.state_dict().items())  # it is a mix
 
     again = make_loop(tmp_path, model_dir, steps=3)  # the rerun: step_1's weights pushed, steps 2-3

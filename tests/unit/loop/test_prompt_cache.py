@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from rlvr.controller import RolloutManager
+from rlvr.collect.manager import RolloutManager
 from rlvr.recipe.schema import Recipe
 from rlvr.types import Sample
 from tests.unit.loop.test_rollout_manager import CharTokenizer, FakeEngine, FakeRewards, drive
@@ -41,8 +41,8 @@ def test_prompt_ids_are_an_lru_filled_off_the_event_loop() -> None:
     try:
         results = drive(manager, engine, steps=range(12))
         # k = 1: two waves of 4 prompts in flight, one being taken -> 12 prompts' ids at most
-        assert manager._prompt_capacity == 4 * (1 + 2)
-        assert len(manager._prompt_ids) <= manager._prompt_capacity
+        assert manager.prompts.capacity == 4 * (1 + 2)
+        assert len(manager.prompts) <= manager.prompts.capacity
     finally:
         manager.close()
     assert sum(len(batch) for batch, _ in results) == 12 * 4 * 3  # every step trained its 4 groups

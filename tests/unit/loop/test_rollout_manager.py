@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from rlvr.algorithms.filters import keep_group
-from rlvr.controller import GROUP_ENDS, RolloutManager
+from rlvr.collect.manager import RolloutManager
 from rlvr.data.chat import encode_prompt
 from rlvr.data.mixture import MixtureSampler, WaveDraws, hash_seed
 from rlvr.recipe.schema import Recipe
-from rlvr.types import Completion, Group, RewardResult, Sample
+from rlvr.types import GROUP_ENDS, Completion, Group, RewardResult, Sample
 
 
 class CharTokenizer:
@@ -194,13 +194,15 @@ class Tracked:
 
 
 def track(manager: RolloutManager) -> Tracked:
-    """Wrap the manager's admission and group start/end (instance attributes, no subclass): every
-    wave's task runs with WAVE set to its step, so the engine and the ledger know whom they serve."""
+    """Wrap the manager's wave admission and its ledger's group start/end (instance attributes, no
+    subclass): every wave's task runs with WAVE set to its step, so the engine and the ledger know
+    whom they serve."""
     seen = Tracked()
-    admit, run_wave, start, end = manager._admit, manager._run_wave, manager._start, manager._end
+    scheduler, ledger = manager.scheduler, manager.ledger
+    admit, run_wave, start, end = scheduler.admit, scheduler.run_wave, ledger.start, ledger.end
 
     def _admit(step: int) -> None:
-        seen.admitted[step] = manager.version
+        seen.admitted[step] = scheduler.version
         admit(step)
 
     async def _run_wave(wave: Any) -> None:
@@ -221,7 +223,8 @@ def track(manager: RolloutManager) -> Tracked:
             seen.ends[seen.serial[id(group)]].append(kind)
         end(kind, groups)
 
-    manager._admit, manager._run_wave, manager._start, manager._end = _admit, _run_wave, _start, _end  # type: ignore[method-assign]
+    scheduler.admit, scheduler.run_wave = _admit, _run_wave  # type: ignore[method-assign]
+    ledger.start, ledger.end = _start, _end  # type: ignore[method-assign]
     return seen
 
 
@@ -267,7 +270,7 @@ def test_domain_normalisation_uses_running_stats_and_resumes() -> None:
     again, _ = make()
     again.load_state_dict(state)
     assert [s.id for s in again.mixture.next_batch()] == [s.id for s in manager.mixture.next_batch()]
-    assert again.domain_stats["mixed"].state_dict() == manager.domain_stats["mixed"].state_dict()
+    assert again.shaping.domain_stats["mixed"].state_dict() == manager.shaping.domain_stats["mixed"].state_dict()
     manager.close()
     again.close()
 

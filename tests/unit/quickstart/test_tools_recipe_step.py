@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.controller import RolloutManager
+from rlvr.collect.manager import RolloutManager
 from rlvr.data.sources import load_recipe_domains
 from rlvr.loop import RLLoop
 from rlvr.monitor.metrics import RunRecorder

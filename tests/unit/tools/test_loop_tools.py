@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.controller import RolloutManager
+from rlvr.collect.manager import RolloutManager
 from rlvr.loop import RLLoop
 from rlvr.monitor.metrics import RunRecorder
 from rlvr.recipe.schema import Recipe

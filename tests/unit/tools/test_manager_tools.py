@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlvr.controller import RolloutManager
+from rlvr.collect.manager import RolloutManager
 from rlvr.recipe.schema import Recipe
 from rlvr.types import Completion, Group, RewardResult, Sample
 
