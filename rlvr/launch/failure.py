@@ -2,18 +2,44 @@
 
 A failing trainer rank's log ends with torchrun's own traceback and a ChildFailedError
 banner of ~20 lines; the line a user needs (`DataError: data/x.jsonl:7: invalid JSON`) is
-above it. The launcher prints that line and the log's path, and the run's status.json
-says `failed` with the same line as an event.
+above it. The launcher prints that line and the log's path (`failure`), and the run's
+status.json says `failed` with the same line as an event.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
+
+from rlvr.process import Child
 
 _TORCHRUN_FAILED = re.compile(r"^[EWI]\d{4} .*\bfailed \(exitcode")  # torchrun's "E1203 ... failed (exitcode: 1)"
 _ELASTIC = "torch.distributed.elastic"
 _PYDANTIC = re.compile(r"\d+ validation errors? for \w+$")
+
+
+class LaunchError(RuntimeError):
+    """A child failed; one line: its name, exit code, root cause and log path."""
+
+
+def failure(child: Child, what: str) -> LaunchError:
+    """One line: who failed, the root cause from its log (not torchrun's banner), where the log is."""
+    code = child.proc.returncode
+    if code is not None and code < 0:  # killed from outside: its log's last words are not the cause
+        return LaunchError(f"{child.name} {what}: killed by {_signal_name(-code)} (log: {child.log_path})")
+    try:
+        text = child.log_path.read_text(errors="replace") if child.log_path is not None else ""
+    except FileNotFoundError:
+        text = ""
+    return LaunchError(f"{child.name} {what}: {root_cause(text)} (log: {child.log_path})")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def root_cause(log_text: str) -> str:

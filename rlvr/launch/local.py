@@ -3,7 +3,7 @@
 The launcher starts each rollout server (`rlvr serve`, vLLM or SGLang), the judge and the trainer
 (torchrun) at once, registers each server in the run directory once its /health answers (the
 trainer waits for that), shows the dashboard, and supervises: with `sync.on_engine_failure =
-"continue"` a dead rollout server is restarted on its port (`rlvr/launch/restarts.py`) and serves
+"continue"` a dead rollout server is restarted on its port (`rlvr/launch/supervisor.py`) and serves
 again after a full push; otherwise any dead child, Ctrl-C or SIGTERM asks the trainer to finish its
 step and checkpoint before everything is torn down, with one line saying who died and why. Each
 child runs in its own process group, so nothing is left behind, and gets its GPUs from the plan as
@@ -13,6 +13,7 @@ CUDA_VISIBLE_DEVICES (docs/running.md, "When something fails"; docs/cluster.md, 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -21,94 +22,42 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlvr.launch.argv import (
-    SERVER_MODULE_ENV,
-    judge_command,
-    prepare_servers,
-    server_command,
-    trainer_command,
-)
-from rlvr.launch.failure import checkpoint_note, root_cause, stated_error
+from rlvr.launch.argv import prepare_servers, trainer_command
+from rlvr.launch.failure import LaunchError, checkpoint_note, failure, stated_error
 from rlvr.launch.restarts import Restarts
+from rlvr.launch.supervisor import (
+    ServerLaunch,
+    ServerSupervisor,
+    judge_launch,
+    register,
+    rollout_launch,
+    visible_devices,
+)
 from rlvr.monitor.metrics import event_line, mark_stopped
 from rlvr.monitor.progress import PlainProgress
 from rlvr.process import Child, Children, free_port
 from rlvr.recipe.plan import PLAN_GPUS_ENV, LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
-from rlvr.rendezvous import ServerAddress, clear_servers, register_judge, register_server
+from rlvr.rendezvous import clear_servers
 from rlvr.rundir import RunDir
 
 DRAIN_TIMEOUT_S = 300.0  # a trainer told to stop after a child died: its step and checkpoint
 
-
-class LaunchError(RuntimeError):
-    """A child failed; one line: its name, exit code, root cause and log path."""
-
-
-def failure(child: Child, what: str) -> LaunchError:
-    """One line: who failed, the root cause from its log (not torchrun's banner), where the log is."""
-    code = child.proc.returncode
-    if code is not None and code < 0:  # killed from outside: its log's last words are not the cause
-        return LaunchError(f"{child.name} {what}: killed by {_signal_name(-code)} (log: {child.log_path})")
-    try:
-        text = child.log_path.read_text(errors="replace") if child.log_path is not None else ""
-    except FileNotFoundError:
-        text = ""
-    return LaunchError(f"{child.name} {what}: {root_cause(text)} (log: {child.log_path})")
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def wait_healthy(child: Child, url: str, *, timeout_s: float) -> None:
-    """`Child.wait_healthy`, reported the launcher's way: one line with the root cause."""
-    if child.wait_healthy(url, timeout_s=timeout_s) is None:
-        return
-    if child.running():
-        raise failure(child, f"was not healthy at {url} after {timeout_s:.0f}s")
-    raise failure(child, f"exited with code {child.proc.returncode} before it was healthy")
-
-
-def start_judge(recipe: Recipe, children: Children, *, log: Path) -> tuple[Child, str]:
-    """The recipe's [judge] model behind `rlvr serve` on a free local port (two runs must not collide)."""
-    port = free_port()
-    child = children.start("judge", judge_command(recipe, host="127.0.0.1", port=port), log=log)
-    return child, f"http://127.0.0.1:{port}"
+__all__ = ["LaunchError", "LocalLauncher", "run_local", "served_judge"]
 
 
 @contextlib.contextmanager
 def served_judge(recipe: Recipe, *, log: Path, timeout_s: float = 300.0) -> Iterator[str]:
     """The judge as `rlvr launch` serves it, for the length of a `with` (`rlvr eval` of a judged
     domain); yields its URL, raises LaunchError if it does not come up, stops it on every exit."""
-    children = Children(death_signal=signal.SIGTERM)
+    judge = ServerSupervisor(Children(death_signal=signal.SIGTERM), log=lambda _: log)
     try:
-        child, url = start_judge(recipe, children, log=log)
-        wait_healthy(child, url, timeout_s=timeout_s)
-        yield url
+        launch = judge_launch(recipe, port=free_port())  # a free port: two runs must not collide
+        judge.start(launch)
+        judge.wait_healthy(timeout_s=timeout_s)
+        yield launch.url
     finally:
-        children.kill_all(grace_s=10)
-
-
-def gpu_env(gpus: list[int], *, parent: str | None = None) -> dict[str, str]:
-    """A child's CUDA_VISIBLE_DEVICES (nothing on a CPU run: the child inherits the machine's).
-
-    The plan numbers the GPUs this launcher sees; started with CUDA_VISIBLE_DEVICES=4,5,6,7 its
-    GPU 0 is the machine's 4, so a child's list is taken from the launcher's own."""
-    if not gpus:
-        return {}
-    parent = os.environ.get("CUDA_VISIBLE_DEVICES") if parent is None else parent
-    names = [part.strip() for part in (parent or "").split(",") if part.strip()]
-    ids = [names[i] if i < len(names) else str(i) for i in gpus]
-    return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
-
-
-def colocate_flags(engine: str) -> list[str]:
-    """What a server needs to give its GPU memory back while a colocated trainer trains."""
-    return {"vllm": ["--enable-sleep-mode"], "sglang": ["--enable-memory-saver"]}.get(engine, [])
+        judge.stop(grace_s=10)
 
 
 class LocalLauncher:
@@ -135,11 +84,9 @@ class LocalLauncher:
         self.paths = RunDir(run_dir)
         self.paths.logs.mkdir(parents=True, exist_ok=True)
         self.trainer: Child | None = None
-        self.servers: list[Child] = []
-        self.lost: set[str] = set()  # names of servers that died in a run that goes on without them
-        self.handled: set[int] = set()  # ids of dead server processes already restarted
-        self.restarts = Restarts()
-        self._launch: dict[str, tuple[list[str], dict[str, str]]] = {}  # server name -> its argv and env
+        restarts = Restarts() if recipe.sync.on_engine_failure == "continue" else None
+        servers = Children(env=self.children.env, death_signal=signal.SIGTERM)
+        self.servers = ServerSupervisor(servers, log=self.paths.log, restarts=restarts)
 
     def start(self, *, server_timeout_s: float = 300.0) -> None:
         """Start every child at once, then register each server as it turns healthy.
@@ -150,67 +97,52 @@ class LocalLauncher:
         """
         clear_servers(self.run_dir)
         prepare_servers(self.recipe)
-        judge = self._start_judge() if self.recipe.judge is not None else None
-        servers = [self._start_server(spec) for spec in self.plan.servers]
-        self.servers = [child for child, _ in servers]
+        if self.recipe.judge is not None:
+            self.servers.start(judge_launch(self.recipe, port=free_port()))
+        for spec in self.plan.servers:
+            self.servers.start(self._server(spec))
         command = trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume)
-        self.trainer = self._spawn("trainer", command, env=gpu_env(self.plan.trainer_gpus))
-        if judge is not None:
-            wait_healthy(*judge, timeout_s=server_timeout_s)
-            register_judge(self.run_dir, judge[1])  # the worker exports it as RLVR_JUDGE_URL
-        for spec, (child, url) in zip(self.plan.servers, servers, strict=True):
-            wait_healthy(child, url, timeout_s=server_timeout_s)
-            register_server(self.run_dir, ServerAddress(index=spec.index, url=url, engine=spec.engine, gpus=spec.gpus))
+        env = visible_devices(self.plan.trainer_gpus)
+        self.trainer = self.children.start("trainer", command, env=env, log=self.paths.log("trainer"))
+        self.servers.wait_healthy(timeout_s=server_timeout_s, on_healthy=functools.partial(register, self.run_dir))
 
-    def _start_server(self, spec: ServerSpec) -> tuple[Child, str]:
-        """Local servers take free ports: two runs on one machine must not collide."""
-        port = free_port()
-        spec = ServerSpec(index=spec.index, node=spec.node, port=port, gpus=spec.gpus, engine=spec.engine)
-        env = gpu_env(spec.gpus)
-        name, command = f"rollout-{spec.index}", server_command(self.recipe, spec, prompt_tokens=self.prompt_tokens)
-        if self.plan.colocate and not os.environ.get(SERVER_MODULE_ENV):
-            command += colocate_flags(spec.engine)
-        self._launch[name] = (command, env)  # a restart reuses the port: its URL is the one registered
-        return self._spawn(name, command, env=env), f"http://127.0.0.1:{port}"
-
-    def _start_judge(self) -> tuple[Child, str]:
-        return start_judge(self.recipe, self.children, log=self.paths.log("judge"))
-
-    def _spawn(self, name: str, command: list[str], *, env: dict[str, str] | None = None) -> Child:
-        return self.children.start(name, command, env=env, log=self.paths.log(name))
+    def _server(self, spec: ServerSpec) -> ServerLaunch:
+        """Local servers take free ports: two runs on one machine must not collide. A restart
+        reuses the port: its URL is the one registered."""
+        spec = ServerSpec(index=spec.index, node=spec.node, port=free_port(), gpus=spec.gpus, engine=spec.engine)
+        return rollout_launch(self.recipe, spec, colocate=self.plan.colocate, prompt_tokens=self.prompt_tokens)
 
     def check(self) -> int | None:
         """None while running; the trainer's exit code when done; raises when the run must stop
         (see the module docstring: a dead server is restarted or lost in "continue" mode)."""
-        self._restart_due()
-        for child in list(self.children.started):
-            code = child.proc.poll()
-            if code is None or child.name in self.lost or id(child) in self.handled:
-                continue
-            if child is self.trainer:
-                if code != 0:
-                    stated = stated_error(self.run_dir)
-                    raise LaunchError(stated) if stated else failure(child, f"exited with code {code}")
-                return 0
-            server = any(child is s for s in self.servers)
-            if server and self.recipe.sync.on_engine_failure == "continue":
-                plan = self.restarts.died(child.name)
-                if plan is not None:
-                    self.handled.add(id(child))
-                    self._say(f"{failure(child, f'died with code {code}')}; {plan}")
-                    continue
-                if self._servers_up():
-                    self._lose(child, code)
-                    continue
-            raise self._drained(failure(child, f"died with code {code}"))
-        return None
+        for fresh in self.servers.restart_due():
+            self._say(f"{fresh.name} restarted (pid {fresh.pid})", level="warning")
+        for child in self.servers.dead():
+            self._server_died(child)
+        trainer = self.trainer
+        if trainer is None or (code := trainer.proc.poll()) is None:
+            return None
+        if code != 0:
+            stated = stated_error(self.run_dir)
+            raise LaunchError(stated) if stated else failure(trainer, f"exited with code {code}")
+        return 0
 
-    def _restart_due(self) -> None:
-        for name in self.restarts.due():
-            command, env = self._launch[name]
-            fresh = self._spawn(name, command, env=env)
-            self.servers = [fresh if s.name == name else s for s in self.servers]
-            self._say(f"{name} restarted (pid {fresh.pid})", level="warning")
+    def _server_died(self, child: Child) -> None:
+        """Restart a dead rollout server, or go on without it, or stop the run (the judge, "fail"
+        mode, or no server left)."""
+        code = child.proc.returncode
+        plan = self.servers.died(child)
+        if plan is not None:
+            self._say(f"{failure(child, f'died with code {code}')}; {plan}")
+            return
+        if (
+            self.servers.rollout(child.name)
+            and self.recipe.sync.on_engine_failure == "continue"
+            and (up := self.servers.up())
+        ):
+            self._say(f"{failure(child, f'died with code {code}')}; the run goes on with {up} rollout server(s)")
+            return
+        raise self._drained(failure(child, f"died with code {code}"))
 
     def _drained(self, error: LaunchError) -> LaunchError:
         """Before the run stops for `error`: the trainer finishes its step (or fails on the dead
@@ -223,14 +155,6 @@ class LocalLauncher:
         print(message, file=sys.stderr, flush=True)
         with open(self.paths.events, "a") as events:
             events.write(event_line(message, level=level))
-
-    def _servers_up(self) -> int:
-        return sum(1 for s in self.servers if s.running())
-
-    def _lose(self, child: Child, code: int) -> None:
-        self.lost.add(child.name)
-        up = self._servers_up()
-        self._say(f"{failure(child, f'died with code {code}')}; the run goes on with {up} rollout server(s)")
 
     def wait(self, *, poll_s: float = 0.5) -> int:
         while True:
@@ -254,6 +178,7 @@ class LocalLauncher:
         two to drain); SIGKILL whatever outlives its grace."""
         if self.trainer is not None:
             self.children.stop(self.trainer, grace_s=grace_s)
+        self.servers.stop(grace_s=5)
         self.children.kill_all(grace_s=5)
 
 

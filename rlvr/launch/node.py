@@ -25,10 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlvr.launch.argv import prepare_servers, trainer_command
+from rlvr.launch.failure import LaunchError, failure
 from rlvr.launch.restarts import Restarts
+from rlvr.launch.supervisor import ServerLaunch, ServerSupervisor, judge_launch, register, rollout_launch
 from rlvr.monitor.metrics import mark_stopped
-from rlvr.process import Children, is_healthy
+from rlvr.process import Children
 from rlvr.recipe.plan import LaunchPlan, ServerSpec
+from rlvr.rendezvous import clear_servers
 from rlvr.rundir import DONE_STATES, RunDir, read_json, read_status, write_json_atomic
 
 JUDGE_PORT_OFFSET = 100  # the judge listens at the rollout base port + this on the first rollout node
@@ -125,20 +129,6 @@ def node_role(plan: LaunchPlan, *, env: Mapping[str, str], hostnames: Sequence[s
     return NodeRole(kind=ROLLOUT, node_rank=-1, servers=servers, **common)
 
 
-def cuda_visible_devices(gpus: Sequence[int], visible: str | None) -> str:
-    """CUDA_VISIBLE_DEVICES for a server owning plan GPUs `gpus` (indices into the allocation).
-
-    SLURM may give a job physical GPUs 4-7 (CUDA_VISIBLE_DEVICES=4,5,6,7): plan index 0 is
-    then physical GPU 4, so the plan's indices are mapped through the inherited list.
-    """
-    if not visible:
-        return ",".join(str(g) for g in gpus)
-    ids = [v.strip() for v in visible.split(",") if v.strip()]
-    if any(g >= len(ids) for g in gpus):
-        raise NodeError(f"server GPUs {list(gpus)} but this node only sees CUDA_VISIBLE_DEVICES={visible}")
-    return ",".join(ids[g] for g in gpus)
-
-
 # -- SLURM queries ------------------------------------------------------------------------------
 
 
@@ -210,6 +200,8 @@ class Node:
         # without a handler) would die of the time-limit warning instead of letting the worker
         # checkpoint; rlvr.worker installs its own handler and still gets it.
         self.children = Children(death_signal=signal.SIGKILL, ignore=(signal.SIGUSR1, signal.SIGUSR2))
+        restarts = Restarts() if self.recipe.sync.on_engine_failure == "continue" else None
+        self.servers = ServerSupervisor(self.children, log=self.paths.log, restarts=restarts)
         self.signals: list[int] = []
         self.grace_s = float(os.environ.get(STOP_GRACE_ENV, "20"))
 
@@ -257,9 +249,6 @@ class Node:
     # -- trainer nodes
 
     def run_trainer(self) -> int:
-        from rlvr.launch.argv import trainer_command
-        from rlvr.rendezvous import clear_servers
-
         role = self.role
         if role.is_first_trainer:
             clear_servers(self.run_dir)
@@ -313,90 +302,57 @@ class Node:
     # -- rollout nodes
 
     def run_rollout(self) -> int:
-        from rlvr.launch.argv import prepare_servers, server_command
-        from rlvr.rendezvous import ServerAddress, register_judge, register_server
-
         role = self.role
         prepare_servers(self.recipe)
         for spec in role.servers:  # forget this node's registrations from an earlier attempt
             self.paths.server(spec.index).unlink(missing_ok=True)
-        address = resolve_address(role.name)
-        bind = os.environ.get(SERVER_BIND_ENV, address)
-        urls = {}
-        launches: dict[str, tuple[list[str], dict[str, str]]] = {}  # a restart reuses argv, env and port
-        for spec in role.servers:
-            argv = server_command(self.recipe, spec, host=bind)  # SGLang's and vLLM's run their own python
-            env = dict(os.environ, RLVR_NODE_ROLE=ROLLOUT)
-            if spec.gpus:
-                env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(spec.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
-            _log(role, f"server {spec.index}: {' '.join(argv)}")
-            name = f"server-{spec.index}"
-            launches[name] = (argv, env)
-            self.children.start(name, argv, env=env, log=self.paths.log(name))
-            urls[spec.index] = f"http://{address}:{spec.port}"
-        judge_url = None
-        if self.recipe.judge is not None and any(spec.index == 0 for spec in role.servers):
-            # The recipe's judge model is served beside the first rollout server (CPU-sized judges).
-            from rlvr.launch.argv import judge_command
-
-            port = self.recipe.rollout.base_port + JUDGE_PORT_OFFSET
-            argv = judge_command(self.recipe, host=bind, port=port)
-            _log(role, f"judge: {' '.join(argv)}")
-            self.children.start(
-                "judge", argv, env=dict(os.environ, RLVR_NODE_ROLE=ROLLOUT), log=self.paths.log("judge")
-            )
-            judge_url = f"http://{address}:{port}"
+        for launch in self._launches():
+            _log(role, f"{launch.name}: {' '.join(launch.argv)}")
+            self.servers.start(launch)
         timeout = float(os.environ.get(SERVER_TIMEOUT_ENV, "1800"))
-        deadline = time.monotonic() + timeout
-        pending = dict(urls)
-        if judge_url is not None:
-            pending[-1] = judge_url
-        while pending:
-            self._rollout_signals()
-            if self._trainer_done():
-                return 0
-            for index, url in list(pending.items()):
-                if is_healthy(url):
-                    _log(role, f"server {index} healthy at {url}")
-                    del pending[index]
-            if self.children.any_exited():
-                _log(role, f"a rollout server exited before it was healthy; see {self.paths.logs}")
-                return 1
-            if time.monotonic() > deadline:
-                _log(role, f"servers {sorted(pending)} not healthy after {timeout:.0f}s")
-                return 1
-            time.sleep(0.5)
-        attempt = self._wait_for_attempt()
+        try:
+            up = self.servers.wait_healthy(timeout_s=timeout, poll_s=0.5, stop=self._trainer_gone, on_healthy=self._up)
+        except LaunchError as exc:  # one exited, or was not healthy in time
+            _log(role, str(exc))
+            return 1
+        attempt = self._wait_for_attempt() if up else None
         if attempt is None:
             return 0
-        for spec in role.servers:
-            register_server(
-                self.run_dir,
-                ServerAddress(
-                    index=spec.index, url=urls[spec.index], engine=spec.engine, host=role.name, gpus=spec.gpus
-                ),
-            )
-        if judge_url is not None:
-            register_judge(self.run_dir, judge_url)
+        for launch in self.servers.launches.values():
+            register(self.run_dir, launch, host=role.name)
         _log(role, f"registered servers {[s.index for s in role.servers]}; serving until the trainer is done")
-        restarts = Restarts() if self.recipe.sync.on_engine_failure == "continue" else None
-        said: set[int] = set()
         while not self._trainer_done(since=attempt.get("time")):
             self._rollout_signals()
-            for child in [c for c in self.children.started if c.name in launches and not c.running()]:
-                if id(child) in said:
-                    continue
-                said.add(id(child))
-                plan = restarts.died(child.name) if restarts is not None else None
-                what = f"; {plan}" if plan else ""  # fail mode: the trainer's sync stops the run, naming it
-                _log(role, f"{child.name} died with code {child.proc.returncode} (log: {child.log_path}){what}")
-            for name in restarts.due() if restarts is not None else []:
-                argv, env = launches[name]
-                fresh = self.children.start(name, argv, env=env, log=self.paths.log(name))
-                _log(role, f"{name} restarted (pid {fresh.pid})")
+            self._supervise()
             time.sleep(0.5)
         _log(role, "trainer done: stopping servers")
         return 0
+
+    def _launches(self) -> list[ServerLaunch]:
+        """This node's servers, bound to RLVR_SERVER_BIND or its address; the recipe's judge model
+        beside the first rollout server (CPU-sized judges)."""
+        address = resolve_address(self.role.name)
+        host, env = os.environ.get(SERVER_BIND_ENV, address), {"RLVR_NODE_ROLE": ROLLOUT}
+        launches = [
+            rollout_launch(self.recipe, spec, host=host, advertise=address, colocate=self.plan.colocate, env=env)
+            for spec in self.role.servers
+        ]
+        if self.recipe.judge is not None and any(spec.index == 0 for spec in self.role.servers):
+            port = self.recipe.rollout.base_port + JUDGE_PORT_OFFSET
+            launches.append(judge_launch(self.recipe, port=port, host=host, advertise=address, env=env))
+        return launches
+
+    def _up(self, launch: ServerLaunch) -> None:
+        _log(self.role, f"{launch.name} healthy at {launch.url}")
+
+    def _supervise(self) -> None:
+        """Say each death once and restart what is due ("continue"); in "fail" mode the trainer's
+        weight sync stops the run, naming the dead server."""
+        for child in self.servers.dead():
+            plan = self.servers.died(child)
+            _log(self.role, f"{failure(child, f'died with code {child.proc.returncode}')}{f'; {plan}' if plan else ''}")
+        for fresh in self.servers.restart_due():
+            _log(self.role, f"{fresh.name} restarted (pid {fresh.pid})")
 
     def _rollout_signals(self) -> None:
         for sig in self._pending():
@@ -407,13 +363,17 @@ class Node:
     def _wait_for_attempt(self) -> dict[str, Any] | None:
         """Register only once the first trainer node has cleared the previous attempt's files."""
         while True:
-            self._rollout_signals()
-            if self._trainer_done():
+            if self._trainer_gone():
                 return None
             data = read_json(self.paths.attempt)
             if data and data.get("attempt") == self.role.attempt:
                 return data
             time.sleep(0.2)
+
+    def _trainer_gone(self) -> bool:
+        """Signals acted on, then: has this attempt's trainer exited (nothing left to serve)?"""
+        self._rollout_signals()
+        return self._trainer_done()
 
     def _trainer_done(self, *, since: float | None = None) -> bool:
         """The trainer node's exit marker for this attempt, or a final status of a run started since."""

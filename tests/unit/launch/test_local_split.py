@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.launch.argv import SERVER_MODULE_ENV, WORKER_MODULE_ENV
-from rlvr.launch.local import LocalLauncher, colocate_flags, gpu_env
+from rlvr.launch.local import LocalLauncher
 from rlvr.recipe.checks import split_problem
 from rlvr.recipe.load import load_recipe
 from rlvr.recipe.plan import PlanError, make_plan
@@ -74,15 +74,6 @@ def test_a_split_that_does_not_fit_is_refused_in_one_line_naming_the_keys() -> N
                 "rollout.colocate=true")  # fmt: skip
     key, line = split_problem(tp) or ((), "")
     assert key == ("rollout", "colocate") and "rollout.servers x rollout.vllm.tp_size = 2 x 4" in line
-
-
-def test_child_gpu_lists_follow_the_launchers_own_visible_devices() -> None:
-    assert gpu_env([0, 1], parent="4,5,6,7") == {"CUDA_VISIBLE_DEVICES": "4,5"}
-    assert gpu_env([2], parent="") == {"CUDA_VISIBLE_DEVICES": "2"}
-    assert gpu_env([], parent="4") == {}
-    assert colocate_flags("vllm") == ["--enable-sleep-mode"]
-    assert colocate_flags("sglang") == ["--enable-memory-saver"]
-    assert colocate_flags("embedded") == []
 
 
 @pytest.mark.slow  # torchrun and four child processes: ~20 s each

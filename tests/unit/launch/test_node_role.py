@@ -13,7 +13,6 @@ from rlvr.launch.node import (
     ROLLOUT,
     TRAINER,
     NodeError,
-    cuda_visible_devices,
     master_port_for,
     node_index,
     node_role,
@@ -83,13 +82,6 @@ def test_master_port(plan):
     assert master_port_for(plan, {}) == plan.master_port
     ports = {master_port_for(plan, {"SLURM_JOB_ID": str(j)}) for j in range(1000, 3000)}
     assert min(ports) >= plan.master_port and max(ports) < 30000  # below the rollout servers' ports
-
-
-def test_cuda_visible_devices_map_through_slurms_list():
-    assert cuda_visible_devices([0, 1], None) == "0,1"
-    assert cuda_visible_devices([1], "4,5,6,7") == "5"
-    with pytest.raises(NodeError):
-        cuda_visible_devices([4], "0,1")
 
 
 @pytest.mark.parametrize("terminal", [True, False], ids=["dashboard", "plain-lines"])

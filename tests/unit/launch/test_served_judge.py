@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from rlvr.launch import local
+from rlvr.launch import supervisor
 from rlvr.launch.local import LaunchError, served_judge
 from rlvr.process import is_healthy
 
@@ -30,7 +30,7 @@ def fake_judge(monkeypatch: pytest.MonkeyPatch, script: str) -> None:
     def command(recipe, *, host: str, port: int) -> list[str]:
         return [sys.executable, "-c", script, str(port)]
 
-    monkeypatch.setattr(local, "judge_command", command)
+    monkeypatch.setattr(supervisor, "judge_command", command)
 
 
 def test_a_healthy_judge_is_served_then_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
