@@ -101,7 +101,7 @@ class RunDir:
         return self.servers / f"{index}.json"
 
     def log(self, name: str) -> Path:
-        """The log file of child process `name` (`trainer`, `rollout-0`, `server-0`, `judge`)."""
+        """The log file of child process `name` (`trainer`, `rollout-0`, `judge`)."""
         return self.logs / f"{name}.log"
 
     def lock(self) -> RunLock:

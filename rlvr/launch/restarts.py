@@ -1,4 +1,4 @@
-"""Bounded restarts of dead rollout servers, shared by the local launcher and the SLURM node.
+"""Bounded restarts of dead rollout servers: the budget `ServerSupervisor` (supervisor.py) keeps.
 
 A server that dies (an OOM kill, a driver fault, a node hiccup) is restarted on its own port,
 so its registered URL stays valid; the weight sync holds it until a full push has given it the

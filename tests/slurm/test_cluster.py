@@ -44,7 +44,7 @@ def test_submit_runs_trainer_and_real_rollout_server(job_env, make_recipe, tiny_
     assert attempt["node"] == "node1" and attempt["restart_count"] == 0
     (server,) = read_jsonl_dir(run_dir / "servers")
     assert server["host"] == "node2" and server["url"] == attempt["servers"][0]
-    assert "rlvr embedded server" in (run_dir / "logs" / "server-0.log").read_text()
+    assert "rlvr embedded server" in (run_dir / "logs" / "rollout-0.log").read_text()
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "finished"
     with capsys.disabled():
