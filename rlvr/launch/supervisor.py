@@ -184,10 +184,14 @@ class ServerSupervisor:
             return None
         return self.restarts.died(child.name)
 
+    def restart(self, name: str) -> Child:
+        """Start server `name` again with its argv, env and port: its registered URL stays valid."""
+        return self.start(self.launches[name])
+
     def restart_due(self) -> list[Child]:
-        """Start again, on the same port, each server whose restart time has come."""
+        """`restart` each server whose restart time has come."""
         due = self.restarts.due() if self.restarts is not None else []
-        return [self.start(self.launches[name]) for name in due]
+        return [self.restart(name) for name in due]
 
     def up(self) -> int:
         """How many rollout servers (not the judge) run now."""
