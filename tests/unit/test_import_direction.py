@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rlvr.data", "rlvr.rewards", "rlvr.algorithms", "rlvr.weight_arena", "rlvr.tiny"),
     ("rlvr.rollout", "rlvr.server", "rlvr.trainer", "rlvr.tools", "rlvr.quickstart"),
     ("rlvr.sync", "rlvr.monitor", "rlvr.evaluation"),
-    ("rlvr.collect",),
+    ("rlvr.controller",),
     ("rlvr.loop",),
     ("rlvr.worker",),
     ("rlvr.launch",),
