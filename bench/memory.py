@@ -160,6 +160,7 @@ import json, os, resource, sys, tempfile, time, torch
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("RANK", "0")
 os.environ.setdefault("WORLD_SIZE", "1"); os.environ.setdefault("LOCAL_RANK", "0")
 from rlvr.recipe.load import load_recipe
+from rlvr.trainer.step import update_policy
 from rlvr.trainer.actor import Actor
 from rlvr.trainer.batch import TrainBatch
 recipe = load_recipe(sys.argv[1], [f"model.path={sys.argv[2]}", *sys.argv[4:]], check_files=False)
@@ -177,7 +178,7 @@ for _ in range(steps):
         [torch.randint(4, 90, (response,), generator=g).tolist() for _ in range(n)],
         advantages=torch.randn(n, generator=g).tolist(), group_ids=[i // 4 for i in range(n)])
     start = time.perf_counter()
-    actor.train_step(batch)
+    update_policy(actor, batch)
     seconds.append(time.perf_counter() - start)
     peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 stepped = peaks[0]

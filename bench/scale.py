@@ -8,7 +8,7 @@ Two gloo ranks on this machine: this process (trainer rank 0, which owns the rea
 takes a wave from the manager (a fake engine answers every request at once with a long-tailed
 length, log-normal, median `--median` tokens, capped at `--max-tokens`; an instant reward scores
 it through the real `RewardPool`), both ranks receive the batch by the loop's broadcast, and both
-prepare it as `prepare_batch` does before any forward (the `TrainBatch` and GRPO advantages).
+prepare it as `train_on` (rlvr/trainer/step.py) does before any forward (the `TrainBatch` and GRPO advantages).
 
 Printed, over the steps after the first (warm-up):
 
@@ -143,11 +143,11 @@ def make_manager(args: argparse.Namespace):
 
 
 def prepare(rollout: Any, recipe: Any) -> Any:
-    """What `prepare_batch` does before any forward: the TrainBatch, then GRPO advantages."""
+    """What `train_on` does before any forward: the TrainBatch, then GRPO advantages."""
     from rlvr.algorithms.advantages import compute_advantages
     from rlvr.trainer.batch import TrainBatch
 
-    batch = TrainBatch.from_rollout(rollout, pad_id=0)  # as prepare_batch starts
+    batch = TrainBatch.from_rollout(rollout, pad_id=0)  # as train_on starts
     assert batch.rewards is not None
     advantages, returns = compute_advantages(
         cfg=recipe.algorithm, rewards=batch.rewards, group_ids=batch.group_ids, mask=batch.response_mask

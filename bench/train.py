@@ -7,7 +7,7 @@ Responses are drawn from a long-tailed (log-normal) length distribution, as RL r
 are: most answers short, a few run to the generation limit. Padded micro-batches pay for
 the longest sequence in each; packed ones (first-fit-decreasing under a token budget) pay
 only for real tokens. Both modes train the same model from the same weights on the same
-batch; tokens/s counts real (non-padding) tokens per second of `Actor.train_step` wall
+batch; tokens/s counts real (non-padding) tokens per second of `update_policy` (rlvr/trainer/step.py) wall
 time (it includes the no-grad pass that recomputes pi_old). Prints one line per mode and
 the ratio.
 
@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from rlvr.trainer.step import update_policy
 
 
 def skewed_batch(n: int, *, seed: int, max_response: int, vocab: int, group: int = 1):
@@ -108,7 +110,7 @@ def main() -> None:
     if args.memory_of:
         actor = build(packing=True, impl="hf", lora=args.lora_rank if args.memory_of == "lora" else 0)
         for _ in range(2):
-            actor.train_step(batch)
+            update_policy(actor, batch)
         print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         return
     # Each mode's peak RSS alone, first: a child forked from this process once it holds both actors
@@ -128,11 +130,11 @@ def main() -> None:
     n_params = sum(p.numel() for p in next(iter(actors.values())).model.parameters())
     rates: dict[str, list[float]] = {name: [] for name in actors}
     for actor in actors.values():
-        actor.train_step(batch)  # warm-up
+        update_policy(actor, batch)  # warm-up
     for _ in range(args.steps):
         for name, actor in actors.items():
             start = time.perf_counter()
-            actor.train_step(batch)
+            update_policy(actor, batch)
             rates[name].append(real / (time.perf_counter() - start))
     results = {name: statistics.median(r) for name, r in rates.items()}
     for name, r in rates.items():

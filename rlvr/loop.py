@@ -2,8 +2,7 @@
 
     batch, m  = manager.take(step)             # rank 0: wave `step`, generated and scored ahead
     batch     = broadcast(batch)               # every rank gets the same token ids and rewards
-    train     = prepare_batch(batch)           # ref/old logprobs, values, advantages (collective)
-    m        |= actor.train_step(train)        # FSDP2 update (+ critic)
+    m        |= train_on(batch)                # log-probs, advantages, FSDP2 updates (rlvr/trainer/step.py)
     manager.pause(); sync.push(version=step+1); manager.resume(version=step+1)
     recorder.log(step, m); maybe_eval(); maybe_save()
 
@@ -35,7 +34,7 @@ from rlvr.trainer import dist as d
 from rlvr.trainer.actor import Actor
 from rlvr.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlvr.trainer.critic import Critic
-from rlvr.trainer.prepare import prepare_batch
+from rlvr.trainer.step import train_on
 from rlvr.types import RolloutBatch
 
 PREEMPTED_EXIT = 3
@@ -144,12 +143,8 @@ class RLLoop:
         if len(rollout) == 0:  # every group was filtered out (or stale): nothing to learn from this step
             return {**metrics, "train/skipped": 1.0}
         t0 = time.perf_counter()
-        batch = prepare_batch(
-            rollout, actor=self.actor, critic=self.critic, algorithm=self.recipe.algorithm, kl_coef=self.kl.value, pad_id=self.pad_id,
-        )  # fmt: skip
-        train = self.actor.train_step(batch, kl_coef=self.kl.value)
-        if self.critic is not None:
-            train.update({f"critic/{k}": v for k, v in self.critic.train_step(batch).items()})
+        train = train_on(rollout, actor=self.actor, critic=self.critic, algorithm=self.recipe.algorithm,
+                         kl_coef=self.kl.value, pad_id=self.pad_id)  # fmt: skip
         if "kl" in train:
             self.kl.update(train["kl"], n_steps=len(rollout))
         metrics.update(train)

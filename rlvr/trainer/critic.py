@@ -1,4 +1,5 @@
-"""The value model for PPO/GAE: the policy's backbone plus a scalar head, trained on returns.
+"""The value model for PPO/GAE: the policy's backbone plus a scalar head, trained on returns
+(the value loss is in rlvr/trainer/step.py).
 
 `AutoModelForTokenClassification(num_labels=1)` loads the backbone weights from the policy
 folder and adds a fresh `score` head; it shards, packs and checkpoints exactly like the
@@ -16,7 +17,7 @@ from rlvr.trainer.batch import TrainBatch
 from rlvr.trainer.engine import EngineHandles, TrainEngine
 from rlvr.trainer.forward import token_values
 from rlvr.trainer.model import build_model
-from rlvr.trainer.packing import MicroBatch, slice_rows
+from rlvr.trainer.packing import MicroBatch
 
 
 class Critic(EngineHandles):
@@ -56,39 +57,9 @@ class Critic(EngineHandles):
 
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """V before each response token, [B, T] on CPU (0 past each response), on every rank."""
-        (values,) = self.engine.evaluate(batch, lambda mb: (token_values(self.engine.model, mb),), outputs=1)
+        (values,) = self.engine.evaluate(batch, lambda mb: (self.token_values(mb),), outputs=1)
         return values
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """Clipped value regression on `batch.returns` (old values recomputed if missing);
-        metrics: vf_loss, vf_clip_frac, value_mean, returns_mean, loss, grad_norm, lr, ..."""
-        from rlvr.algorithms.losses import compute_value_loss
-
-        if batch.returns is None:
-            raise ValueError("critic.train_step needs batch.returns (from compute_advantages)")
-        if batch.old_values is None:
-            batch = batch.replace(old_values=self.compute_values(batch))
-        alg = self.algorithm
-        max_len = self.max_response_len or batch.max_response_len
-
-        def loss_fn(
-            mb: MicroBatch, local: TrainBatch, counts: tuple[float, float]
-        ) -> tuple[torch.Tensor, dict[str, float], float]:
-            values = token_values(self.engine.model, mb)
-            dev = values.device
-            assert local.old_values is not None and local.returns is not None
-            mask = slice_rows(local.response_mask, mb).to(dev)
-            loss, metrics = compute_value_loss(
-                values=values,
-                old_values=slice_rows(local.old_values, mb).to(dev),
-                returns=slice_rows(local.returns, mb).to(dev),
-                mask=mask,
-                value_clip=float(alg.value_clip),
-                mode=str(alg.loss_agg),
-                num_tokens=counts[0],
-                num_seqs=counts[1],
-                max_len=max_len,
-            )
-            return loss, metrics, float(mask.sum())
-
-        return self.engine.run(batch, loss_fn, epochs=alg.ppo_epochs, mini_batches=alg.mini_batches)
+    def token_values(self, mb: MicroBatch) -> torch.Tensor:
+        """V before each token of a micro-batch, with grad: the value loss's forward."""
+        return token_values(self.engine.model, mb)

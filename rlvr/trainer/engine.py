@@ -39,8 +39,8 @@ EvalFn = Callable[[MicroBatch], tuple[torch.Tensor, ...]]
 
 
 @dataclass(slots=True)
-class _Tally:
-    """Local sums of one train_step's metrics, combined across ranks once at the end."""
+class Tally:
+    """Local sums of one step's updates' metrics, combined across ranks once by `summarize`."""
 
     weighted: dict[str, list[float]] = field(default_factory=dict)  # key -> [sum w*x, sum w]
     losses: list[float] = field(default_factory=list)  # local loss sum per update
@@ -48,6 +48,7 @@ class _Tally:
     lrs: list[float] = field(default_factory=list)
     tokens: int = 0
     skipped: int = 0
+    start: float = field(default_factory=time.perf_counter)
 
     maxima: dict[str, float] = field(default_factory=dict)  # keys ending in "_max"
 
@@ -201,7 +202,7 @@ class TrainEngine:
                           budget=self.cfg.max_tokens_per_micro_batch, share_prompts=self.share_prompts)  # fmt: skip
 
     # -- updates --------------------------------------------------------------------------
-    def update(self, mini: TrainBatch, loss_fn: LossFn, tally: _Tally) -> None:
+    def update(self, mini: TrainBatch, loss_fn: LossFn, tally: Tally) -> None:
         """One optimizer step on a global mini-batch: this rank's micro-batches, accumulate,
         clip, step, schedule."""
         from rlvr.algorithms.losses import loss_denominators
@@ -253,22 +254,11 @@ class TrainEngine:
             torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.grad_clip, total)
         return float(total)
 
-    def run(self, batch: TrainBatch, loss_fn: LossFn, *, epochs: int, mini_batches: int) -> dict[str, float]:
-        """epochs x mini_batches updates; metrics averaged over updates and ranks.
-
-        Loss-function metrics are averaged weighted by each micro-batch's masked tokens;
-        `loss` is each update's global mini-batch loss (the sum over ranks and micro-batches,
-        which the global denominators make the true mean), averaged over updates.
-        """
-        start = time.perf_counter()
-        tally = _Tally()
-        for _ in range(epochs):
-            for mini in batch.split(mini_batches):
-                self.update(mini, loss_fn, tally)
-        elapsed = time.perf_counter() - start
-        return self._combine(tally, elapsed)
-
-    def _combine(self, tally: _Tally, elapsed: float) -> dict[str, float]:
+    def summarize(self, tally: Tally) -> dict[str, float]:
+        """A step's metrics averaged over updates and ranks: loss-function metrics weighted by each
+        micro-batch's masked tokens; `loss` is each update's global mini-batch loss (the sum over
+        ranks and micro-batches, which the global denominators make the true mean), averaged."""
+        elapsed = time.perf_counter() - tally.start
         keys, max_keys = sorted(tally.weighted), sorted(tally.maxima)
         if d.world_size() > 1:  # a rank that ran only dummy micro-batches has no keys
             gathered: list[object] = [None] * d.world_size()

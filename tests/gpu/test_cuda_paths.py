@@ -52,7 +52,7 @@ def test_fsdp2_bf16_step_on_nccl(tiny_model_dir: Path, tmp_path: Path) -> None:
                             AlgorithmConfig(preset="grpo"), total_steps=2)
         batch = TrainBatch.from_sequences([[5, 6, 7]] * 4, [[8, 9], [10], [11, 12, 13], [14]],
                                           advantages=[1.0, -1.0, 0.5, -0.5], group_ids=[0, 0, 1, 1])
-        metrics = actor.train_step(batch)
+        metrics = update_policy(actor, batch)
         assert torch.isfinite(torch.tensor(metrics["loss"])), metrics
         print("ok", metrics["loss"])
     """)
@@ -69,6 +69,7 @@ def test_fsdp2_bf16_step_on_nccl(tiny_model_dir: Path, tmp_path: Path) -> None:
 WEIGHT_RECEIVER = """
 import sys, torch
 from rlvr.sync.group import join_group_like_sglang, receive_broadcast
+from rlvr.trainer.step import update_policy
 port, name = int(sys.argv[1]), sys.argv[2]
 torch.cuda.set_device(1)
 group = join_group_like_sglang(master_address="127.0.0.1", master_port=port, rank=1, world_size=2,

@@ -31,15 +31,15 @@ def worker(model_dir: str, out: Path) -> None:
 
     d.init_distributed(force=True)
     seen: list[str] = []
-    prepare = rlvr.loop.prepare_batch
+    train_on = rlvr.loop.train_on
 
     def recording(rollout, **kw):  # what each rank trains on, after the broadcast
         seen.append(
             hashlib.sha256(json.dumps([rollout.prompts, rollout.responses, rollout.rewards]).encode()).hexdigest()
         )
-        return prepare(rollout, **kw)
+        return train_on(rollout, **kw)
 
-    rlvr.loop.prepare_batch = recording
+    rlvr.loop.train_on = recording
     loop = make_loop(out / "run", Path(model_dir), steps=5, k=1, strategy="fsdp2")
     loop.recipe.experiment.save_steps = 0
     if d.rank() == 1:

@@ -20,6 +20,7 @@ import torch
 
 from rlvr.process import free_port
 from rlvr.trainer.dist import exit_process
+from rlvr.trainer.step import update_policy
 
 STEPS = 4
 SAVE_AT = 2
@@ -82,7 +83,7 @@ def run(
         start, losses = extra["step"], extra["losses"]
         torch.set_rng_state(extra["torch_rng"])
     for step in range(start, steps):
-        metrics = actor.train_step(batch)
+        metrics = update_policy(actor, batch)
         losses.append(actor.engine.last_update_losses + [metrics["grad_norm"], metrics["lr"]])
         if save_dir is not None and not resume and step + 1 == SAVE_AT:
             extra = {"step": step + 1, "losses": list(losses), "torch_rng": torch.get_rng_state()}

@@ -78,7 +78,7 @@ class FakeActor:
     def __init__(self, log: list[str]):
         self.log = log
 
-    def train_step(self, batch: Any, *, kl_coef: float) -> dict[str, float]:
+    def train_step(self, batch: Any) -> dict[str, float]:
         self.log.append("train")
         return {}
 
@@ -95,7 +95,7 @@ class FakeSync:
 def make_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, colocate: bool = True, **kw: Any):
     log: list[str] = []
     recipe = load_recipe(RECIPE, [f"rollout.colocate={str(colocate).lower()}", "experiment.max_steps=2"])
-    monkeypatch.setattr(loop_module, "prepare_batch", lambda rollout, **_: rollout)
+    monkeypatch.setattr(loop_module, "train_on", lambda rollout, *, actor, **_: actor.train_step(rollout))
     monkeypatch.setattr(RolloutBatch, "num_tokens", property(lambda self: 1), raising=False)
     loop = RLLoop(recipe, run_dir=tmp_path, actor=FakeActor(log), manager=FakeManager(log, **kw), sync=FakeSync(log))  # type: ignore[arg-type]
     monkeypatch.setattr(loop, "save", lambda: tmp_path)

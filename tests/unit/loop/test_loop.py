@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+import rlvr.trainer.step as step_module
 from rlvr.collect.manager import RolloutManager
 from rlvr.loop import RLLoop
 from rlvr.monitor.metrics import RunRecorder
@@ -274,7 +275,7 @@ def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
     from rlvr.algorithms.filters import keep_group
     from rlvr.data.mixture import hash_seed
     from rlvr.rollout.base import GenerateRequest
-    from rlvr.trainer.prepare import prepare_batch
+    from rlvr.trainer.step import train_on
 
     algorithm = {"dynamic_sampling": True, "max_refill_rounds": 1, "min_group_std": 0.02}
     ref = make_loop(tmp_path / "ref", model_dir, steps=3, algorithm=algorithm, **EXACT)
@@ -303,9 +304,8 @@ def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
                 lost = [g.sample.domain for g in groups if g not in survivors][:missing]
                 pending = [s for d in lost for s in manager.mixture.take(d, 1)]
             rollout = manager.build_batch(kept[: rec.data.prompts_per_step])
-            batch = prepare_batch(rollout, actor=ref.actor, critic=None, algorithm=rec.algorithm,
-                                  kl_coef=0.0, pad_id=0)  # fmt: skip
-            losses.append(ref.actor.train_step(batch)["loss"])
+            metrics = train_on(rollout, actor=ref.actor, critic=None, algorithm=rec.algorithm, kl_coef=0.0, pad_id=0)
+            losses.append(metrics["loss"])
             ref.sync.push(version=step + 1)
     finally:
         manager.close()
@@ -316,7 +316,9 @@ def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
     assert same_weights(weights(ref), weights(loop))
 
 
-def test_async_loop_takes_pi_old_from_the_training_forward_and_corrects_stale_samples_with_it(tmp_path, model_dir):
+def test_async_loop_takes_pi_old_from_the_training_forward_and_corrects_stale_samples_with_it(
+    tmp_path, model_dir, monkeypatch
+):
     """k = 1, what the correction is computed from: a step trained on samples of older weights takes
     pi_old from the training forward (the trainer's current weights, no extra forward), which differs
     from the engine's logprobs by the update in between (while on an on-policy step the same weights
@@ -326,20 +328,21 @@ def test_async_loop_takes_pi_old_from_the_training_forward_and_corrects_stale_sa
     assert loop.manager is not None
     seen: list[tuple[Any, Any, Any]] = []  # per step: the rollout batch, the train batch, pi_current
     rollouts: list[Any] = []
-    take, train_step = loop.manager.take, loop.actor.train_step
+    take, update_policy = loop.manager.take, step_module.update_policy
 
     def _take(step: int) -> Any:
         batch, metrics = take(step)
         rollouts.append(batch)
         return batch, metrics
 
-    def _train_step(batch: Any, **kw: Any) -> dict[str, float]:
+    def _update_policy(actor: Any, batch: Any, **kw: Any) -> dict[str, float]:
         with torch.no_grad():
             current = loop.actor.compute_logprobs(batch)[0]  # the trainer's weights now, before the update
         seen.append((rollouts[-1], batch, current))
-        return train_step(batch, **kw)
+        return update_policy(actor, batch, **kw)
 
-    loop.manager.take, loop.actor.train_step = _take, _train_step  # type: ignore[method-assign]
+    loop.manager.take = _take  # type: ignore[method-assign]
+    monkeypatch.setattr(step_module, "update_policy", _update_policy)
     metrics = run(loop)
 
     def gaps(batch: Any, logprobs: torch.Tensor) -> list[float]:

@@ -13,6 +13,7 @@ import torch
 from rlvr.rundir import latest_checkpoint
 from rlvr.trainer import checkpoint as ckpt
 from rlvr.trainer.checkpoint import export_hf, load_checkpoint, prune, save_checkpoint
+from rlvr.trainer.step import update_policy
 
 from .conftest import build_actor, make_batch
 
@@ -24,14 +25,14 @@ def _params(actor):
 def test_resume_continues_bit_identically(tiny_model_dir, tmp_path):
     batch = make_batch()
     a = build_actor(tiny_model_dir, lr_schedule="cosine", warmup_steps=2)
-    a.train_step(batch)
+    update_policy(a, batch)
     save_checkpoint(tmp_path, 1, {"actor": a}, extra={"step": 1, "mixture": {"cursor": 7}})
-    later = [a.train_step(batch)["loss"] for _ in range(2)]
+    later = [update_policy(a, batch)["loss"] for _ in range(2)]
 
     b = build_actor(tiny_model_dir, lr_schedule="cosine", warmup_steps=2)
     extra = load_checkpoint(latest_checkpoint(tmp_path) or "", {"actor": b})
     assert extra == {"step": 1, "mixture": {"cursor": 7}}
-    assert [b.train_step(batch)["loss"] for _ in range(2)] == later
+    assert [update_policy(b, batch)["loss"] for _ in range(2)] == later
     assert b.optimizer.param_groups[0]["lr"] == a.optimizer.param_groups[0]["lr"]
     pa, pb = _params(a), _params(b)
     assert all(torch.equal(pa[n], pb[n]) for n in pa)
@@ -53,7 +54,7 @@ def test_keep_last_and_latest_pointer(tiny_model_dir, tmp_path):
 def test_a_failed_save_leaves_the_previous_checkpoint_usable(tiny_model_dir, tmp_path, monkeypatch):
     a = build_actor(tiny_model_dir)
     save_checkpoint(tmp_path, 1, {"actor": a}, keep_last=1)
-    a.train_step(make_batch())
+    update_policy(a, make_batch())
     real = ckpt._write_dcp
 
     def crash(state, path):
@@ -116,7 +117,7 @@ def test_export_hf_reloads_with_equal_logits(tiny_model_dir, tmp_path):
     from rlvr.trainer.model import load_tokenizer
 
     a = build_actor(tiny_model_dir)
-    a.train_step(make_batch())  # weights differ from the folder we started from
+    update_policy(a, make_batch())  # weights differ from the folder we started from
     tokenizer = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
     out = export_hf(a.model, tokenizer, tmp_path / "hf")
     assert out is not None and (out / "model.safetensors").exists() and not (tmp_path / "hf.tmp").exists()

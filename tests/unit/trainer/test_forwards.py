@@ -16,7 +16,7 @@ import torch
 from rlvr.recipe.schema import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.trainer import actor as actor_module
 from rlvr.trainer.actor import Actor
-from rlvr.trainer.prepare import prepare_batch
+from rlvr.trainer.step import train_on
 from rlvr.types import RolloutBatch
 
 
@@ -64,8 +64,7 @@ def test_no_grad_policy_forwards_per_step(tiny_model_dir: Path, monkeypatch, sha
         return real(model, mb, **kw)
 
     monkeypatch.setattr(actor_module, "token_logprobs", counted)
-    batch = prepare_batch(rollout(stale=stale), actor=actor, critic=None, algorithm=algorithm, kl_coef=0.1, pad_id=0)
-    metrics = actor.train_step(batch, kl_coef=0.1)
+    metrics = train_on(rollout(stale=stale), actor=actor, critic=None, algorithm=algorithm, kl_coef=0.1, pad_id=0)
     updates = algorithm.ppo_epochs * algorithm.mini_batches
     assert policy_forwards["no_grad"] == expected, policy_forwards
     assert policy_forwards["train"] >= updates

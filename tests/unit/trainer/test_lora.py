@@ -11,6 +11,7 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from rlvr.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlvr.trainer.lora import adapters_disabled, write_adapter
+from rlvr.trainer.step import update_policy
 from rlvr.trainer.weights import iter_full_weights
 
 from .conftest import build_actor, make_batch
@@ -44,7 +45,7 @@ def _capture_grads(actor) -> dict[str, torch.Tensor]:
 def test_a_step_moves_only_the_adapters(tiny_model_dir):
     actor = lora_actor(tiny_model_dir)
     before = _params(actor)
-    actor.train_step(make_batch())
+    update_policy(actor, make_batch())
     after = _params(actor)
     moved = {n for n in before if not torch.equal(before[n], after[n])}
     assert moved and all(".lora_" in n for n in moved)
@@ -62,8 +63,8 @@ def test_the_gradient_is_the_full_gradient_through_the_adapter(tiny_model_dir):
     lora = lora_actor(tiny_model_dir, grad_clip=0.0)
     full = build_actor(tiny_model_dir, grad_clip=0.0)
     lora_grads, full_grads = _capture_grads(lora), _capture_grads(full)
-    lora.train_step(batch)
-    full.train_step(batch)
+    update_policy(lora, batch)
+    update_policy(full, batch)
     scaling = LORA["alpha"] / LORA["rank"]
     checked = 0
     for name, p in lora.model.named_parameters():
@@ -85,7 +86,7 @@ def test_the_reference_is_the_base_model(tiny_model_dir):
     actor = lora_actor(tiny_model_dir)
     plain = build_actor(tiny_model_dir)
     for _ in range(2):
-        actor.train_step(batch)  # the adapters are no longer zero
+        update_policy(actor, batch)  # the adapters are no longer zero
     base_logp = plain.compute_logprobs(batch)[0]
     torch.testing.assert_close(actor.compute_logprobs(batch, reference=True)[0], base_logp, rtol=0, atol=1e-5)
     assert not torch.allclose(actor.compute_logprobs(batch)[0], base_logp, atol=1e-4)
@@ -99,7 +100,7 @@ def test_merged_weights_and_the_adapter_folder_reproduce_the_model(tiny_model_di
 
     actor = lora_actor(tiny_model_dir)
     for _ in range(2):
-        actor.train_step(make_batch())
+        update_policy(actor, make_batch())
     ids = torch.tensor([[2, 10, 11, 12, 40, 41]])
     with torch.no_grad():
         want = actor.model(input_ids=ids).logits
@@ -126,12 +127,12 @@ def test_merged_weights_and_the_adapter_folder_reproduce_the_model(tiny_model_di
 def test_a_checkpoint_holds_the_adapters_and_resumes_bit_identically(tiny_model_dir, tmp_path):
     batch = make_batch()
     a = lora_actor(tiny_model_dir)
-    a.train_step(batch)
+    update_policy(a, batch)
     folder = save_checkpoint(tmp_path / "ckpt", 1, {"actor": a})
-    later = [a.train_step(batch)["loss"] for _ in range(2)]
+    later = [update_policy(a, batch)["loss"] for _ in range(2)]
     b = lora_actor(tiny_model_dir)
     load_checkpoint(folder, {"actor": b})
-    assert [b.train_step(batch)["loss"] for _ in range(2)] == later
+    assert [update_policy(b, batch)["loss"] for _ in range(2)] == later
     pa, pb = _params(a), _params(b)
     assert all(torch.equal(pa[n], pb[n]) for n in pa)
     assert json.loads((folder / "meta.json").read_text())["lora"] == {"actor": 4}
@@ -148,8 +149,8 @@ def test_activation_checkpointing_gives_the_same_step(tiny_model_dir):
     must still get the same update."""
     batch = make_batch()
     plain, checkpointed = lora_actor(tiny_model_dir), lora_actor(tiny_model_dir, activation_checkpointing="full")
-    plain.train_step(batch)
-    checkpointed.train_step(batch)
+    update_policy(plain, batch)
+    update_policy(checkpointed, batch)
     a, b, start = _params(plain), _params(checkpointed), _params(lora_actor(tiny_model_dir))
     assert any(not torch.equal(a[n], start[n]) for n in a if ".lora_B" in n)  # the step moved them
     for name in a:

@@ -7,6 +7,7 @@ import torch
 
 from rlvr.recipe.schema import TrainerConfig
 from rlvr.trainer.optim import build_optimizer, build_scheduler, load_scheduler_state, lr_factor
+from rlvr.trainer.step import update_policy
 
 
 def test_warmup_then_constant():
@@ -52,5 +53,5 @@ def test_the_host_heap_is_trimmed_once_before_adams_first_step(tiny_model_dir, m
     actor = build_actor(tiny_model_dir)
     monkeypatch.setattr(engine_module, "trim_host_heap", lambda: calls.append(len(actor.optimizer.state)))
     for _ in range(3):
-        actor.train_step(make_batch())
+        update_policy(actor, make_batch())
     assert calls == [0]  # once, while Adam held no state yet

@@ -17,6 +17,7 @@ from rlvr.trainer.packing import (
     pad_sequences,
     unpack,
 )
+from rlvr.trainer.step import update_policy
 
 from .conftest import build_actor, make_batch
 
@@ -84,14 +85,14 @@ def test_packed_and_padded_logprobs_agree(tiny_model_dir, batch, attn):
 
 
 def _grads_of_one_update(actor, batch):
-    """Run train_step with the optimizer step replaced by a snapshot of the gradients."""
+    """Run update_policy with the optimizer step replaced by a snapshot of the gradients."""
     seen = {}
 
     def snapshot(*_, **__):
         seen.update({n: p.grad.clone() for n, p in actor.model.named_parameters() if p.grad is not None})
 
     actor.optimizer.step = snapshot
-    metrics = actor.train_step(batch)
+    metrics = update_policy(actor, batch)
     return metrics, seen
 
 
@@ -102,7 +103,7 @@ def off_policy(batch):
 
 
 def assert_same_update(a, b, batch) -> None:
-    """One train_step of each actor: same loss, grad norm and every gradient."""
+    """One update_policy of each actor: same loss, grad norm and every gradient."""
     m1, g1 = _grads_of_one_update(a, batch)
     m2, g2 = _grads_of_one_update(b, batch)
     assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
@@ -125,8 +126,8 @@ def test_single_update_uses_the_training_forward_as_pi_old(tiny_model_dir):
     batch = make_batch(6, seed=5)
     shortcut = build_actor(tiny_model_dir, preset="dapo")
     recomputed = build_actor(tiny_model_dir, preset="dapo")
-    m1 = shortcut.train_step(batch)
-    m2 = recomputed.train_step(batch.replace(old_logprobs=recomputed.compute_logprobs(batch)[0]))
+    m1 = update_policy(shortcut, batch)
+    m2 = update_policy(recomputed, batch.replace(old_logprobs=recomputed.compute_logprobs(batch)[0]))
     assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6) and m1["ratio_mean"] == 1.0
     for p, q in zip(shortcut.model.parameters(), recomputed.model.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6)
