@@ -44,138 +44,31 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def load_or_exit(
-    path: Path,
-    overrides: list[str] | None,
-    *,
-    check_data: bool = True,
-    check_machine: bool = True,
-    hub: HubMode = "download",
-):
+def load_or_exit(path: Path, overrides: list[str] | None, *, check_machine: bool = True, hub: HubMode = "download"):
     """The validated recipe, checked against this machine, with every data file parsed, or one
     error line and exit 2. `validate` and every command that starts processes call this, so
     `validate` ok means the worker's start-up checks pass too (`plan` previews a run that may be
     meant for another machine, so it skips the machine checks). `hub`: how much of a hub id's
     snapshot to fetch (`rlvr.recipe.hub`): `validate` and `plan` never fetch the weights."""
-    return load_checked(path, overrides, check_data=check_data, check_machine=check_machine, hub=hub)[0]
+    return load_checked(path, overrides, check_machine=check_machine, hub=hub)[0]
 
 
-def load_checked(
-    path: Path,
-    overrides: list[str] | None,
-    *,
-    check_data: bool = True,
-    check_machine: bool = True,
-    hub: HubMode = "download",
-):
-    """`load_or_exit`, and what the data checks found (None without `check_data`): the rows each
-    domain loaded and how many prompts are longer than `data.max_prompt_tokens` (`rlvr plan`'s
-    table). A warning line each on stderr for the domains that lose rows to the prompt limit; a
-    line each on stdout for the hub snapshot a key resolved to."""
-    from rlvr.plugins import add_plugin_dir
-    from rlvr.recipe.checks import machine_problems
-    from rlvr.recipe.hub import pending_values, report_lines
-    from rlvr.recipe.load import Locator, RecipeError, load_recipe_with_hub
+def load_checked(path: Path, overrides: list[str] | None, *, check_machine: bool = True, hub: HubMode = "download"):
+    """`load_or_exit`, and what the data checks found: the rows each domain loaded and how many
+    prompts are longer than `data.max_prompt_tokens` (`rlvr plan`'s table). The checks are
+    `rlvr.validate.validate_recipe`'s; this prints what they found: a line on stdout for each hub
+    snapshot a key resolved to, a warning or note line each on stderr, and the error, if any, last."""
+    from rlvr.validate import validate_recipe
 
-    try:
-        recipe, snapshots = load_recipe_with_hub(path, overrides or [], hub=hub, announce=typer.echo)
-    except RecipeError as exc:
-        raise fail(str(exc)) from None
-    for line in report_lines(snapshots, slurm=recipe.cluster.kind == "slurm"):
-        typer.echo(line)
-    add_plugin_dir(path.parent)  # `my_reward:score` beside the recipe; the processes launch starts inherit it
-    where = Locator(path, path.read_text(), overrides or [])
-    pending = pending_values(snapshots)  # validate's peek at an uncached id: launch downloads the rest
-    problem = check_rewards(recipe) or (machine_problems(recipe, pending=pending) if check_machine else None)
-    if problem:
-        raise fail(where.error(*problem))
-    from rlvr.recipe.staleness import staleness_warnings
-
-    for warning in staleness_warnings(recipe):  # what asynchronous rollout asks of the lr
-        typer.echo(f"warning: {warning}", err=True)
-    if not check_data:
-        if check_machine:
-            notes(recipe)
-        return recipe, None
-    from rlvr.data.base import DataError
-    from rlvr.data.prompt_fit import check_data as check_rows
-    from rlvr.data.prompt_fit import counting_tokenizer
-    from rlvr.data.sources import load_recipe_domains
-
-    try:
-        train, reports = load_recipe_domains(recipe)
-        evals, eval_reports = load_recipe_domains(recipe, eval_files=True)  # a run reads these too
-    except DataError as exc:
-        raise fail(str(exc)) from None
-    tokenizer, not_counted = counting_tokenizer(recipe)
-    data = check_rows(
-        recipe, train=train, evals=evals, reports=reports, eval_reports=eval_reports, tokenizer=tokenizer,
-        messages=tool_messages(recipe, tokenizer, where) if tokenizer is not None else None, not_counted=not_counted,
-    )  # fmt: skip
-    if data.problem:
-        raise fail(where.error(*data.problem))
-    for warning in data.warnings:
-        typer.echo(f"warning: {warning}", err=True)
-    if check_machine:  # `plan` may preview a run meant for another machine
-        notes(recipe)
-    return recipe, data
-
-
-def notes(recipe) -> None:
-    """What a valid recipe will do that it does not say (after every check, so an error stays one line)."""
-    from rlvr.recipe.checks import cpu_dtype_note
-
-    if note := cpu_dtype_note(recipe):
-        typer.echo(f"note: {note}", err=True)
-
-
-def tool_messages(recipe, tokenizer, where) -> dict:
-    """Per domain that lists its tools in the prompt: a row's messages as the model sees them,
-    rendered by the same `Toolbox.prompt_messages` as the rollout's. The search index is not built
-    for this (the search tool's description is the same with a URL)."""
-    from rlvr.tools.base import ToolConfigError
-    from rlvr.tools.session import Toolbox
-
-    out = {}
-    for name, d in recipe.domains.items():
-        if d.tools and d.tool_instructions:
-            domain = d.model_copy(update={"search_url": d.search_url or "http://index.not.built"})
-            try:
-                box = Toolbox.for_domain(
-                    domain, tokenizer=tokenizer, default_tokens=recipe.rollout.max_new_tokens,
-                    chat_template=recipe.model.chat_template,
-                )  # fmt: skip
-            except ToolConfigError as exc:
-                raise fail(where.error(("domains", name, "tools"), str(exc))) from None
-            out[name] = lambda sample, box=box: box.prompt_messages(sample.messages)
-    return out
-
-
-def check_rewards(recipe) -> tuple[tuple[str, ...], str] | None:
-    """Every domain's reward must be registered (or an importable plug-in) and take its reward_args."""
-    from rlvr.rewards.registry import check_reward_args, check_reward_name
-
-    for name, domain in recipe.domains.items():
-        problem = check_reward_name(domain.reward)
-        if problem:
-            return ("domains", name, "reward"), problem
-        problem = check_reward_args(domain.reward, domain.reward_args)
-        if problem:
-            return ("domains", name, "reward_args"), problem
-    from rlvr.data.gym import check_gym  # reasoning-gym's datasets, configs and prompts (docs/data.md)
-
-    return check_gym(recipe) or check_tools(recipe)
-
-
-def check_tools(recipe) -> tuple[tuple[str, ...], str] | None:
-    """Every domain's tools must resolve: built-in names, importable plug-ins, a search corpus."""
-    from rlvr.tools.registry import check_tools as check_domain_tools
-
-    for name, domain in recipe.domains.items():
-        problem = check_domain_tools(domain)
-        if problem:
-            return ("domains", name, "tools"), problem
-    return None
+    found = validate_recipe(path, overrides or [], check_machine=check_machine, hub=hub, announce=typer.echo)
+    for problem in found.problems:
+        if problem.level == "error":
+            raise fail(problem.text)
+        typer.echo(
+            problem.text if problem.level == "info" else f"{problem.level}: {problem.text}", err=problem.level != "info"
+        )
+    assert found.recipe is not None  # no error: the recipe loaded
+    return found.recipe, found.data
 
 
 @app.command()
