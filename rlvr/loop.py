@@ -227,7 +227,7 @@ class RLLoop:
         extra = load_checkpoint(path, self.parts())
         self.step = self.saved_step = int(extra["step"])
         self.kl.load_state_dict(extra["kl"])
-        state = extra.get("manager") or extra.get("controller")  # "controller": checkpoints before async
+        state = extra.get("manager")
         if self.manager is not None and state is not None:
             self.manager.load_state_dict(state)
         random.setstate(extra["rng"]["python"])

@@ -244,11 +244,6 @@ class ServerPool:
                     self._affinity.popitem(last=False)
             return server
 
-    def server_of(self, affinity: str) -> str | None:
-        """The server a group's requests go to (None: not sent yet, or forgotten)."""
-        with self._lock:
-            return self._affinity.get(affinity)
-
     async def _mark_failed(self, server: _Server, error: Exception) -> None:
         server.failures += 1
         if not await self._probe(server):
