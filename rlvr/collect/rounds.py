@@ -56,7 +56,7 @@ class WaveRounds:
                     for i, s in enumerate(self.prompts.fits(pending, dropped=wave.dropped))
                 )
             )
-            survivors = self._sort(wave, groups, scores=scores, first=round_ == 0)
+            survivors = self._survivors(wave, groups, scores=scores, first=round_ == 0)
             kept += survivors
             missing = per_step - len(kept)
             if not algo.dynamic_sampling or missing <= 0:
@@ -70,7 +70,9 @@ class WaveRounds:
             del kept[per_step:]
         wave.metrics["time/rollout"] = time.perf_counter() - wave.started_at
 
-    def _sort(self, wave: Wave, groups: Sequence[Group], *, scores: list[dict[str, float]], first: bool) -> list[Group]:
+    def _survivors(
+        self, wave: Wave, groups: Sequence[Group], *, scores: list[dict[str, float]], first: bool
+    ) -> list[Group]:
         """A round's groups that survive: judged (enough samples left) and kept by the filters; the
         others end here. The first round also gives the wave its samples and metrics."""
         if first:  # every episode, failed verdicts included: samples.jsonl says which
