@@ -9,7 +9,8 @@ gives 5/2/1, 4/3/1, 5/2/1, 5/3/0, ... and after k steps each domain has had with
 Within a domain rows are visited in a seeded permutation per epoch. The whole state is a
 few integers and floats (`state_dict`), so a checkpoint resumes the exact same sequence.
 The rollout manager's waves draw through `WaveDraws`, which fixes where each step's dynamic
-sampling refills fall in that sequence, whatever the timing.
+sampling refills and finished groups (`data.mix = "adaptive"`, difficulty pools: data/adaptive.py)
+fall in that sequence, whatever the timing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rlvr.data.adaptive import AdaptiveShares, DifficultyPool, GroupOutcome
 from rlvr.types import Sample
 
 
@@ -40,15 +42,23 @@ class DomainStream:
             random.Random(f"{self.seed}:{epoch}").shuffle(order)
         return order
 
-    def take(self, count: int) -> list[Sample]:
-        out = []
-        for _ in range(count):
+    def take(self, count: int, *, pool: DifficultyPool | None = None, step: int = 0) -> list[Sample]:
+        """The next `count` rows of the walk; with a `pool`, resting rows are passed over (after a
+        whole pass of resting rows the next row is drawn anyway: a domain always serves)."""
+        out: list[Sample] = []
+        passed = 0
+        while len(out) < count:
             if self.position == len(self._order):
                 self.epoch += 1
                 self.position = 0
                 self._order = self._permutation(self.epoch)
-            out.append(self.samples[self._order[self.position]])
+            sample = self.samples[self._order[self.position]]
             self.position += 1
+            if pool is None or passed >= len(self.samples) or pool.active(sample.id, step=step, visit=self.epoch):
+                out.append(sample)
+                passed = 0
+            else:
+                passed += 1
         return out
 
     def state_dict(self) -> dict[str, int]:
@@ -94,35 +104,70 @@ class MixtureSampler:
         prompts_per_step: int,
         seed: int,
         shuffle: bool = True,
+        shares: AdaptiveShares | None = None,
+        pools: Mapping[str, DifficultyPool] | None = None,
     ):
         self.quotas = QuotaSchedule({n: probs.get(n, 0.0) for n in domains}, prompts_per_step=prompts_per_step)
         self.names = self.quotas.names
         self.streams = {
             name: DomainStream(domains[name], seed=hash_seed(seed, name), shuffle=shuffle) for name in self.names
         }
+        self.shares = shares  # data.mix = "adaptive": the quotas follow each domain's learning signal
+        self.pools = {name: pool for name, pool in (pools or {}).items() if name in self.streams}
+        if shares is not None:
+            self._follow_shares()
         self.step = 0
+
+    @property
+    def observes(self) -> bool:
+        """Whether finished groups change what is drawn next (adaptive shares or difficulty pools)."""
+        return self.shares is not None or bool(self.pools)
 
     def next_batch(self) -> list[Sample]:
         quota = self.quotas.next()
         self.step += 1
-        return [sample for name in self.names for sample in self.streams[name].take(quota[name])]
+        return [sample for name in self.names for sample in self.take(name, quota[name])]
 
     def take(self, domain: str, count: int) -> list[Sample]:
-        """Extra prompts from one domain (dynamic sampling's refill), outside the quota."""
-        return self.streams[domain].take(count)
+        """Prompts from one domain: its quota's, or extra ones (dynamic sampling's refill)."""
+        return self.streams[domain].take(count, pool=self.pools.get(domain), step=self.step)
+
+    def observe(self, outcomes: list[GroupOutcome]) -> None:
+        """A trained wave's finished groups: the shares and pools move (at a fixed place in the draws)."""
+        for outcome in outcomes:
+            if (pool := self.pools.get(outcome.domain)) is not None:
+                pool.observe(outcome, step=self.step)
+        if self.shares is not None:
+            self.shares.observe(outcomes)
+            self._follow_shares()
+
+    def _follow_shares(self) -> None:
+        assert self.shares is not None
+        self.quotas.probs = {name: share for name, share in self.shares.shares().items() if name in self.names}
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state: dict[str, Any] = {
             "step": self.step,
             "credit": dict(self.quotas.credit),
             "streams": {name: stream.state_dict() for name, stream in self.streams.items()},
         }
+        if self.shares is not None:
+            state["shares"] = self.shares.state_dict()
+        if self.pools:
+            state["pools"] = {name: pool.state_dict() for name, pool in self.pools.items()}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.step = int(state["step"])
         self.quotas.credit = {name: float(state["credit"][name]) for name in self.names}
         for name, stream in self.streams.items():
             stream.load_state_dict(state["streams"][name])
+        if self.shares is not None and "shares" in state:
+            self.shares.load_state_dict(state["shares"])
+            self._follow_shares()
+        for name, pool in self.pools.items():
+            if name in state.get("pools", {}):
+                pool.load_state_dict(state["pools"][name])
 
 
 class WaveDraws:
@@ -144,7 +189,8 @@ class WaveDraws:
 
     `state_dict(step)` is the mixture before Q(step) plus the refill counts of the trained waves
     whose draws come after it (waves step-k .. step-1): a resume skips them in their places, so it
-    draws exactly what the straight run drew.
+    draws exactly what the straight run drew. A wave's finished groups (`finish(s, outcomes)`) reach
+    an observing mixture at R(s)'s place too, right before Q(s+k+1), and are kept and resumed alike.
     """
 
     def __init__(self, mixture: MixtureSampler, *, ahead: int):
@@ -156,6 +202,8 @@ class WaveDraws:
         self.refills: dict[int, dict[str, int]] = {}  # per wave, its refill draws per domain
         self.final: set[int] = set()  # waves whose refills are final
         self.replay: dict[int, dict[str, int]] = {}  # from a resume: refill counts to skip before Q(key)
+        self.outcomes: dict[int, list[GroupOutcome]] = {}  # per final wave: its groups, for an observing mixture
+        self.replay_outcomes: dict[int, list[GroupOutcome]] = {}  # from a resume: observed before Q(key)
 
     def quota(self, step: int) -> list[Sample]:
         """Wave `step`'s quota (drawn now, or earlier by a refill)."""
@@ -173,10 +221,12 @@ class WaveDraws:
         counts[domain] = counts.get(domain, 0) + count
         return self.mixture.take(domain, count)
 
-    def finish(self, step: int) -> None:
-        """Wave `step` draws no more refills."""
+    def finish(self, step: int, outcomes: list[GroupOutcome] | None = None) -> None:
+        """Wave `step` draws no more refills; `outcomes` are its finished groups."""
         self.refills.setdefault(step, {})
         self.final.add(step)
+        if self.mixture.observes:
+            self.outcomes[step] = list(outcomes or [])
 
     def forget(self, before: int) -> None:
         """Drop what no `state_dict(step)` with step >= `before` needs."""
@@ -185,6 +235,7 @@ class WaveDraws:
         for old in [s for s in self.refills if s < before - self.ahead]:
             del self.refills[old]
             self.final.discard(old)
+            self.outcomes.pop(old, None)
 
     def _draw_through(self, step: int) -> None:
         if self.next is None:
@@ -196,13 +247,18 @@ class WaveDraws:
                 raise RuntimeError(f"quota of wave {wave} drawn before wave {before}'s refills are final")
             for domain, count in self.replay.pop(wave, {}).items():
                 self.mixture.take(domain, count)
+            if self.mixture.observes:
+                seen = self.outcomes.get(before) if before in self.final else self.replay_outcomes.pop(wave, None)
+                if seen:
+                    self.mixture.observe(seen)
             self.marks[wave] = self.mixture.state_dict()
             self.quotas[wave] = self.mixture.next_batch()
             self.next += 1
 
     def state_dict(self, step: int) -> dict[str, Any]:
         """What resumes at `step`: the mixture before Q(step), and the trained waves' refills after it."""
-        if step in self.marks:
+        live = step not in self.marks  # the mixture now: a wave's outcomes wait until the next quota
+        if not live:
             mixture = self.marks[step]
         elif self.next is None or step == self.next:
             mixture = self.mixture.state_dict()
@@ -214,7 +270,13 @@ class WaveDraws:
         for at, counts in later:
             for domain, count in counts.items():
                 refills.setdefault(at, {})[domain] = refills.get(at, {}).get(domain, 0) + count
-        return {**mixture, "refills": sorted(refills.items())}
+        state = {**mixture, "refills": sorted(refills.items())}
+        if self.mixture.observes:
+            seen = [(s + self.ahead + 1, o) for s, o in self.outcomes.items()
+                    if s < step < s + self.ahead + 1 or (live and s + self.ahead + 1 == step)]  # fmt: skip
+            seen += [(at, o) for at, o in self.replay_outcomes.items() if at > step]
+            state["outcomes"] = [(at, [(g.domain, g.sample_id, list(g.scores)) for g in o]) for at, o in sorted(seen)]
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.mixture.load_state_dict(state)
@@ -224,6 +286,11 @@ class WaveDraws:
         self.refills.clear()
         self.final.clear()
         self.replay = {int(at): {str(d): int(n) for d, n in counts.items()} for at, counts in state.get("refills", [])}
+        self.outcomes.clear()
+        self.replay_outcomes = {
+            int(at): [GroupOutcome(str(d), str(i), tuple(float(x) for x in s)) for d, i, s in groups]
+            for at, groups in state.get("outcomes", [])
+        }
 
 
 def hash_seed(seed: int, name: str) -> int:
