@@ -16,7 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 MB = 1024 * 1024
 
@@ -52,15 +56,33 @@ class SyncError(RuntimeError):
         self.failures = list(failures)
 
 
-def agree(decision: dict[str, Any] | None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What trainer rank 0 decided at one step of a sync, as every rank receives it (`agree`)."""
+
+    state: Literal["go", "ok", "retry", "fail"]
+    message: str = ""  # fail: the SyncError's message
+    failures: tuple[EngineFailure, ...] = ()  # fail: the engines that failed
+    wire_dtype: str | None = None  # go (broadcast): the dtype every rank casts to
+    engines: int = 0  # ok: engines updated
+    dropped: int = 0  # ok: engines dropped so far
+    load_s: float = 0.0  # ok (disk): seconds the engines took to load
+
+    @classmethod
+    def failed(cls, exc: SyncError) -> Decision:
+        """The `fail` decision that raises `exc` again on every rank."""
+        return cls("fail", str(exc), tuple(exc.failures))
+
+
+def agree(decision: Decision | None) -> Decision:
     """Trainer rank 0's decision (None elsewhere) on every rank. A `fail` decision raises the same
     SyncError on every rank, so all ranks leave the collective sync together."""
     from rlvr.trainer import dist as d
 
     agreed = d.broadcast_object(decision)
-    assert isinstance(agreed, dict)
-    if agreed["state"] == "fail":
-        raise SyncError(agreed["message"], [EngineFailure(*f) for f in agreed["failures"]])
+    assert isinstance(agreed, Decision)
+    if agreed.state == "fail":
+        raise SyncError(agreed.message, agreed.failures)
     return agreed
 
 
@@ -81,7 +103,7 @@ class TensorSpec:
         return n
 
 
-def weight_specs(model: Any, *, dtype: Any = None, skip_tied: bool = True) -> list[TensorSpec]:
+def weight_specs(model: nn.Module, *, dtype: torch.dtype | None = None, skip_tied: bool = True) -> list[TensorSpec]:
     """The specs of what `rlvr.trainer.weights.iter_full_weights` yields, without communication.
 
     Why: a bucket's HTTP request (names, dtypes, shapes) must be in flight *before* its
@@ -90,7 +112,7 @@ def weight_specs(model: Any, *, dtype: Any = None, skip_tied: bool = True) -> li
     """
     from rlvr.trainer.weights import weight_sources  # HF names for either model implementation
 
-    specs = []
+    specs: list[TensorSpec] = []
     for name, tensor, _ in weight_sources(model, skip_tied=skip_tied):
         target = dtype or tensor.dtype
         specs.append(
@@ -99,7 +121,7 @@ def weight_specs(model: Any, *, dtype: Any = None, skip_tied: bool = True) -> li
     return specs
 
 
-def _itemsize(dtype: Any) -> int:
+def _itemsize(dtype: torch.dtype) -> int:
     import torch
 
     return torch.empty((), dtype=dtype).element_size()

@@ -15,10 +15,13 @@ let go. A failure raises SyncError, and the loop stops as after a failed push (d
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from rlvr.sync.base import agree
-from rlvr.sync.engines import Engines
+from rlvr.sync.base import Decision, agree
+from rlvr.sync.engine_calls import EngineCalls, EngineFactory
+
+if TYPE_CHECKING:
+    from rlvr.recipe.schema import Recipe
 
 
 def _empty_cuda_cache() -> None:
@@ -40,14 +43,14 @@ class Colocation:
 
     def __init__(
         self,
-        client: Any,
+        client: object,
         *,
         timeout_s: float,
-        factory: Callable[[str], Any] | None = None,
+        factory: EngineFactory | None = None,
         free_cache: Callable[[], None] = _empty_cuda_cache,
         barrier: Callable[[], None] = _barrier,
     ):
-        self.engines = Engines(client, timeout_s=timeout_s, factory=factory) if client is not None else None
+        self.calls = EngineCalls(client, timeout_s=timeout_s, factory=factory) if client is not None else None
         self.free_cache = free_cache
         self.barrier = barrier
         self.asleep = False
@@ -70,22 +73,19 @@ class Colocation:
 
     def _call(self, method: str, stage: str) -> None:
         decision = None
-        if self.engines is not None:
-            failures = self.engines.call(self.engines.live(), stage, method)
+        if self.calls is not None:
+            failures = self.calls.call(self.calls.live(), stage, method)
             detail = "; ".join(str(f) for f in failures)
-            decision = (
-                {"state": "fail", "message": f"colocated engines could not {stage}: {detail}",
-                 "failures": [(f.url, f.stage, f.error) for f in failures]}
-                if failures else {"state": "ok"}
-            )  # fmt: skip
+            message = f"colocated engines could not {stage}: {detail}"
+            decision = Decision("fail", message, tuple(failures)) if failures else Decision("ok")
         agree(decision)
 
     def close(self) -> None:
-        if self.engines is not None:
-            self.engines.close()
+        if self.calls is not None:
+            self.calls.close()
 
 
-def colocation_for(recipe: Any, *, client: Any) -> Colocation | None:
+def colocation_for(recipe: Recipe, *, client: object) -> Colocation | None:
     """The recipe's Colocation (every trainer rank builds one: the barriers are collective), or
     None when the engines have GPUs of their own."""
     if not recipe.rollout.colocate:

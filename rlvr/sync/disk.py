@@ -16,12 +16,17 @@ import logging
 import shutil
 import struct
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-from rlvr.sync.base import SyncError, agree, weight_specs
-from rlvr.sync.engines import Engines
+from rlvr.sync.base import Decision, SyncError, TensorSpec, agree, weight_specs
+from rlvr.sync.buckets import dtype_of, engine_dtype
+from rlvr.sync.engine_calls import EngineCalls, EngineFactory
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +36,17 @@ class DiskSync:
 
     def __init__(
         self,
-        model: Any,
+        model: nn.Module,
         *,
         shared_dir: str | Path,
-        client: Any = None,
+        client: object = None,
         timeout_s: float = 600.0,
         on_engine_failure: str = "fail",
-        dtype: Any = None,
-        tokenizer: Any = None,
+        dtype: torch.dtype | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         keep: int = 2,
         pause_mode: str = "abort",
-        engine_factory: Callable[[str], Any] | None = None,
+        engine_factory: EngineFactory | None = None,
     ):
         from rlvr.trainer import dist as d
 
@@ -50,15 +55,15 @@ class DiskSync:
         self.model = model
         self.rank = d.rank()
         self.root = Path(shared_dir) / self.folder
-        self.dtype = dtype
+        self.dtype: torch.dtype | Literal[False] | None = dtype  # False: the engines' dtype is unknown, no cast
         self.tokenizer = tokenizer
         self.keep = keep
         self.pause_mode = pause_mode
-        self.engines: Engines | None = None
+        self.calls: EngineCalls | None = None
         if self.rank == 0:
             if client is None:
                 raise ValueError("DiskSync needs the rollout client on trainer rank 0")
-            self.engines = Engines(client, timeout_s=timeout_s, on_failure=on_engine_failure, factory=engine_factory)
+            self.calls = EngineCalls(client, timeout_s=timeout_s, on_failure=on_engine_failure, factory=engine_factory)
 
     folder = "weights"  # under shared_dir: one v{version} folder per push
     load_method = "update_weights_from_disk"  # what each engine is asked to do with the folder
@@ -77,81 +82,73 @@ class DiskSync:
         return {
             "sync/seconds": time.monotonic() - start,
             "sync/export_seconds": export_s,
-            "sync/load_seconds": float(decision["load_s"]),
+            "sync/load_seconds": float(decision.load_s),
             "sync/gb": size / 1e9,
-            "sync/engines": float(decision["engines"]),
-            "sync/dropped_engines": float(decision["dropped"]),
+            "sync/engines": float(decision.engines),
+            "sync/dropped_engines": float(decision.dropped),
             "sync/version": float(version),
         }
 
     def _write(self, path: Path) -> None:
         """Every rank: the folder the engines load (collective: full tensors are gathered)."""
-        import torch
 
         from rlvr.trainer import dist as d
 
         if self.dtype is None:  # the engines' own dtype, once (every rank casts the same way)
             name = d.broadcast_object(self._engine_dtype() if self.rank == 0 else None)
-            self.dtype = getattr(torch, str(name)) if name else False
+            self.dtype = dtype_of(str(name)) if name else False
         write_weights(self.model, path, dtype=self.dtype or None, tokenizer=self.tokenizer)
 
     def _engine_dtype(self) -> str | None:
         """The dtype the live engines serve ("float32", "bfloat16", ...), None if they do not say."""
-        from rlvr.sync.broadcast import engine_dtype
-
-        engines = self.engines
-        assert engines is not None
-        names = set()
-        for answer in engines.results(engines.live(), "server_info").values():
-            if isinstance(answer, dict) and isinstance(answer.get("dtype"), str):
-                names.add(engine_dtype(answer["dtype"], self.model))
+        calls = self.calls
+        assert calls is not None
+        names: set[str] = set()
+        for answer in calls.results(calls.live(), "server_info").values():
+            served = cast("dict[str, object]", answer).get("dtype") if isinstance(answer, dict) else None  # JSON
+            if isinstance(served, str):
+                names.add(engine_dtype(served, self.model))
         names.discard("")
         return names.pop() if len(names) == 1 else None
 
-    def _load(self, path: Path, version: int) -> dict[str, Any]:
-        engines = self.engines
-        assert engines is not None
+    def _load(self, path: Path, version: int) -> Decision:
+        calls = self.calls
+        assert calls is not None
         start = time.monotonic()
         try:
-            engines.recover()
-            if not engines.live():
+            calls.recover()
+            if not calls.live():
                 raise SyncError(f"weight sync to version {version}: no live rollout engine")
             updated: list[str] = []
             # An engine that answers again while this push waits for one (continue mode) joins
             # it: another round for the engines this push has not updated yet.
-            for _ in range(len(engines.live()) + 2):
-                members = [m for m in engines.live() if m not in updated]
+            for _ in range(len(calls.live()) + 2):
+                members = [m for m in calls.live() if m not in updated]
                 if not members:
                     break
-                engines.handle(engines.unhealthy(members), version=version)  # raises in fail mode
-                members = [m for m in members if m not in engines.dropped]
+                calls.handle(calls.unhealthy(members), version=version)  # raises in fail mode
+                members = [m for m in members if m not in calls.dropped]
                 for stage, method, args, kwargs in (
                     ("pause", "pause", (self.pause_mode,), {}),
                     ("flush", "flush_cache", (), {}),
                     (self.load_method, self.load_method, (str(path),), {"version": version}),
                     ("resume", "resume", (), {}),
                 ):
-                    failures = engines.call(members, stage, method, *args, **kwargs)
-                    engines.handle(failures, version=version)  # raises in fail mode or when none is left
-                    members = [m for m in members if m not in engines.dropped]
+                    failures = calls.call(members, stage, method, *args, **kwargs)
+                    calls.handle(failures, version=version)  # raises in fail mode or when none is left
+                    members = [m for m in members if m not in calls.dropped]
                 updated += members
-            engines.admit_rejoined(updated)
-            return {
-                "state": "ok",
-                "engines": len(updated),
-                "dropped": len(engines.dropped),
-                "load_s": time.monotonic() - start,
-            }
+            calls.admit_rejoined(updated)
+            return Decision("ok", engines=len(updated), dropped=len(calls.dropped), load_s=time.monotonic() - start)
         except SyncError as exc:
-            failures = [(f.url, f.stage, f.error) for f in exc.failures]
-            return {"state": "fail", "message": str(exc), "failures": failures}
+            return Decision.failed(exc)
         except Exception as exc:  # noqa: BLE001 - every rank must learn that rank 0 failed
             log.exception("disk weight sync failed")
             message = f"weight sync to version {version} failed on trainer rank 0: {exc!r}"
-            return {"state": "fail", "message": message, "failures": []}
+            return Decision("fail", message)
 
     def _prune(self) -> None:
-        versions = []
+        versions: list[tuple[int, Path]] = []
         for child in self.root.iterdir():
             if child.is_dir() and child.name.startswith("v") and child.name[1:].isdigit():
                 versions.append((int(child.name[1:]), child))
@@ -159,11 +156,17 @@ class DiskSync:
             shutil.rmtree(child, ignore_errors=True)
 
     def close(self) -> None:
-        if self.engines is not None:
-            self.engines.close()
+        if self.calls is not None:
+            self.calls.close()
 
 
-def write_weights(model: Any, out_dir: str | Path, *, dtype: Any = None, tokenizer: Any = None) -> Path | None:
+def write_weights(
+    model: nn.Module,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> Path | None:
     """Write a transformers folder (one model.safetensors, config, tokenizer) from a (sharded)
     model, streaming: at most one full tensor in host RAM at a time.
 
@@ -182,22 +185,12 @@ def write_weights(model: Any, out_dir: str | Path, *, dtype: Any = None, tokeniz
     main = d.rank() == 0
     tmp = out.with_name(out.name + ".tmp")
     handle = None
+    raw = b""
     if main:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        specs = weight_specs(model, dtype=dtype)
-        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-        offset = 0
-        for spec in specs:
-            header[spec.name] = {
-                "dtype": SAFETENSORS_NAMES[spec.dtype],
-                "shape": list(spec.shape),
-                "data_offsets": [offset, offset + spec.nbytes],
-            }
-            offset += spec.nbytes
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+        raw = _safetensors_header(weight_specs(model, dtype=dtype))
         handle = open(tmp / "model.safetensors", "wb")  # noqa: SIM115 - closed below, on every path
     try:
         if handle is not None:
@@ -216,11 +209,26 @@ def write_weights(model: Any, out_dir: str | Path, *, dtype: Any = None, tokeniz
     return out if main else None
 
 
-def _bytes_of(flat: Any) -> memoryview:
+def _safetensors_header(specs: list[TensorSpec]) -> bytes:
+    """The JSON header of a safetensors file holding `specs` back to back, padded to 8 bytes."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for spec in specs:
+        header[spec.name] = {
+            "dtype": SAFETENSORS_NAMES[spec.dtype],
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + spec.nbytes],
+        }
+        offset += spec.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return raw + b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+
+
+def _bytes_of(flat: Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, without a copy (numpy's buffer protocol)."""
     import torch
 
-    array: Any = flat.view(torch.uint8).numpy()
+    array: Any = flat.view(torch.uint8).numpy()  # numpy's stubs do not declare the buffer protocol
     return memoryview(array).cast("B")
 
 

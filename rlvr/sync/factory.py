@@ -11,9 +11,15 @@ so every rank builds the same kind of sync.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rlvr.recipe.schema import SyncConfig
 from rlvr.sync.base import WeightSync
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 
 def resolve_method(method: str, *, has_client: bool, has_engine: bool) -> str:
@@ -27,15 +33,15 @@ def resolve_method(method: str, *, has_client: bool, has_engine: bool) -> str:
 
 
 def make_weight_sync(
-    cfg: Any,
+    cfg: SyncConfig,
     *,
-    model: Any,
-    client: Any = None,
-    engine: Any = None,
+    model: nn.Module,
+    client: object = None,
+    engine: object = None,
     run_dir: str | Path | None = None,
-    dtype: Any = None,
-    tokenizer: Any = None,
-    **kwargs: Any,
+    dtype: torch.dtype | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    **kwargs: Any,  # the chosen sync class's own options (e.g. `master_address`, test seams)
 ) -> WeightSync:
     """Build the `WeightSync` for `cfg` (a `SyncConfig`). Collective: call on every trainer rank.
 
@@ -51,7 +57,7 @@ def make_weight_sync(
     method = d.broadcast_object(method)
     from rlvr.trainer.lora import is_lora
 
-    adapters = is_lora(model) and getattr(cfg, "lora", "merged") == "adapter"
+    adapters = is_lora(model) and cfg.lora == "adapter"
     if adapters and method != "inprocess":  # a LoRA policy's adapters only, whatever the method
         from rlvr.sync.adapter import AdapterSync
 

@@ -279,7 +279,7 @@ def test_a_push_the_trainer_gives_up_midway_leaves_the_engine_ready_for_the_next
 
     sync = BroadcastSync(reference_model(perturb_seed=61), client=VLLMClient([vllm_server.url]), timeout_s=120,
                          bucket_mb=0.5)  # fmt: skip
-    pack, packed = sync._pack, []
+    pack, packed = sync.plan.pack, []
 
     def failing_pack(weights, bucket, *, slot):
         if len(packed) == 2:
@@ -287,7 +287,7 @@ def test_a_push_the_trainer_gives_up_midway_leaves_the_engine_ready_for_the_next
         packed.append(bucket)
         return pack(weights, bucket, slot=slot)
 
-    sync._pack = failing_pack  # pyright: ignore[reportAttributeAccessIssue]
+    sync.plan.pack = failing_pack  # pyright: ignore[reportAttributeAccessIssue]
     try:
         with pytest.raises(SyncError, match="the trainer broke while packing a bucket"):
             sync.push(version=7)

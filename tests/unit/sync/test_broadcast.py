@@ -22,15 +22,9 @@ def make(harness, model, client, **kw) -> BroadcastSync:
     kw.setdefault("timeout_s", 5)
     kw.setdefault("wire_format", "per_tensor")
     kw.setdefault("bucket_mb", BUCKET_MB)
-    return BroadcastSync(
-        model,
-        client=client,
-        master_address="127.0.0.1",
-        backend="gloo",
-        engine_factory=harness.factory,
-        join=harness.join,
-        **kw,
-    )
+    kw.setdefault("engine_factory", harness.factory)
+    kw.setdefault("join", harness.join)
+    return BroadcastSync(model, client=client, master_address="127.0.0.1", backend="gloo", **kw)
 
 
 def test_order_versions_and_payloads(harness, model) -> None:
@@ -84,9 +78,9 @@ def test_group_is_reused_and_ranks_follow_ranks_per_server(harness, model) -> No
 def test_bf16_wire_casts_through_the_reused_staging_buffer(harness, model) -> None:
     sync = make(harness, model, ParentClient([A]), dtype=torch.bfloat16)
     sync.push(version=1)
-    first = dict(sync._staging)
+    first = dict(sync.plan.staging)
     sync.push(version=2)
-    assert sync._staging.keys() == {"bfloat16"} and sync._staging["bfloat16"] is first["bfloat16"]
+    assert sync.plan.staging.keys() == {"bfloat16"} and sync.plan.staging["bfloat16"] is first["bfloat16"]
     expected = [t.to(torch.bfloat16) for _, t in iter_full_weights(model)]
     for sent, tensor in zip(harness.sent[len(expected) :], expected, strict=True):
         assert sent.dtype == torch.bfloat16 and torch.equal(sent, tensor)
@@ -154,9 +148,9 @@ def test_ranks_and_wire_dtype_come_from_server_info(harness, model) -> None:
     """Each server's tp workers take ranks rank_offset + tp_rank, so offsets follow each tp_size;
     the engines' dtype is the wire dtype (bf16: half the bytes); dp_size > 1 is refused."""
     sync = make(harness, model, ParentClient([A, B]))
-    harness.factory(A).info.update(tp_size=2, dtype="bfloat16")
-    harness.factory(B).info.update(tp_size=4, dtype="bfloat16")
-    sync.engines._clients.update(harness.engines)  # pyright: ignore[reportOptionalMemberAccess]
+    assert sync.calls is not None
+    sync.calls.one(A).info.update(tp_size=2, dtype="bfloat16")  # the engine clients the sync will call
+    sync.calls.one(B).info.update(tp_size=4, dtype="bfloat16")
     sync.push(version=1)
     inits = [(u, f["rank_offset"], f["world_size"]) for u, m, f in harness.log if m == "init_weights_update_group"]
     assert inits == [(A, 1, 7), (B, 3, 7)]
@@ -166,8 +160,8 @@ def test_ranks_and_wire_dtype_come_from_server_info(harness, model) -> None:
     sync.close()
     harness2_model = model
     other = make(harness, harness2_model, ParentClient(["http://10.0.0.3:30000"]))
-    harness.factory("http://10.0.0.3:30000").info.update(dp_size=2)
-    other.engines._clients.update(harness.engines)  # pyright: ignore[reportOptionalMemberAccess]
+    assert other.calls is not None
+    other.calls.one("http://10.0.0.3:30000").info.update(dp_size=2)
     with pytest.raises(SyncError, match="dp_size = 2"):
         other.push(version=1)
     other.close()
@@ -178,7 +172,6 @@ def test_a_broken_broadcast_blames_the_engine_that_lost_its_health(harness, mode
     harness.behave[B] = {"update_weights_from_distributed": "raise"}
     harness.behave[A] = {}
     client = ParentClient([A, B])
-    sync = make(harness, model, client, on_engine_failure="continue")
 
     # A also fails the bucket (its receive broke when rank 0 tore the group down) but stays healthy;
     # B answered the health check before the push, then lost its health during the broadcast
@@ -207,10 +200,11 @@ def test_a_broken_broadcast_blames_the_engine_that_lost_its_health(harness, mode
             engine.update_weights_from_distributed = update  # type: ignore[method-assign]
         return engine
 
-    sync.engines._factory = fail_a_once  # type: ignore[union-attr]
+    sync = make(harness, model, client, on_engine_failure="continue", engine_factory=fail_a_once)
     sync.push(version=2)
     assert harness.groups[0].aborted
-    assert client.live_servers == [A] and list(sync.engines.dropped) == [B]  # type: ignore[union-attr]
+    assert sync.calls is not None
+    assert client.live_servers == [A] and list(sync.calls.dropped) == [B]
     sync.close()
 
 
@@ -261,7 +255,6 @@ def test_flattened_bucket_of_back_to_back_tensors_is_sent_without_a_copy(harness
     model = Arena()
     sent_pointers: list[int] = []
 
-    sync = make(harness, model, ParentClient([A]), wire_format="flattened_bucket", bucket_mb=1)
     original = harness.join
 
     def join(**kw):
@@ -275,7 +268,7 @@ def test_flattened_bucket_of_back_to_back_tensors_is_sent_without_a_copy(harness
         group.broadcast = broadcast
         return group
 
-    sync._join = join
+    sync = make(harness, model, ParentClient([A]), wire_format="flattened_bucket", bucket_mb=1, join=join)
     sync.push(version=1)
     sync.close()
     assert sent_pointers == [arena.data_ptr()]

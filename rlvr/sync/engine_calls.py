@@ -17,14 +17,21 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from rlvr.sync.base import EngineFailure, SyncError
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 Futures = dict[str, "cf.Future[Any]"]
+"""One call per engine URL; each answer is the engine client's (JSON, a bool, None)."""
+EngineFactory = Callable[[str], object]
+"""Builds the one-engine client for a URL: an object with the engine's async control methods."""
+PerUrl = Callable[[str], Mapping[str, object]]
+"""Per-engine keyword arguments of a call (e.g. each engine's `rank_offset`)."""
 
 
 class _LoopThread:
@@ -35,7 +42,7 @@ class _LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="rlvr-sync-http", daemon=True)
         self._thread.start()
 
-    def submit(self, coro: Any) -> cf.Future[Any]:
+    def submit(self, coro: Coroutine[Any, Any, T]) -> cf.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def close(self) -> None:
@@ -47,10 +54,12 @@ class _LoopThread:
             self.loop.close()
 
 
-def _default_factory(parent: Any, timeout_s: float) -> Callable[[str], Any]:
-    """One-URL clients of the parent's own kind (SGLang's or vLLM's routes), without retries."""
+def _default_factory(parent: object, timeout_s: float) -> EngineFactory:
+    """One-URL clients of the parent's own kind (SGLang's or vLLM's routes), without retries.
 
-    def make(url: str) -> Any:
+    The parent is probed, not typed: the loop's `ServerPool` has `single`, lighter fakes do not."""
+
+    def make(url: str) -> object:
         single = getattr(parent, "single", None)
         if callable(single):
             return single(url, timeout_s=timeout_s)
@@ -67,21 +76,22 @@ def _default_factory(parent: Any, timeout_s: float) -> Callable[[str], Any]:
     return make
 
 
-class Engines:
-    """The engines a sync drives: who is live, calls with deadlines, and the failure policy.
+class EngineCalls:
+    """Calls to the rollout engines a sync drives: who is live, calls with deadlines, the failure policy.
 
     `client` is the loop's client (anything with `live_servers`; an `SGLangClient`): its
     live servers are the candidates, minus those this sync already dropped. `factory(url)`
-    builds a one-engine client (tests pass fakes).
+    builds a one-engine client (tests pass fakes). The client's optional abilities (`admit`,
+    `hold`, `servers`) are probed: tests hand in fakes with only some of them.
     """
 
     def __init__(
         self,
-        client: Any,
+        client: object,
         *,
         timeout_s: float,
         on_failure: str = "fail",
-        factory: Callable[[str], Any] | None = None,
+        factory: EngineFactory | None = None,
     ):
         if on_failure not in ("fail", "continue"):
             raise ValueError(f"on_engine_failure must be fail or continue, got {on_failure!r}")
@@ -92,7 +102,7 @@ class Engines:
         self.dropped: dict[str, EngineFailure] = {}
         self.rejoining: list[str] = []  # dropped engines that answer /health again: synced, then admitted
         self._factory = factory or _default_factory(client, timeout_s)
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[str, object] = {}
         self._loop = _LoopThread()
 
     # -- membership ----------------------------------------------------------------------
@@ -129,7 +139,8 @@ class Engines:
                     server.alive = True
         self.rejoining = [u for u in self.rejoining if u not in admitted]
 
-    def one(self, url: str) -> Any:
+    def one(self, url: str) -> object:
+        """The one-engine client for `url` (built once)."""
         if url not in self._clients:
             self._clients[url] = self._factory(url)
         return self._clients[url]
@@ -137,24 +148,29 @@ class Engines:
     # -- calls ---------------------------------------------------------------------------
 
     def submit(
-        self, urls: Sequence[str], method: str, *args: Any, per_url: Callable[[str], dict] | None = None, **kw: Any
+        self, urls: Sequence[str], method: str, *args: object, per_url: PerUrl | None = None, **kw: object
     ) -> Futures:
         """Start `method(*args, **kw)` on every engine now; `per_url(url)` adds per-engine kwargs."""
+        return self._start(urls, method, args, kw, per_url)
+
+    def _start(
+        self, urls: Sequence[str], method: str, args: Sequence[object], kw: Mapping[str, object], per_url: PerUrl | None
+    ) -> Futures:
         futures: Futures = {}
         for url in urls:
-            extra = per_url(url) if per_url else {}
+            extra: Mapping[str, object] = per_url(url) if per_url else {}
             futures[url] = self._loop.submit(getattr(self.one(url), method)(*args, **kw, **extra))
         return futures
 
     def collect(self, futures: Futures, stage: str, *, timeout_s: float | None = None) -> list[EngineFailure]:
         """Wait for every call (one shared deadline); returns the failures, never raises."""
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        failures = []
+        failures: list[EngineFailure] = []
         for url, future in futures.items():
             try:
-                result = future.result(timeout=max(0.0, deadline - time.monotonic()))
-                if isinstance(result, dict) and result.get("success") is False:
-                    failures.append(EngineFailure(url, stage, str(result.get("message"))))
+                refused = _refusal(future.result(timeout=max(0.0, deadline - time.monotonic())))
+                if refused is not None:
+                    failures.append(EngineFailure(url, stage, refused))
             except cf.TimeoutError:
                 future.cancel()
                 failures.append(EngineFailure(url, stage, f"no answer within {self.timeout_s:g}s"))
@@ -162,13 +178,13 @@ class Engines:
                 failures.append(EngineFailure(url, stage, f"{type(exc).__name__}: {exc}"))
         return failures
 
-    def call(self, urls: Sequence[str], stage: str, method: str, *args: Any, **kw: Any) -> list[EngineFailure]:
-        return self.collect(self.submit(urls, method, *args, **kw), stage)
+    def call(self, urls: Sequence[str], stage: str, method: str, *args: object, **kw: object) -> list[EngineFailure]:
+        return self.collect(self._start(urls, method, args, kw, None), stage)
 
-    def results(self, urls: Sequence[str], method: str) -> dict[str, Any]:
+    def results(self, urls: Sequence[str], method: str) -> dict[str, object]:
         """`method()` on every engine that has it; the answers (an exception for a failed call)."""
         futures = {u: self._loop.submit(getattr(self.one(u), method)()) for u in urls if hasattr(self.one(u), method)}
-        answers: dict[str, Any] = {}
+        answers: dict[str, object] = {}
         deadline = time.monotonic() + self.timeout_s
         for url, future in futures.items():
             try:
@@ -187,7 +203,7 @@ class Engines:
     def healthy(self, urls: Sequence[str]) -> set[str]:
         """The engines that answer /health within min(10 s, timeout)."""
         futures = self.submit(urls, "health")
-        ok = set()
+        ok: set[str] = set()
         for url, future in futures.items():
             try:
                 if future.result(timeout=min(10.0, self.timeout_s)):
@@ -258,3 +274,11 @@ class Engines:
                     self._loop.submit(close()).result(timeout=5)
         self._clients.clear()
         self._loop.close()
+
+
+def _refusal(answer: object) -> str | None:
+    """The message of an answer that reports `success: false` (SGLang's JSON), else None."""
+    if not isinstance(answer, dict):
+        return None
+    body = cast("dict[str, object]", answer)  # JSON from the engine's HTTP answer
+    return str(body.get("message")) if body.get("success") is False else None
