@@ -62,11 +62,11 @@ def serve(model_dir: str, port: int) -> None:
         if specs and reuse:  # the per-tensor wire format's floor: no allocation, no copy
             if not preallocated:
                 preallocated.extend(torch.empty(shape, dtype=torch_dtype(dt)) for _, dt, shape in specs)
-            receive_into(engine._weight_groups[group_name], preallocated)
+            receive_into(engine.weights.groups[group_name], preallocated)
             return
         if specs:  # the server's old update, minus the copy into the model
             names, dtypes, shapes = zip(*specs, strict=True)
-            receive_broadcast(engine._weight_groups[group_name], names, dtypes, shapes, device="cpu")
+            receive_broadcast(engine.weights.groups[group_name], names, dtypes, shapes, device="cpu")
             return
         # One message, or (--raw-chunk-mb, at sizes where a second copy of the weights does not fit
         # beside the server's) consecutive chunks into one reused buffer.
@@ -76,7 +76,7 @@ def serve(model_dir: str, port: int) -> None:
         options.rootRank = 0
         for start in range(0, nbytes, step):
             part = buffer[: min(step, nbytes - start)]
-            engine._weight_groups[group_name].broadcast([part], options).wait()
+            engine.weights.groups[group_name].broadcast([part], options).wait()
 
     async def bench_raw(request: web.Request) -> web.Response:
         body = await request.json()

@@ -69,7 +69,8 @@ def serve(
         _fail(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); pick another or --port 0")
     bound = sock.getsockname()[1]
     typer.echo(f"rlvr serve: loading {model_path}; will listen on http://{host}:{bound}")
-    from rlvr.server.embedded import EmbeddedEngine, KVBudgetError
+    from rlvr.server.embedded import EmbeddedEngine
+    from rlvr.server.memory import KVBudgetError
     from rlvr.server.routes import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -374,13 +374,11 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         return web.json_response({"success": False, "message": "model_path is required"}, status=400)
     paused = 0
     if body.get("abort_all_requests"):
-        paused = await asyncio.to_thread(engine.pause_sync, "abort")
-        engine.resume_sync()
+        paused = await engine.pause("abort")
+        await engine.resume()
     version = body.get("weight_version")
     try:
-        await asyncio.to_thread(
-            engine.update_weights_from_disk_sync, path, version=None if version is None else str(version)
-        )
+        await engine.update_weights_from_disk(path, version=None if version is None else str(version))
     except Exception as exc:  # noqa: BLE001 - report to the caller as SGLang does
         return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
     return web.json_response(
@@ -398,7 +396,7 @@ async def merge_lora_adapter(request: web.Request) -> web.Response:
         return web.json_response({"success": False, "message": "lora_path is required"}, status=400)
     version = body.get("weight_version")
     try:
-        await asyncio.to_thread(engine.load_lora_adapter_sync, path, version=None if version is None else str(version))
+        await engine.load_lora_adapter(path, version=None if version is None else str(version))
     except Exception as exc:  # noqa: BLE001 - report to the caller as the other weight routes do
         return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
     return web.json_response({"success": True, "message": "Succeeded to merge the LoRA adapter."})
@@ -408,8 +406,7 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _body(request)
     try:
-        await asyncio.to_thread(
-            engine.init_weights_update_group_sync,
+        await engine.init_weights_update_group(
             master_address=str(body["master_address"]),
             master_port=int(body["master_port"]),
             rank_offset=int(body["rank_offset"]),
@@ -429,7 +426,7 @@ def _result(ok: bool, message: str) -> web.Response:
 async def begin_weight_update(request: web.Request) -> web.Response:
     await _body(request)
     try:
-        request.app[ENGINE_KEY].begin_weight_update_sync()
+        await request.app[ENGINE_KEY].begin_weight_update()
     except RuntimeError as exc:
         return _result(False, str(exc))
     return _result(True, "Success")
@@ -438,7 +435,7 @@ async def begin_weight_update(request: web.Request) -> web.Response:
 async def end_weight_update(request: web.Request) -> web.Response:
     await _body(request)
     try:
-        request.app[ENGINE_KEY].end_weight_update_sync()
+        await request.app[ENGINE_KEY].end_weight_update()
     except RuntimeError as exc:
         return _result(False, str(exc))
     return _result(True, "Success")
@@ -447,7 +444,7 @@ async def end_weight_update(request: web.Request) -> web.Response:
 async def destroy_weights_update_group(request: web.Request) -> web.Response:
     body = await _body(request)
     try:
-        request.app[ENGINE_KEY].destroy_weights_update_group(str(body.get("group_name", "weight_update_group")))
+        await request.app[ENGINE_KEY].destroy_weights_update_group(str(body.get("group_name", "weight_update_group")))
     except KeyError as exc:
         return _result(False, str(exc.args[0]))
     return _result(True, "Succeeded to destroy custom process group.")
@@ -457,12 +454,11 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _body(request)
     if body.get("abort_all_requests"):
-        await asyncio.to_thread(engine.pause_sync, "abort")
-        engine.resume_sync()
+        await engine.pause("abort")
+        await engine.resume()
     version = body.get("weight_version")
     try:
-        await asyncio.to_thread(
-            engine.update_weights_from_distributed_sync,
+        await engine.update_weights_from_distributed(
             list(body["names"]),
             list(body["dtypes"]),
             [list(s) for s in body["shapes"]],
@@ -483,12 +479,12 @@ async def pause_generation(request: web.Request) -> web.Response:
     if mode not in ("abort", "retract", "in_place"):
         return _error(f"Invalid mode: {mode!r}. Expected one of ['abort', 'retract', 'in_place'].")
     request.app[UNPAUSED_KEY].clear()
-    await asyncio.to_thread(engine.pause_sync, mode)
+    await engine.pause(mode)
     return web.json_response({"message": "Generation paused successfully."})
 
 
 async def continue_generation(request: web.Request) -> web.Response:
-    request.app[ENGINE_KEY].resume_sync()
+    await request.app[ENGINE_KEY].resume()
     request.app[UNPAUSED_KEY].set()
     return web.json_response({"message": "Generation continued successfully."})
 
@@ -497,14 +493,14 @@ async def release_memory_occupation(request: web.Request) -> web.Response:
     """rollout.colocate (SGLang's route): abort, stay paused and free the KV cache for the trainer."""
     await _body(request)  # SGLang's optional `tags`: the embedded engine frees its KV cache, whatever they say
     request.app[UNPAUSED_KEY].clear()
-    await asyncio.to_thread(request.app[ENGINE_KEY].release_kv_cache)
+    await request.app[ENGINE_KEY].release_kv_cache()
     return web.json_response({"success": True, "message": "Memory released."})
 
 
 async def resume_memory_occupation(request: web.Request) -> web.Response:
     """The KV cache back, and generation continues (as SGLang after its resume)."""
     await _body(request)
-    await asyncio.to_thread(request.app[ENGINE_KEY].resume_kv_cache)
+    await request.app[ENGINE_KEY].resume_kv_cache()
     request.app[UNPAUSED_KEY].set()
     return web.json_response({"success": True, "message": "Memory resumed."})
 
@@ -760,6 +756,6 @@ async def _watch(engine: Any, interval_s: float = 0.5) -> None:
     every request with 500 is worse than none, and the launcher's supervisor sees an exit."""
     while engine.worker_alive:
         await asyncio.sleep(interval_s)
-    log.error("embedded engine worker died (%r); exiting", getattr(engine, "_error", None))
+    log.error("embedded engine worker died (%r); exiting", getattr(engine, "error", None))
     logging.shutdown()
     os._exit(WORKER_DIED)

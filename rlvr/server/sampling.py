@@ -13,9 +13,13 @@ every row (SGLang with `SGLANG_RETURN_ORIGINAL_LOGPROB=1`).
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from rlvr.rollout.base import SamplingParams
 
 
 @dataclass(slots=True)
@@ -41,6 +45,24 @@ def is_greedy(temperature: float, top_k: int) -> bool:
 def truncates(top_p: float, top_k: int, min_p: float) -> bool:
     """Whether top-p/top-k/min-p cut the distribution (else a row samples from all of it)."""
     return top_p < 1.0 or top_k > 0 or min_p > 0.0
+
+
+def sample_next(
+    logits: torch.Tensor, params: Sequence[SamplingParams], rngs: Sequence[random.Random], *, original: bool
+) -> tuple[list[int], list[float]]:
+    """One token per row with that row's settings, drawing one uniform per row from its RNG (none
+    when every row is greedy): the cheapest of the three samplers that gives the same tokens."""
+    if all(is_greedy(p.temperature, p.top_k) for p in params):
+        return sample_greedy(logits)  # no per-row settings or draws to gather
+    if not original and not any(
+        is_greedy(p.temperature, p.top_k) or truncates(p.top_p, p.top_k, p.min_p) for p in params
+    ):
+        # Every row samples from its full distribution: same draws as sample_rows, less Python.
+        return sample_plain(logits, [p.temperature for p in params], [rng.random() for rng in rngs])
+    rows = [
+        RowSampling(p.temperature, p.top_p, p.top_k, p.min_p, rng.random()) for p, rng in zip(params, rngs, strict=True)
+    ]
+    return sample_rows(logits, rows, original=original)
 
 
 def sample_greedy(logits: torch.Tensor) -> tuple[list[int], list[float]]:

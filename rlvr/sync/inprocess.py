@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rlvr.server.blocking import run_blocking
 from rlvr.sync.base import MB, SyncError
 
 
@@ -40,7 +41,7 @@ class InProcessSync:
         device = getattr(engine, "device", "cpu") if engine is not None else None
         total = 0
         if engine is not None:
-            engine.pause_sync(self.pause_mode)
+            run_blocking(engine.pause(self.pause_mode))
         copied = 0
         try:
             bucket: list[tuple[str, Any]] = []
@@ -62,7 +63,7 @@ class InProcessSync:
             # two versions under the old tag) and the loop stops with a checkpoint.
             raise SyncError(f"weight sync to version {version} failed after {copied} tensors: {exc!r}") from exc
         if engine is not None:
-            engine.resume_sync()
+            run_blocking(engine.resume())
         seconds = time.monotonic() - start
         return {
             "sync/seconds": seconds,

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from rlvr.rollout.base import GenerateRequest, SamplingParams
+from rlvr.server.blocking import run_blocking
 from rlvr.server.embedded import EmbeddedEngine
 
 NEW_TOKENS = 24
@@ -92,7 +93,7 @@ def served_greedy(engine: EmbeddedEngine, prompts: list[list[int]]) -> list:
 def restore_base(engine: EmbeddedEngine, smollm2_dir: Path):
     """For tests that push weights: the engine serves the base again afterwards (version 0)."""
     yield engine
-    engine.update_weights_from_disk_sync(smollm2_dir, version="0")
+    run_blocking(engine.update_weights_from_disk(smollm2_dir, version="0"))
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -168,7 +169,7 @@ class EngineAsServer:
         return None
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
-        self.engine.destroy_weights_update_group(group_name)  # a plain call on the engine (as the route makes it)
+        await self.engine.destroy_weights_update_group(group_name)  # as the route calls it
 
     async def close(self) -> None:  # the engine outlives the sync
         return None
@@ -221,16 +222,16 @@ def test_hf_fallback_greedy_ids_equal_transformers_generate(engine, prompts, hf_
     """The generic path (architectures the fast path does not know) on the same weights: the
     shortest and the longest prompt, padded together, 8 tokens (it recomputes every step)."""
     pair = [min(prompts, key=len), max(prompts, key=len)]
-    with engine._lock:
-        fast, engine.backend = engine.backend, engine._make_backend(False)
+    with engine.scheduler.step_lock:
+        fast, engine.scheduler.backend = engine.backend, engine._make_backend(False)
     try:
         assert type(engine.backend).__name__ == "RecomputeDecoder"
         served = engine.generate_sync(
             [GenerateRequest(p, SamplingParams(temperature=0, max_new_tokens=8)) for p in pair]
         )
     finally:
-        with engine._lock:
-            engine.backend = fast
+        with engine.scheduler.step_lock:
+            engine.scheduler.backend = fast
     assert [c.token_ids for c in served] == [hf_greedy[prompts.index(p)][:8] for p in pair]
 
 
@@ -314,7 +315,7 @@ def test_every_eos_the_model_declares_stops_generation(smollm2_dir, reference, p
     try:
         assert eng.eos_ids == {IM_END, COMMA}
         served = eng.generate_sync(greedy_requests(prompts))
-        eng.update_weights_from_disk_sync(folder)  # starts the seconds-long rebuild of the packed copies
+        run_blocking(eng.update_weights_from_disk(folder))  # starts the seconds-long rebuild of the packed copies
     finally:
         eng.close()
     # close() stopped it: a packer thread left inside oneDNN at interpreter exit aborts the process (status 134)
@@ -381,8 +382,8 @@ def test_pushed_weights_are_served_exactly_tied_head_included(restore_base, refe
             sync.push(version=version)
         finally:
             sync.close()
-            for name in list(engine._weight_groups):  # the sync leaves the engine its member (rlvr serve exits)
-                engine.destroy_weights_update_group(name)
+            for name in list(engine.weights.groups):  # the sync leaves the engine its member (rlvr serve exits)
+                run_blocking(engine.destroy_weights_update_group(name))
         assert engine.weight_version == str(version)
         served = assert_serves(engine, trainer, prompts)
         assert all(c.policy_version == version for c in served)
@@ -413,7 +414,7 @@ def test_lora_adapter_push_serves_peft_merged(restore_base, smollm2_dir, referen
     lora.save_pretrained(str(adapter))
     del lora
 
-    engine.load_lora_adapter_sync(adapter, version="9")
+    run_blocking(engine.load_lora_adapter(adapter, version="9"))
     assert engine.weight_version == "9"
     merged = PeftModel.from_pretrained(load_reference(smollm2_dir), adapter).merge_and_unload().eval()
     served = assert_serves(engine, merged, prompts)

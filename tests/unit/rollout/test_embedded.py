@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlvr.rollout.base import GenerateRequest, RolloutEngine, SamplingParams
+from rlvr.server.blocking import run_blocking
 from rlvr.server.embedded import EmbeddedEngine
 
 PROMPTS = ["hello", "the quick brown fox", "a", "xyz 123 abc", "solve: 2+2=", "def f(x):\n    return"]
@@ -178,7 +179,7 @@ def test_eos_stops_unless_ignored(engine):
 async def _until_live(engine: EmbeddedEngine) -> None:
     """Wait until the worker has admitted something (it runs in its own thread)."""
     for _ in range(500):
-        if engine._live:
+        if engine.scheduler.live:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("nothing was admitted")
@@ -200,12 +201,13 @@ async def test_async_generate_and_pause_modes(model_dir):
         assert [c.token_ids for c in await task] == [c.token_ids for c in expected]
 
         # retract mid-generation: sequences restart from prompt + tokens so far; greedy output is unchanged.
-        # (900 tokens and a direct call: under load a short generation could finish before the pause lands)
+        # (900 tokens and a direct call of the scheduler's own pause, on this thread: under load a short
+        # generation could finish before the pause lands)
         long_requests = _requests(engine, SamplingParams(temperature=0.0, max_new_tokens=900, ignore_eos=True))
         long_expected = await engine.generate(long_requests)
         task = asyncio.create_task(engine.generate(long_requests))
         await _until_live(engine)
-        assert engine.pause_sync("retract") > 0
+        assert engine.scheduler.pause("retract") > 0
         await asyncio.sleep(0.1)
         assert not task.done()
         await engine.resume()
@@ -218,7 +220,7 @@ async def test_async_generate_and_pause_modes(model_dir):
         # engine's lock, and a loaded machine once let all 900 tokens finish before it landed.
         task = asyncio.create_task(engine.generate(long_requests))
         await _until_live(engine)
-        assert engine.pause_sync("abort") > 0
+        assert engine.scheduler.pause("abort") > 0
         aborted = await asyncio.wait_for(task, 10)
         assert {c.finish_reason for c in aborted} == {"abort"}
         assert all(len(c.token_ids) == len(c.logprobs) < 900 for c in aborted)
@@ -253,7 +255,7 @@ def test_weight_update_from_disk_changes_outputs_and_version(model_dir, tmp_path
         params = SamplingParams(temperature=0.0, max_new_tokens=16, ignore_eos=True)
         before = engine.generate_sync(_requests(engine, params))
         assert {c.policy_version for c in before} == {0}
-        engine.update_weights_from_disk_sync(tmp_path / "v2", version="3")
+        run_blocking(engine.update_weights_from_disk(tmp_path / "v2", version="3"))
         after = engine.generate_sync(_requests(engine, params))
         assert [c.token_ids for c in after] != [c.token_ids for c in before]
         assert [c.token_ids for c in after] == [c.token_ids for c in other.generate_sync(_requests(engine, params))]
@@ -325,8 +327,15 @@ def _join_as_trainer(engine: EmbeddedEngine, group_name: str):
 
     thread = threading.Thread(target=host)
     thread.start()
-    engine.init_weights_update_group_sync(
-        master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=2, group_name=group_name, timeout_s=60
+    run_blocking(
+        engine.init_weights_update_group(
+            master_address="127.0.0.1",
+            master_port=port,
+            rank_offset=1,
+            world_size=2,
+            group_name=group_name,
+            timeout_s=60,
+        )
     )
     thread.join(60)
     return holder["group"]
@@ -366,19 +375,21 @@ def _push(engine: EmbeddedEngine, group, group_name: str, named: list[tuple[str,
     errors: list[BaseException] = []
 
     def receive():
-        engine.begin_weight_update_sync()  # SGLang 0.5.23 takes buckets only inside a session
+        run_blocking(engine.begin_weight_update())  # SGLang 0.5.23 takes buckets only inside a session
         try:
-            engine.update_weights_from_distributed_sync(
-                [n for n, _ in named],
-                [dtype_name(t.dtype) for _, t in named],
-                [list(t.shape) for _, t in named],
-                group_name=group_name,
-                **kw,
+            run_blocking(
+                engine.update_weights_from_distributed(
+                    [n for n, _ in named],
+                    [dtype_name(t.dtype) for _, t in named],
+                    [list(t.shape) for _, t in named],
+                    group_name=group_name,
+                    **kw,
+                )
             )
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
             errors.append(exc)
         finally:
-            engine.end_weight_update_sync()
+            run_blocking(engine.end_weight_update())
 
     tensors = [t for _, t in named]
     if kw.get("load_format") == "flattened_bucket":  # one broadcast of the bytes back to back
@@ -464,7 +475,7 @@ def test_flattened_bucket_lands_in_the_weight_arena_without_a_copy(model_dir, re
     received = _spy_receives(monkeypatch)
     engine = EmbeddedEngine(model_dir, max_batch=4, device="cpu")
     try:
-        arena = engine._weight_arena
+        arena = engine.weights.arena
         assert arena is not None
         named = list(iter_full_weights(_perturbed(model_dir, seed=5)))
         group = _join_as_trainer(engine, "g-flat")
@@ -493,21 +504,21 @@ def test_flattened_bucket_lands_in_the_weight_arena_without_a_copy(model_dir, re
 
 
 def test_worker_threads_default_to_one_for_narrow_cpu_models(engine, model_dir):
-    """Small ops on the engine's own thread run faster unsplit (see `_default_threads`);
+    """Small ops on the engine's own thread run faster unsplit (see `default_threads`);
     wide models keep every core, GPUs are untouched, and `threads=` overrides."""
     from types import SimpleNamespace
 
-    from rlvr.server.embedded import _default_threads
+    from rlvr.server.scheduler import default_threads
 
     def model(hidden):
         return SimpleNamespace(config=SimpleNamespace(hidden_size=hidden))
 
-    assert _default_threads(model(64), "cpu", 8) == 1
-    assert _default_threads(model(512), "cpu", 8) == 8
-    assert _default_threads(model(64), "cuda", 8) == 8
-    assert engine._threads == 1  # the tiny test model
+    assert default_threads(model(64), "cpu", 8) == 1
+    assert default_threads(model(512), "cpu", 8) == 8
+    assert default_threads(model(64), "cuda", 8) == 8
+    assert engine.threads == 1  # the tiny test model
     pinned = EmbeddedEngine(model_dir, max_batch=2, device="cpu", threads=2)
     try:
-        assert pinned._threads == 2
+        assert pinned.threads == 2
     finally:
         pinned.close()

@@ -42,18 +42,18 @@ async def _interrupted(engine: EmbeddedEngine, prompt: list[int], *, partial: bo
         run_episode(engine, prompt_ids=prompt, params=LONG, partial=partial, weights_ready=gate.wait)
     )
     for _ in range(1000):
-        if engine._live and len(engine._live[0].out) >= 20:
+        if engine.scheduler.live and len(engine.scheduler.live[0].out) >= 20:
             break
         await asyncio.sleep(0.005)
     else:
         raise AssertionError("the episode never started decoding")
     gate.clear()  # what the rollout manager does before a push
-    assert engine.pause_sync("abort") == 1
+    assert engine.scheduler.pause("abort") == 1  # a direct call: it lands before the episode goes on
     if new_weights is None:
         engine.load_state_dict([], version="1")
     else:
         engine.load_state_dict(new_weights, version="1")
-    engine.resume_sync()
+    await engine.resume()
     gate.set()
     return await asyncio.wait_for(task, 120)
 
@@ -91,7 +91,7 @@ async def test_new_weights_switch_exactly_at_the_interruption(engine, model_dir)
         assert episode.token_ids[cut:] == cont.token_ids
         assert episode.token_ids != old.token_ids
     finally:
-        engine.update_weights_from_disk_sync(model_dir, version="0")
+        await engine.update_weights_from_disk(model_dir, version="0")
 
 
 async def test_without_partial_an_aborted_episode_restarts_from_its_prompt(engine, model_dir):
@@ -103,7 +103,7 @@ async def test_without_partial_an_aborted_episode_restarts_from_its_prompt(engin
         (fresh,) = await engine.generate([GenerateRequest(prompt, LONG)])
         assert episode.token_ids == fresh.token_ids  # entirely the new policy's answer
     finally:
-        engine.update_weights_from_disk_sync(model_dir, version="0")
+        await engine.update_weights_from_disk(model_dir, version="0")
 
 
 # -- text and stop strings across aborts (partial rollout), on a token-exact fake engine ------------

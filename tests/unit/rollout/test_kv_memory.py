@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from rlvr.rollout.base import GenerateRequest, SamplingParams
-from rlvr.server.embedded import EmbeddedEngine, KVBudgetError, kv_bytes_per_token
+from rlvr.server.blocking import run_blocking
+from rlvr.server.embedded import EmbeddedEngine
+from rlvr.server.memory import KVBudgetError, kv_bytes_per_token
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -101,14 +103,14 @@ def test_weights_read_from_the_files_and_kv_release(model_dir: Path) -> None:
         served = dict(engine.model.named_parameters())
         for name, p in reference.named_parameters():
             assert torch.equal(served[name], p), name
-        assert engine._weight_arena is not None
-        assert served["model.embed_tokens.weight"].untyped_storage().data_ptr() == engine._weight_arena.data_ptr()
+        assert engine.weights.arena is not None
+        assert served["model.embed_tokens.weight"].untyped_storage().data_ptr() == engine.weights.arena.data_ptr()
         before = _greedy(engine)
         held = engine.backend.kv_cache_bytes
-        engine.pause_sync("abort")  # between sequences: nothing live holds a slot
+        run_blocking(engine.pause("abort"))  # between sequences: nothing live holds a slot
         assert engine.backend.release_kv() == held > 0 and engine.backend.kv_cache_bytes == 0
         engine.backend.allocate_kv()
-        engine.resume_sync()
+        run_blocking(engine.resume())
         assert engine.backend.kv_cache_bytes == held
         assert _greedy(engine) == before
     finally:
@@ -128,7 +130,7 @@ def test_disk_update_streams_into_the_live_weights(model_dir: Path, tmp_path: Pa
     streamed = EmbeddedEngine(model_dir, max_batch=4, max_seq_len=64, device="cpu")
     loaded = EmbeddedEngine(model_dir, max_batch=4, max_seq_len=64, device="cpu")
     try:
-        streamed.update_weights_from_disk_sync(tmp_path / "new", version="2")
+        run_blocking(streamed.update_weights_from_disk(tmp_path / "new", version="2"))
         loaded.load_state_dict(changed, version="2")
         ours, theirs = dict(streamed.model.named_parameters()), dict(loaded.model.named_parameters())
         for name, p in theirs.items():
@@ -139,7 +141,7 @@ def test_disk_update_streams_into_the_live_weights(model_dir: Path, tmp_path: Pa
         (tmp_path / "bad").mkdir()
         save_file(bad, str(tmp_path / "bad" / "model.safetensors"))
         with pytest.raises(ValueError, match="q_proj.weight: shape"):
-            streamed.update_weights_from_disk_sync(tmp_path / "bad")
+            run_blocking(streamed.update_weights_from_disk(tmp_path / "bad"))
         name = "model.embed_tokens.weight"  # untouched by the refused push
         assert torch.equal(dict(streamed.model.named_parameters())[name], theirs[name])
     finally:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from rlvr.server.blocking import run_blocking
 from rlvr.server.lora_merge import AdapterError, AdapterMerge, merged_weights
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -225,13 +226,13 @@ def _weights(engine) -> dict[str, torch.Tensor]:
 
 
 def test_embedded_engine_serves_base_plus_adapter_and_replaces_it(engine, adapters, tmp_path, base) -> None:
-    engine.load_lora_adapter_sync(adapters["qvd"], version="3")
+    run_blocking(engine.load_lora_adapter(adapters["qvd"], version="3"))
     assert engine.weight_version == "3"
     live = _weights(engine)
     expected = peft_merged(adapters["qvd"])
     assert all(torch.equal(live[n], expected[n]) for n in expected), "engine != peft merge_and_unload"
 
-    engine.load_lora_adapter_sync(adapters["oq"], version="4")
+    run_blocking(engine.load_lora_adapter(adapters["oq"], version="4"))
     live = _weights(engine)
     expected = peft_merged(adapters["oq"])
     assert engine.weight_version == "4"
@@ -239,10 +240,12 @@ def test_embedded_engine_serves_base_plus_adapter_and_replaces_it(engine, adapte
 
     for how in ("wrong shape", "no weights"):
         with pytest.raises(AdapterError):
-            engine.load_lora_adapter_sync(_broken(adapters, tmp_path, how), version="5")
+            run_blocking(engine.load_lora_adapter(_broken(adapters, tmp_path, how), version="5"))
         assert engine.weight_version == "4"
         assert all(torch.equal(t, live[n]) for n, t in _weights(engine).items()), how
 
-    engine.load_lora_adapter_sync(adapters["qvd"], version="6")  # back to the first: o_proj returns to the base
+    run_blocking(
+        engine.load_lora_adapter(adapters["qvd"], version="6")
+    )  # back to the first: o_proj returns to the base
     live = _weights(engine)
     assert all(torch.equal(live[n], t) for n, t in peft_merged(adapters["qvd"]).items())

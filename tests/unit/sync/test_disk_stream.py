@@ -42,6 +42,7 @@ def test_streamed_folder_serves_like_the_export(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from rlvr.rollout.base import GenerateRequest, SamplingParams
+    from rlvr.server.blocking import run_blocking
     from rlvr.server.embedded import EmbeddedEngine
     from rlvr.tiny import build_tiny_model_dir
     from rlvr.trainer.checkpoint import export_hf
@@ -64,7 +65,7 @@ def test_streamed_folder_serves_like_the_export(tmp_path: Path) -> None:
         requests = [GenerateRequest(engine.tokenizer.encode(p), params) for p in ("hello", "1+1=", "xyz")]
         outputs = []
         for folder in ("streamed", "exported"):
-            engine.update_weights_from_disk_sync(tmp_path / folder)
+            run_blocking(engine.update_weights_from_disk(tmp_path / folder))
             outputs.append([c.token_ids for c in engine.generate_sync(requests)])
         assert outputs[0] == outputs[1]
         fresh = EmbeddedEngine(tmp_path / "streamed", max_batch=4, device="cpu", max_seq_len=64)
