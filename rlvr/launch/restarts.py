@@ -2,7 +2,7 @@
 
 A server that dies (an OOM kill, a driver fault, a node hiccup) is restarted on its own port,
 so its registered URL stays valid; the weight sync holds it until a full push has given it the
-current weights (`rlvr/sync/engines.py`), then it serves again. Restarts are bounded and spaced
+current weights (`rlvr/sync/engine_calls.py`), then it serves again. Restarts are bounded and spaced
 (2, 4, 8 s by default): a server that dies at start-up every time must not spin forever.
 """
 
