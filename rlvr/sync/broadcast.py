@@ -16,9 +16,9 @@ import time
 from typing import TYPE_CHECKING
 
 from rlvr.sync.base import Decision, EngineFailure, SyncError, agree
-from rlvr.sync.buckets import BucketPlan, Weights, engine_dtype
+from rlvr.sync.buckets import BucketPlan, Weights
 from rlvr.sync.engine_calls import EngineCalls, EngineFactory
-from rlvr.sync.membership import GroupMembership, JoinGroup, engine_layout, reachable_address
+from rlvr.sync.membership import GroupMembership, JoinGroup, engine_layout
 from rlvr.sync.send import WIRE_FORMATS, BucketSender
 
 if TYPE_CHECKING:
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from rlvr.sync.base import TensorSpec
-
-__all__ = ["BroadcastSync", "engine_dtype", "reachable_address"]
 
 log = logging.getLogger(__name__)
 
