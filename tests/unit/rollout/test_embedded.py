@@ -522,3 +522,24 @@ def test_worker_threads_default_to_one_for_narrow_cpu_models(engine, model_dir):
         assert pinned.threads == 2
     finally:
         pinned.close()
+
+
+def test_run_blocking_runs_a_coroutine_with_or_without_a_running_loop():
+    """The bridge for synchronous callers: the result or the exception comes back, whether the
+    calling thread runs an event loop (an async test, the rollout manager's thread) or not."""
+
+    async def double(x: int) -> int:
+        await asyncio.sleep(0)
+        return 2 * x
+
+    async def fail() -> None:
+        raise KeyError("no such group")
+
+    assert run_blocking(double(21)) == 42
+    with pytest.raises(KeyError, match="no such group"):
+        run_blocking(fail())
+
+    async def inside_a_loop() -> int:
+        return run_blocking(double(4))
+
+    assert asyncio.run(inside_a_loop()) == 8
