@@ -160,6 +160,22 @@ class GymSource(Section):
         return self
 
 
+class DifficultyPoolConfig(Section):
+    retire_after: int = Field(ge=1)
+    """Groups in a row that came back all-correct (every score >= 1) or all-wrong (every score <= 0)
+    before the prompt rests: it is passed over when the domain's walk reaches it."""
+    revisit_after: int | None = Field(default=None, ge=1)
+    """Steps a resting prompt sits out; then it rejoins the pool with its streak reset."""
+    revisit_rate: float | None = Field(default=None, gt=0, lt=1)
+    """Instead of revisit_after: the chance a resting prompt is drawn each time the walk passes it."""
+
+    @model_validator(mode="after")
+    def _one_revisit(self) -> DifficultyPoolConfig:
+        if (self.revisit_after is None) == (self.revisit_rate is None):
+            raise _at(("revisit_after",), "set one of revisit_after (steps) or revisit_rate (a chance in (0, 1))")
+        return self
+
+
 class DomainConfig(Section):
     tags: list[str] = Field(min_length=1)
     """Row `tag` values this domain owns; rows with other tags in its files are errors."""
@@ -183,6 +199,12 @@ class DomainConfig(Section):
     """Generate the rows with reasoning-gym instead of reading `files` (docs/data.md, "reasoning-gym domains")."""
     reward_norm: Literal["none", "group", "domain"] = "none"
     """Per-domain reward normalisation before advantages (domain: running mean/std)."""
+    pool: DifficultyPoolConfig | None = None
+    """Difficulty pool: prompts that keep coming back all-correct or all-wrong rest (docs/data.md)."""
+    mix_floor: float | None = Field(default=None, ge=0, le=1)
+    """With data.mix = "adaptive": this domain's lowest share of a step's prompts (default data.mix_floor)."""
+    mix_ceiling: float | None = Field(default=None, ge=0, le=1)
+    """With data.mix = "adaptive": this domain's highest share (default data.mix_ceiling)."""
     # -- tools: multi-turn episodes (docs/tools.md); keep this block last ----------------------
     tools: list[str] = []
     """Tools the policy may call: `python`, `search`, or plug-ins as `package.module:function`.
@@ -231,6 +253,16 @@ class DataConfig(Section):
     """`error` stops at the first malformed row (file:line); `skip` counts and skips it."""
     shuffle: bool = True
     """Shuffle each domain's rows every epoch (seeded)."""
+    mix: Literal["static", "adaptive"] = "static"
+    """`static`: every step splits its prompts by domain_interleave_probs. `adaptive`: each domain's
+    share follows the recent fraction of its groups with a reward spread (groups that can teach),
+    starting from domain_interleave_probs, within mix_floor and mix_ceiling (docs/data.md)."""
+    mix_floor: float = Field(default=0.05, ge=0, le=1)
+    """Adaptive mix: no domain's share goes below this (a domain `mix_floor` overrides it)."""
+    mix_ceiling: float = Field(default=1.0, ge=0, le=1)
+    """Adaptive mix: no domain's share goes above this (a domain `mix_ceiling` overrides it)."""
+    mix_smoothing: float = Field(default=0.3, gt=0, le=1)
+    """Adaptive mix: the weight of the newest step in each domain's moving average of informative groups."""
     max_prompt_tokens: int = Field(default=1024, ge=1)
     """Prompts longer than this many tokens (chat template and tool instructions included) are skipped at
     rollout time; `rlvr validate` and `rlvr plan` count them per domain, and a domain left with none is an error."""
@@ -717,6 +749,7 @@ class Recipe(Section):
         # 0.333 x 3 is what a user means by thirds: accept it, and sample exactly the stated ratios
         if not math.isclose(total, 1.0, abs_tol=1e-9):
             self.data.domain_interleave_probs = {name: p / total for name, p in probs.items()}
+        self._mix_checks()
         owners: dict[str, str] = {}
         for name, domain in self.domains.items():
             for tag in domain.tags:
@@ -750,6 +783,39 @@ class Recipe(Section):
             self.check_model_split(self.model.config)
             self.check_context(self.model.config)
         return self
+
+    def mix_bounds(self) -> dict[str, tuple[float, float]]:
+        """Each sampled domain's [floor, ceiling] share under the adaptive mix."""
+        data = self.data
+        return {
+            name: (
+                data.mix_floor if self.domains[name].mix_floor is None else self.domains[name].mix_floor,
+                data.mix_ceiling if self.domains[name].mix_ceiling is None else self.domains[name].mix_ceiling,
+            )
+            for name, p in data.domain_interleave_probs.items()
+            if p > 0
+        }  # fmt: skip
+
+    def _mix_checks(self) -> None:
+        """Adaptive-mix keys work only with data.mix = "adaptive", and its bounds must admit a mix."""
+        if self.data.mix == "static":
+            for key in ("mix_floor", "mix_ceiling", "mix_smoothing"):
+                if key in self.data.model_fields_set:
+                    raise _at(("data", key), 'applies to the adaptive mix only: set data.mix = "adaptive" or remove it')
+            for name, domain in self.domains.items():
+                for key in ("mix_floor", "mix_ceiling"):
+                    if key in domain.model_fields_set:
+                        raise _at(("domains", name, key), 'applies to the adaptive mix only: set data.mix = "adaptive"')
+            return
+        bounds = self.mix_bounds()
+        for name, (floor, ceiling) in bounds.items():
+            if floor > ceiling:
+                raise _at(("domains", name, "mix_floor"), f"{floor:g} is above its mix_ceiling {ceiling:g}")
+        floors, ceilings = sum(f for f, _ in bounds.values()), sum(c for _, c in bounds.values())
+        if floors > 1 + 1e-9:
+            raise _at(("data", "mix_floor"), f"the domains' floors sum to {floors:g}: at most 1 leaves room for a mix")
+        if ceilings < 1 - 1e-9:
+            raise _at(("data", "mix_ceiling"), f"the domains' ceilings sum to {ceilings:g}: at least 1 is needed")
 
     def _group_checks(self) -> None:
         """An estimator whose baseline is the other samples of the prompt learns nothing from a group
