@@ -51,7 +51,6 @@ class RolloutManager:
         rewards: RewardPool,
     ):
         self.recipe = recipe
-        self.tokenizer = tokenizer
         self.evals = evals
         self.max_staleness = recipe.rollout.max_staleness
         self.mixture = MixtureSampler(
