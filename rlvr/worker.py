@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rlvr.rundir import RunDir
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     loop = RLLoop(
         recipe, run_dir=args.run_dir, actor=actor, critic=critic, manager=manager, sync=sync,
-        recorder=recorder, pad_id=tokenizer.pad_token_id or 0,
+        recorder=recorder, pad_id=cast("int | None", tokenizer.pad_token_id) or 0,  # typed as any id form
     )  # fmt: skip
     if loop.resume(args.resume) and sync is not None:
         sync.push(version=loop.step)  # fresh servers hold the base weights: bring them up to date

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rlvr.trainer.typed_torch import from_numpy
 from rlvr.types import RolloutBatch, flat_rows, row_offsets
 
 # Per-token fields in response space ([B, T]); per-sequence fields ([B]).
@@ -89,7 +90,7 @@ class TrainBatch:
                 return None
             if len(values) != n:
                 raise ValueError(f"expected {n} rows, got {len(values)}")
-            parts = []
+            parts: list[np.ndarray] = []
             for b, v in enumerate(values):
                 if isinstance(v, int | float):
                     parts.append(np.full(int(rlens[b]), v, dtype=np.float32))
@@ -175,7 +176,7 @@ class TrainBatch:
         cell_T = np.repeat(np.arange(n, dtype=np.int64) * T, rlens) + in_row
         # numpy's zeros come from calloc: padding never written stays the kernel's zero page (no RSS,
         # no memset), where torch.zeros would touch every padded cell of a long-tailed batch.
-        ids = torch.from_numpy(np.zeros((n, L), dtype=np.int64) if pad_id == 0 else np.full((n, L), pad_id, np.int64))
+        ids = from_numpy(np.zeros((n, L), dtype=np.int64) if pad_id == 0 else np.full((n, L), pad_id, np.int64))
         flat_ids = ids.numpy().reshape(-1)
         flat_ids[np.repeat(np.arange(n, dtype=np.int64) * L - poff[:-1], plens) + np.arange(int(poff[-1]))] = prompt_ids
         flat_ids[np.repeat(np.arange(n, dtype=np.int64) * L + plens, rlens) + in_row] = response_ids
@@ -184,7 +185,7 @@ class TrainBatch:
         def tok(name: str, values: np.ndarray | None, *, default: float | None = None) -> torch.Tensor | None:
             if values is None and default is None:
                 return None
-            out = torch.from_numpy(np.zeros((n, T), dtype=np.float32))
+            out = from_numpy(np.zeros((n, T), dtype=np.float32))
             if values is None:
                 out.numpy().reshape(-1)[cell_T] = default
             elif len(values) != total:
@@ -198,8 +199,8 @@ class TrainBatch:
         assert mask is not None and adv is not None
         return cls(
             input_ids=ids,
-            prompt_lens=torch.from_numpy(plens),
-            response_lens=torch.from_numpy(rlens),
+            prompt_lens=from_numpy(plens),
+            response_lens=from_numpy(rlens),
             response_mask=mask,
             advantages=adv,
             group_ids=torch.tensor(group_ids, dtype=torch.long) if group_ids is not None else torch.arange(n),

@@ -16,10 +16,10 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -38,6 +38,10 @@ from rlvr.trainer import dist as d
 from rlvr.trainer.optim import load_scheduler_state
 from rlvr.trainer.weights import iter_full_weights
 
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.optim.lr_scheduler import LRScheduler
+
 
 class Trainable(Protocol):
     """What a checkpoint part exposes: `Actor`, `Critic` and `TrainEngine` all fit."""
@@ -47,10 +51,16 @@ class Trainable(Protocol):
     @property
     def optimizer(self) -> torch.optim.Optimizer | None: ...
     @property
-    def scheduler(self) -> Any: ...
+    def scheduler(self) -> LRScheduler | None: ...
 
 
-def _options(part: Trainable) -> Any:
+class SavesPretrained(Protocol):
+    """A transformers config, generation config or tokenizer: what writes itself into a folder."""
+
+    def save_pretrained(self, save_directory: Path, /) -> object: ...
+
+
+def _options(part: Trainable) -> StateDictOptions:
     """A LoRA model's checkpoint holds its adapters only: the frozen base is the model's own
     folder (or seeded config), loaded again on resume, and would make every save a full copy."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -102,12 +112,24 @@ def _check_lora(path: Path, parts: Mapping[str, Trainable]) -> None:
             )
 
 
+class _DcpSave(Protocol):
+    """`torch.distributed.checkpoint.state_dict_saver` as rlvr calls it (torch leaves a type unknown)."""
+
+    def save(self, state_dict: dict[str, Any], *, checkpoint_id: str, no_dist: bool) -> object: ...
+
+
+class _DcpLoad(Protocol):
+    """`torch.distributed.checkpoint.state_dict_loader` as rlvr calls it."""
+
+    def load(self, state_dict: dict[str, Any], *, checkpoint_id: str, no_dist: bool) -> None: ...
+
+
 def _write_dcp(state: dict[str, Any], path: Path) -> None:
     """The slow part of a save (a seam for tests that simulate a crash mid-write)."""
-    from torch.distributed.checkpoint.state_dict_saver import save
+    import torch.distributed.checkpoint.state_dict_saver as saver
 
     with _quiet_single_process():
-        save(state, checkpoint_id=str(path), no_dist=not d.is_dist())
+        cast(_DcpSave, saver).save(state, checkpoint_id=str(path), no_dist=not d.is_dist())
 
 
 def save_checkpoint(
@@ -141,7 +163,12 @@ def save_checkpoint(
     torch.save(local, tmp / f"rank_{d.rank()}.pt")
     d.barrier()
     if d.rank() == 0:
-        meta = {"step": step, "world_size": d.world_size(), "parts": sorted(parts), "time": time.time()}
+        meta: dict[str, object] = {
+            "step": step,
+            "world_size": d.world_size(),
+            "parts": sorted(parts),
+            "time": time.time(),
+        }
         meta["lora"] = {n: r for n, p in parts.items() if (r := _lora_rank(p))}
         write_json_atomic(tmp / CHECKPOINT_META, meta, indent=2, durable=True)
         if final.exists():  # re-saving a step (e.g. after resuming from it): replace it
@@ -161,8 +188,8 @@ def load_checkpoint(path: str | Path, parts: Mapping[str, Trainable]) -> dict[st
     The world size may differ from the saving run for model/optimizer (DCP reshards); the
     extra state of rank r comes from rank_r.pt, or rank_0.pt when that rank did not exist.
     """
+    import torch.distributed.checkpoint.state_dict_loader as loader
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-    from torch.distributed.checkpoint.state_dict_loader import load
 
     path = Path(path)
     if not is_checkpoint(path):
@@ -170,7 +197,7 @@ def load_checkpoint(path: str | Path, parts: Mapping[str, Trainable]) -> dict[st
     _check_lora(path, parts)
     state = _dcp_state(parts)
     with _quiet_single_process():
-        load(state, checkpoint_id=str(path), no_dist=not d.is_dist())
+        cast(_DcpLoad, loader).load(state, checkpoint_id=str(path), no_dist=not d.is_dist())
     for name, part in parts.items():
         options = _options(part)
         if part.optimizer is not None:
@@ -210,7 +237,7 @@ def prune(root: str | Path, *, keep_last: int) -> list[Path]:
 
 
 @contextmanager
-def _quiet_single_process() -> Iterator[None]:
+def _quiet_single_process() -> Generator[None]:
     """DCP warns that it "assumes" single-process mode; without a process group that is the intent."""
     with warnings.catch_warnings():
         if not d.is_dist():
@@ -231,7 +258,7 @@ def _fsync_dir(path: Path) -> None:
 
 def export_hf(
     model: nn.Module,
-    tokenizer: Any,
+    tokenizer: SavesPretrained | None,
     out_dir: str | Path,
     *,
     dtype: torch.dtype | None = None,
@@ -266,7 +293,9 @@ def export_hf(
     return out if main else None
 
 
-def finish_hf_folder(model: Any, tmp: Path, out: Path, *, dtype: Any, tokenizer: Any) -> None:
+def finish_hf_folder(
+    model: nn.Module, tmp: Path, out: Path, *, dtype: torch.dtype | None, tokenizer: SavesPretrained | None
+) -> None:
     """Beside the weights already in `tmp`: the model's config (`use_cache` back on, `dtype` the
     weights' when cast), generation config and tokenizer; plain file modes; then `tmp` becomes
     `out` (replacing it). Rank 0's last step of every transformers folder rlvr writes."""

@@ -12,7 +12,7 @@ entropy's gradient is kept only in mode "grad" (docs/trainer.md, "Log-probs a ch
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,22 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     z = F.linear(h, weight, bias)
     z = z.to(_math_dtype(z.dtype))
     return z.div_(temperature) if temperature != 1.0 else z
+
+
+class _Apply(Protocol):
+    """`ChunkedLogprobs.apply` with its arguments (torch types `Function.apply` as `*args`)."""
+
+    def apply(
+        self,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        temperature: float,
+        entropy: EntropyMode,
+        chunk: int,
+        /,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class ChunkedLogprobs(torch.autograd.Function):
@@ -74,10 +90,14 @@ class ChunkedLogprobs(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    def backward(  # pyright: ignore[reportIncompatibleMethodOverride] - names torch's *grad_outputs
+        ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, targets, lse, ent = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        with_ent = ctx.entropy == "grad" and g_ent is not None and g_ent.numel() > 0
+        g_ent = (
+            g_ent if ctx.entropy == "grad" and g_ent is not None and g_ent.numel() > 0 else None
+        )  # None: no entropy gradient
         k = hidden.shape[0]
         grad_h = torch.empty_like(hidden) if need_h else None
         acc = _math_dtype(weight.dtype)  # fp32 accumulation over chunks
@@ -90,9 +110,9 @@ class ChunkedLogprobs(torch.autograd.Function):
             z = _chunk_logits(h, weight, bias, ctx.temperature)
             z.sub_(lse[s:e, None])  # log p
             # d logp_t / dz = onehot(t) - p;  d entropy / dz = -p * (log p + entropy)
-            if with_ent:
+            if g_ent is not None:
                 p = z.exp()
-                dz = z.add_(ent[s:e, None]).mul_(p).mul_(-g_ent[s:e, None]).sub_(p.mul_(gl))  # pyright: ignore[reportOptionalSubscript]
+                dz = z.add_(ent[s:e, None]).mul_(p).mul_(-g_ent[s:e, None]).sub_(p.mul_(gl))
                 del p
             else:
                 dz = z.exp_().mul_(-gl)
@@ -125,5 +145,6 @@ def chunked_token_logprobs(
     `entropy="none"`), as the full-logits computation gives them, in chunks of `chunk_tokens`."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    logp, ent = ChunkedLogprobs.apply(hidden, weight, bias, targets, float(temperature), entropy, int(chunk_tokens))  # pyright: ignore[reportGeneralTypeIssues]
+    apply = cast(_Apply, ChunkedLogprobs).apply
+    logp, ent = apply(hidden, weight, bias, targets, float(temperature), entropy, int(chunk_tokens))
     return logp, (ent if entropy != "none" else None)

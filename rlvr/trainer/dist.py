@@ -10,12 +10,17 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, cast
 
 import torch
 import torch.distributed as dist
 
+from rlvr.trainer.typed_torch import collectives, float_list
 from rlvr.types import RolloutBatch
+
+# What broadcast_rollout pickles beside the array bytes: the failure line, the batch's domains and
+# each flat array's (name, dtype string, element count); no domains and no layout without a batch.
+_Header = tuple[str | None, list[str] | None, list[tuple[str, str, int]] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +75,14 @@ def all_reduce(values: list[float], *, op: str = "sum", device: torch.device | N
     """All-reduce a few Python floats in one float64 collective (sum or max)."""
     if not is_dist() or world_size() == 1:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=device or _comm_device())
-    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
-    return t.tolist()
+    t = torch.tensor(values, dtype=torch.float64, device=device or comm_device())
+    collectives.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return float_list(t)
 
 
 def barrier() -> None:
     if is_dist():
-        dist.barrier()
+        collectives.barrier()
 
 
 def exit_process(code: int) -> NoReturn:
@@ -132,14 +137,17 @@ def broadcast_rollout(
     import numpy as np
 
     arrays = rollout.pack().arrays() if rollout is not None else None
-    header = None
+    header: _Header | None = None
     if rank() == src:
-        layout = [(name, a.dtype.str, a.size) for name, a in arrays.items()] if arrays is not None else None
+        layout: list[tuple[str, str, int]] | None = (
+            [(name, a.dtype.str, a.size) for name, a in arrays.items()] if arrays is not None else None
+        )
         header = (failure, rollout.domains if rollout is not None else None, layout)
-    failure, domains, layout = broadcast_object(header, src=src)  # type: ignore[misc]
+    failure, domains, layout = cast(_Header, broadcast_object(header, src=src))  # src's header
     if layout is None:
         return None, failure
-    starts, size = [], 0
+    starts: list[int] = []
+    size = 0
     for _, dtype, count in layout:
         size = -(-size // 8) * 8  # every array starts 8-byte aligned: the views below need it
         starts.append(size)
@@ -150,7 +158,7 @@ def broadcast_rollout(
         for (name, _, _), start in zip(layout, starts, strict=True):
             raw = np.ascontiguousarray(arrays[name]).view(np.uint8).reshape(-1)
             flat[start : start + raw.size] = raw
-    device = _comm_device()
+    device = comm_device()
     wire = buffer.to(device)
     dist.broadcast(wire, src=src)
     if arrays is not None:
@@ -160,10 +168,11 @@ def broadcast_rollout(
         name: received[start : start + np.dtype(dtype).itemsize * count].view(dtype)
         for (name, dtype, count), start in zip(layout, starts, strict=True)
     }
+    assert domains is not None  # sent with every layout
     return RolloutBatch.from_arrays(out, domains=domains), failure
 
 
-def _comm_device() -> torch.device:
+def comm_device() -> torch.device:
     """NCCL collectives need CUDA tensors, gloo needs CPU ones."""
     if is_dist() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())

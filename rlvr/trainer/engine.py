@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
@@ -30,6 +31,7 @@ from rlvr.trainer.packing import (
     pack_sequences,
     rank_share,
 )
+from rlvr.trainer.typed_torch import backward, collectives, optimizer_step
 
 # loss_fn(micro_batch, local_batch, (num_tokens, num_seqs)) -> (loss, metrics, weight); the counts are
 # the whole mini-batch's (all ranks), the weight (masked tokens) averages the metrics.
@@ -42,15 +44,15 @@ EvalFn = Callable[[MicroBatch], tuple[torch.Tensor, ...]]
 class Tally:
     """Local sums of one step's updates' metrics, combined across ranks once by `summarize`."""
 
-    weighted: dict[str, list[float]] = field(default_factory=dict)  # key -> [sum w*x, sum w]
-    losses: list[float] = field(default_factory=list)  # local loss sum per update
-    grad_norms: list[float] = field(default_factory=list)
-    lrs: list[float] = field(default_factory=list)
+    weighted: dict[str, list[float]] = field(default_factory=dict[str, list[float]])  # key -> [sum w*x, sum w]
+    losses: list[float] = field(default_factory=list[float])  # local loss sum per update
+    grad_norms: list[float] = field(default_factory=list[float])
+    lrs: list[float] = field(default_factory=list[float])
     tokens: int = 0
     skipped: int = 0
     start: float = field(default_factory=time.perf_counter)
 
-    maxima: dict[str, float] = field(default_factory=dict)  # keys ending in "_max"
+    maxima: dict[str, float] = field(default_factory=dict[str, float])  # keys ending in "_max"
 
     def add(self, metrics: dict[str, float], weight: float) -> None:
         for key, value in metrics.items():
@@ -191,8 +193,8 @@ class TrainEngine:
             self.model.train(was_training)
 
     def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        x = t.to(d._comm_device())  # noqa: SLF001
-        torch.distributed.all_reduce(x)
+        x = t.to(d.comm_device())
+        collectives.all_reduce(x)
         return x.cpu()
 
     def _share_index(self, batch: TrainBatch) -> list[int]:
@@ -216,11 +218,11 @@ class TrainEngine:
             if mb is None:
                 dummy = self._dummy(mini.pad_id)
                 out = self.model(**dummy.model_kwargs())
-                (out.logits.sum() * 0.0).backward()
+                backward(out.logits.sum() * 0.0)
                 continue
             mb = mb.to(self.device)
             loss, metrics, weight = loss_fn(mb, local, denominators)
-            loss.backward()
+            backward(loss)
             loss_sum += float(loss.detach())
             tally.add(metrics, weight)
             tally.tokens += mb.num_tokens
@@ -229,7 +231,7 @@ class TrainEngine:
         if math.isfinite(grad_norm):
             if self.device.type == "cpu" and not self.optimizer.state:
                 trim_host_heap()  # Adam allocates its moments now (see trim_host_heap)
-            self.optimizer.step()
+            optimizer_step(self.optimizer)
         else:  # one bad batch must not poison the weights; the step is counted and reported
             tally.skipped += 1
         self.optimizer.zero_grad(set_to_none=True)
@@ -261,10 +263,11 @@ class TrainEngine:
         elapsed = time.perf_counter() - tally.start
         keys, max_keys = sorted(tally.weighted), sorted(tally.maxima)
         if d.world_size() > 1:  # a rank that ran only dummy micro-batches has no keys
-            gathered: list[object] = [None] * d.world_size()
-            torch.distributed.all_gather_object(gathered, (keys, max_keys))
-            keys = sorted({k for ks, _ in gathered for k in ks})  # pyright: ignore[reportGeneralTypeIssues]
-            max_keys = sorted({k for _, ks in gathered for k in ks})  # pyright: ignore[reportGeneralTypeIssues]
+            gathered: list[tuple[list[str], list[str]] | None] = [None] * d.world_size()
+            collectives.all_gather_object(gathered, (keys, max_keys))
+            every = cast("list[tuple[list[str], list[str]]]", gathered)  # filled: every rank's pair
+            keys = sorted({k for ks, _ in every for k in ks})
+            max_keys = sorted({k for _, ks in every for k in ks})
         maxima = d.all_reduce([tally.maxima.get(k, -math.inf) for k in max_keys], op="max")
         flat = [v for k in keys for v in tally.weighted.get(k, [0.0, 0.0])]
         flat += tally.losses + [float(tally.tokens)]

@@ -11,7 +11,7 @@ the `[K, V]` logits are never built. Models that change logits after the head ke
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any
 
@@ -126,7 +126,7 @@ def _chunked(
 
 
 @contextmanager
-def _forward_replaced(module: nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
+def _forward_replaced(module: nn.Module, forward: Callable[..., Any]) -> Generator[None]:
     """`module.forward` is `forward` for the block: an instance attribute shadows the class's
     method, and `module(...)` still runs the module's hooks (FSDP2's gather) around it."""
     before = module.__dict__.get("forward")

@@ -8,22 +8,45 @@ weights from the same model when `model.path` has none to give.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol, cast
+
 import torch
 from torch import nn
 
 from rlvr.recipe.schema import ModelConfig
+from rlvr.trainer.typed_torch import manual_seed
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 
-def load_hf_config(cfg: ModelConfig, **overrides: object):
+class _AutoConfig(Protocol):
+    """What rlvr calls of `AutoConfig` (transformers leaves its keyword arguments unannotated)."""
+
+    def from_pretrained(self, path: str, /, *, trust_remote_code: bool) -> PreTrainedConfig: ...
+
+    def for_model(self, model_type: str, /, **kwargs: object) -> PreTrainedConfig: ...
+
+
+class _AutoModel(Protocol):
+    """What rlvr calls of `AutoModelForCausalLM` / `AutoModelForTokenClassification`."""
+
+    def from_pretrained(self, path: str, /, **kwargs: object) -> nn.Module: ...
+
+    def from_config(self, config: PreTrainedConfig, /, **kwargs: object) -> nn.Module: ...
+
+
+def load_hf_config(cfg: ModelConfig, **overrides: object) -> PreTrainedConfig:
     """The transformers config of `model.path` (or of `model.config`), with `overrides` set on it."""
     from transformers import AutoConfig
 
+    auto = cast(_AutoConfig, AutoConfig)
     if cfg.path is not None:
-        config = AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
+        config = auto.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
     else:
         assert cfg.config is not None
         raw = dict(cfg.config)
-        config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+        config = auto.for_model(raw.pop("model_type"), **raw)
     for key, value in overrides.items():
         setattr(config, key, value)
     config.use_cache = False  # training never decodes; a cache only costs memory
@@ -46,18 +69,18 @@ def load_hf_model(
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     extra: dict[str, object] = {}
-    auto: type = AutoModelForCausalLM
+    auto = cast(_AutoModel, AutoModelForCausalLM)
     if kind == "value":
-        auto = AutoModelForTokenClassification
+        auto = cast(_AutoModel, AutoModelForTokenClassification)
         extra = {"num_labels": 1, "classifier_dropout": 0.0}
     elif kind != "causal_lm":
         raise ValueError(f"unknown model kind {kind!r}")
     config = load_hf_config(cfg, **extra)
     common = {"dtype": torch.float32, "attn_implementation": attn_implementation}
     if cfg.path is not None:
-        torch.manual_seed(seed)  # the value head is freshly initialised: same on every rank
+        manual_seed(seed)  # the value head is freshly initialised: same on every rank
         model = auto.from_pretrained(cfg.path, config=config, trust_remote_code=cfg.trust_remote_code, **common)
     else:
-        torch.manual_seed(seed)
+        manual_seed(seed)
         model = auto.from_config(config, trust_remote_code=cfg.trust_remote_code, **common)
     return model

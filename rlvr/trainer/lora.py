@@ -14,21 +14,34 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import nn
 
 from rlvr.recipe.schema import LoraConfig
 from rlvr.trainer import dist as d
+from rlvr.trainer.typed_torch import manual_seed, named_modules
+
+if TYPE_CHECKING:
+    from peft import LoraConfig as PeftLoraConfig
 
 ADAPTER = "default"  # peft's adapter name: the only one rlvr trains
 PEFT_PREFIX = "base_model.model."  # peft's key prefix in adapter files (PeftModel wraps the model twice)
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+
+# (HF name, local or sharded tensor, layout change of the full tensor or None): `weights.Source`
+_Source = tuple[str, torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]
+
+
+class _SafetensorsTorch(Protocol):
+    """`safetensors.torch` as rlvr calls it (its path parameter leaves a type unknown)."""
+
+    def save_file(self, tensors: dict[str, torch.Tensor], filename: str, metadata: dict[str, str]) -> None: ...
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig, *, seed: int) -> nn.Module:
@@ -39,7 +52,7 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, *, seed: int) -> nn.Module:
     from peft import LoraConfig as PeftLoraConfig
     from peft import inject_adapter_in_model
 
-    targets: Any = cfg.target_modules if cfg.target_modules == "all-linear" else list(cfg.target_modules)
+    targets: str | list[str] = cfg.target_modules if cfg.target_modules == "all-linear" else list(cfg.target_modules)
     peft_cfg = PeftLoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,  # pyright: ignore[reportArgumentType] - peft annotates int, computes in float
@@ -47,7 +60,7 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, *, seed: int) -> nn.Module:
         target_modules=targets,
         bias="none",
     )
-    torch.manual_seed(seed)
+    manual_seed(seed)
     try:
         model = inject_adapter_in_model(peft_cfg, model)
     except ValueError as exc:
@@ -67,7 +80,7 @@ def is_lora(model: nn.Module) -> bool:
 
 def lora_rank(model: nn.Module) -> int:
     """The adapters' rank r, 0 for a model without LoRA (the one place that reads the marker)."""
-    cfg: Any = getattr(model, "rlvr_lora", None)
+    cfg: PeftLoraConfig | None = getattr(model, "rlvr_lora", None)
     return int(cfg.r) if cfg is not None else 0
 
 
@@ -75,11 +88,11 @@ def lora_modules(model: nn.Module) -> dict[str, nn.Module]:
     """Module path -> peft LoRA layer, in module order."""
     from peft.tuners.lora import LoraLayer
 
-    return {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}  # pyright: ignore[reportReturnType]
+    return {name: module for name, module in named_modules(model) if isinstance(module, LoraLayer)}
 
 
 @contextmanager
-def adapters_disabled(model: nn.Module) -> Iterator[None]:
+def adapters_disabled(model: nn.Module) -> Generator[None]:
     """The base model's forward (the KL reference): every LoRA layer skips its adapter.
 
     Sets peft's per-layer flag directly: peft's `enable_adapters(False)` also flips the adapters'
@@ -106,12 +119,12 @@ def _lora_pair(model: nn.Module, path: str) -> tuple[torch.Tensor, torch.Tensor,
     return lora_a[ADAPTER].weight, module.lora_B[ADAPTER].weight, float(module.scaling[ADAPTER])
 
 
-def merged_sources(model: nn.Module, *, skip_tied: bool = True) -> list[Any]:
+def merged_sources(model: nn.Module, *, skip_tied: bool = True) -> list[_Source]:
     """`weight_sources` of a LoRA model: transformers names and shapes; a base weight with an adapter
     is merged (W + scaling * B @ A, in fp32) by its layout function, which gathers A and B (collective
     under FSDP2, in the same lockstep as the weight itself); the adapters are not listed."""
     seen: set[int] = set()
-    out: list[Any] = []
+    out: list[_Source] = []
     for name, tensor in model.state_dict(keep_vars=True).items():
         if ".lora_" in name:
             continue
@@ -142,7 +155,7 @@ def _merge(
 
 def adapter_sources(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """(peft file key, local or sharded tensor) of every adapter weight, in module order."""
-    out = []
+    out: list[tuple[str, torch.Tensor]] = []
     for name, tensor in model.state_dict(keep_vars=True).items():
         for kind in ("lora_A", "lora_B"):
             marker = f".{kind}.{ADAPTER}."
@@ -159,7 +172,7 @@ def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
 def write_adapter(model: nn.Module, out_dir: str | Path) -> Path | None:
     """Write a peft adapter folder (adapter_model.safetensors + adapter_config.json), atomically
     (`<out>.tmp`, then renamed). Collective: every rank gathers; rank 0 writes and gets the folder."""
-    from safetensors.torch import save_file
+    import safetensors.torch
 
     state = adapter_state(model)
     if d.rank() != 0:
@@ -169,7 +182,7 @@ def write_adapter(model: nn.Module, out_dir: str | Path) -> Path | None:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_file(state, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    cast(_SafetensorsTorch, safetensors.torch).save_file(state, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     (tmp / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(model), indent=2, sort_keys=True))
     if out.exists():
         shutil.rmtree(out)
@@ -179,16 +192,16 @@ def write_adapter(model: nn.Module, out_dir: str | Path) -> Path | None:
 
 def adapter_config(model: nn.Module) -> dict[str, Any]:
     """peft's adapter_config.json of the model's adapters (target_modules resolved to names)."""
-    cfg: Any = getattr(model, "rlvr_lora", None)
+    cfg: PeftLoraConfig | None = getattr(model, "rlvr_lora", None)
     assert cfg is not None, "not a LoRA model"
-    raw = cfg.to_dict()
-    raw["target_modules"] = sorted(raw["target_modules"])
+    raw = cast("dict[str, object]", cfg.to_dict())  # peft annotates a bare dict
+    raw["target_modules"] = sorted(cast("Iterable[str]", raw["target_modules"]))  # module names (apply_lora)
     raw["peft_type"] = "LORA"
     raw.setdefault("task_type", None)
     return json.loads(json.dumps(raw, default=_jsonable))
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> list[str] | str:
     if isinstance(value, (set, frozenset)):
-        return sorted(value)
+        return sorted(cast("set[str] | frozenset[str]", value))  # peft's sets of module names
     return str(value)

@@ -9,6 +9,8 @@ master weights and reduces gradients in `trainer.reduce_dtype`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol, cast
+
 import torch
 from torch import nn
 
@@ -17,6 +19,9 @@ from rlvr.trainer import dist as d
 from rlvr.trainer.attention import default_attn_implementation
 from rlvr.trainer.hf import load_hf_model
 from rlvr.weight_arena import build_weight_arena
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -133,11 +138,17 @@ def attn_implementation_of(model: nn.Module) -> str:
     return str(getattr(config, "_attn_implementation", None) or "sdpa")
 
 
-def load_tokenizer(cfg: ModelConfig):
+class _AutoTokenizer(Protocol):
+    """What rlvr calls of `AutoTokenizer` (transformers leaves its arguments unannotated)."""
+
+    def from_pretrained(self, path: str, /, *, trust_remote_code: bool) -> PreTrainedTokenizerBase: ...
+
+
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase | None:
     """The tokenizer folder (`model.tokenizer`, else `model.path`); None for a config-only model."""
     source = cfg.tokenizer or cfg.path
     if source is None:
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+    return cast(_AutoTokenizer, AutoTokenizer).from_pretrained(source, trust_remote_code=cfg.trust_remote_code)

@@ -72,7 +72,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainerConfig, *, tot
     return LambdaLR(optimizer, lr_lambda=fn)
 
 
-def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict) -> None:
+def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict[str, object]) -> None:
     """Restore a scheduler *and* push its current lr into the optimizer.
 
     `LRScheduler.load_state_dict` alone leaves the optimizer's lr untouched; the restored

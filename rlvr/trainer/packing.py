@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.trainer.batch import TrainBatch
+from rlvr.trainer.typed_torch import int_list
 
 # (start, end, mask): a slice of a packed row with its own attention. mask None: causal on the
 # slice; else a [1, 1, L, L] boolean tree mask (a shared prompt and its branches).
@@ -172,7 +173,7 @@ def pack_sequences(
         start += lens[k]
     mb = _finish(batch, idx, ids, pos, None, seq_of, col_of, packed=True, real=sum(lens))
     if attn_implementation in VARLEN_IMPLEMENTATIONS:
-        mb.cu_seqlens = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        mb.cu_seqlens = torch.tensor([0, *int_list(torch.tensor(lens).cumsum(0))], dtype=torch.int32)
         mb.max_seqlen = max(lens)
     else:
         dtype = mask_dtype or (torch.bool if attn_implementation == "sdpa" else torch.float32)
@@ -281,7 +282,7 @@ def prompt_units(batch: TrainBatch, index: Sequence[int], *, budget: int) -> lis
     groups: dict[tuple[int, ...], list[int]] = {}
     for i in index:
         prompt = batch.input_ids[i, : int(batch.prompt_lens[i])]
-        groups.setdefault(tuple(prompt.tolist()), []).append(int(i))
+        groups.setdefault(tuple(int_list(prompt)), []).append(int(i))
     units: list[list[int]] = []
     for rows in groups.values():
         unit: list[int] = []
@@ -335,7 +336,7 @@ def pack_shared(batch: TrainBatch, units: Sequence[Sequence[int]]) -> MicroBatch
             seq_of.append(torch.full((shared,), -1))
             col_of.append(torch.full((shared,), -1))
             start += shared
-        branch_lens = []
+        branch_lens: list[int] = []
         for i in unit:
             own = batch.tokens(i)[shared:]
             n, p, r = int(own.numel()), int(batch.prompt_lens[i]), int(batch.response_lens[i])

@@ -10,6 +10,10 @@ parallelize functions; and `PackedSDPA`, causal sdpa on each packed sequence's s
 torchtitan 0.3.0 are applied (docs/trainer.md, "How it is wired").
 """
 
+# pyright: reportMissingTypeStubs=false
+# (torchtitan ships no stubs or py.typed; pyright reads its sources, and the calls whose types it
+# leaves unknown go through the Protocols below)
+
 from __future__ import annotations
 
 import functools
@@ -19,7 +23,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +33,74 @@ from rlvr.recipe.schema import ModelConfig, TrainerConfig
 from rlvr.trainer import dist as d
 from rlvr.trainer.attention import PACKED_SDPA
 from rlvr.trainer.hf import load_hf_config, load_hf_model
+from rlvr.trainer.typed_torch import int_list
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import ValueType
+    from torchtitan.config import CompileConfig
+    from torchtitan.models.common.attention import GQAttention, VarlenMetadata
+    from torchtitan.models.common.feed_forward import FeedForward
+    from torchtitan.models.common.nn_modules import RMSNorm
+    from torchtitan.models.common.rope import RoPE
+    from torchtitan.protocols.module import Module
+    from transformers import PreTrainedConfig
+
+# torchtitan's parameter initialisers: parameter name -> init function
+_Init = dict[str, Callable[[torch.Tensor], torch.Tensor]]
+
+
+class _ConfigUtils(Protocol):
+    """torchtitan's block config builders as rlvr calls them (torchtitan annotates the
+    initialisers with a bare `Callable`)."""
+
+    def make_gqa_config(
+        self,
+        *,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        wqkv_param_init: _Init,
+        wo_param_init: _Init,
+        inner_attention: Module.Config,
+        fuse_qkv: bool,
+        rope: RoPE.Config,
+        qk_norm: RMSNorm.Config | None,
+    ) -> GQAttention.Config: ...
+
+    def make_ffn_config(
+        self, *, dim: int, hidden_dim: int, w1_param_init: _Init, w2w3_param_init: _Init
+    ) -> FeedForward.Config: ...
+
+
+class _StateDictAdapter(Protocol):
+    """torchtitan's state-dict adapter: its parameter names <-> transformers' names."""
+
+    def to_hf(self, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def from_hf(self, hf_state_dict: dict[str, torch.Tensor]) -> dict[str, ValueType]: ...
+
+
+class _SafetensorsTorch(Protocol):
+    """`safetensors.torch` as rlvr calls it (its path parameter leaves a type unknown)."""
+
+    def load_file(self, filename: str) -> dict[str, torch.Tensor]: ...
+
+
+class _CheckpointingConfig(Protocol):
+    """torchtitan's activation-checkpointing config (`FullAC.Config`, `SelectiveAC.Config`)."""
+
+    def build(self, *, dump_folder: str) -> _Checkpointing: ...
+
+
+class _Checkpointing(Protocol):
+    def apply(self, model: nn.Module, /) -> None: ...
+
+
+class _TrainingSettings(TypedDict):
+    ac_config: _CheckpointingConfig | None
+    compile_config: CompileConfig
+
 
 FAMILIES = {"qwen3": "qwen3", "llama": "llama3"}
 _KERNELS = "torchtitan.distributed.minimal_async_ep.kernels"
@@ -69,7 +141,7 @@ def _no_triton(name: str) -> Callable[..., None]:
 
 
 # -- model args from the HF config ----------------------------------------------------------
-def family_of(hf_config: Any) -> str:
+def family_of(hf_config: PreTrainedConfig) -> str:
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in FAMILIES:
         raise ValueError(
@@ -79,7 +151,7 @@ def family_of(hf_config: Any) -> str:
     return FAMILIES[model_type]
 
 
-def _rope(hf_config: Any, family: str, head_dim: int) -> Any:
+def _rope(hf_config: PreTrainedConfig, family: str, head_dim: int) -> RoPE.Config:
     from torchtitan.models.common import ComplexRoPE, CosSinRoPE
 
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
@@ -106,15 +178,15 @@ def _rope(hf_config: Any, family: str, head_dim: int) -> Any:
     )
 
 
-def titan_config(hf_config: Any, *, kind: str = "causal_lm") -> Any:
+def titan_config(hf_config: PreTrainedConfig, *, kind: str = "causal_lm") -> Any:
     """torchtitan model args for a transformers Qwen3 / Llama config (dense models only).
 
     `kind="value"` replaces the vocabulary head by an untied one-output head with a bias
     (the critic's `score`). Initialisers are irrelevant (every weight is loaded) but
     torchtitan wants one per parameter.
     """
+    import torchtitan.models.common.config_utils as config_utils
     from torchtitan.models.common import Embedding, Linear
-    from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
     from torchtitan.models.common.nn_modules import RMSNorm
 
     family = family_of(hf_config)
@@ -126,9 +198,10 @@ def titan_config(hf_config: Any, *, kind: str = "causal_lm") -> Any:
     kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(c, "head_dim", None) or dim // heads)
     eps = float(c.rms_norm_eps)
-    init = {"weight": nn.init.zeros_, "bias": nn.init.zeros_}
+    init: _Init = {"weight": nn.init.zeros_, "bias": nn.init.zeros_}
+    builders = cast(_ConfigUtils, config_utils)
 
-    def norm(n: int) -> Any:
+    def norm(n: int) -> RMSNorm.Config:
         return RMSNorm.Config(normalized_shape=n, eps=eps, param_init={"weight": nn.init.ones_})
 
     rope = _rope(c, family, head_dim)
@@ -142,7 +215,7 @@ def titan_config(hf_config: Any, *, kind: str = "causal_lm") -> Any:
         Block.Config(
             attention_norm=norm(dim),
             ffn_norm=norm(dim),
-            attention=make_gqa_config(
+            attention=builders.make_gqa_config(
                 dim=dim,
                 n_heads=heads,
                 n_kv_heads=kv_heads,
@@ -154,7 +227,7 @@ def titan_config(hf_config: Any, *, kind: str = "causal_lm") -> Any:
                 rope=rope,
                 qk_norm=norm(head_dim) if family == "qwen3" else None,
             ),
-            feed_forward=make_ffn_config(
+            feed_forward=builders.make_ffn_config(
                 dim=dim, hidden_dim=int(c.intermediate_size), w1_param_init=init, w2w3_param_init=init
             ),
         )
@@ -175,7 +248,7 @@ def titan_config(hf_config: Any, *, kind: str = "causal_lm") -> Any:
 
 # -- packed attention -------------------------------------------------------------------------
 @functools.cache
-def packed_sdpa() -> type:
+def packed_sdpa() -> type[Module]:
     """The inner attention class, defined on first use: it derives from torchtitan's `Module`,
     an import that needs the CPU fixes first."""
     from torchtitan.protocols.module import Module
@@ -191,7 +264,7 @@ def packed_sdpa() -> type:
         class Config(Module.Config):
             pass
 
-        def __init__(self, config: Any = None) -> None:
+        def __init__(self, config: Module.Config | None = None) -> None:
             super().__init__()
 
         def forward(
@@ -200,10 +273,10 @@ def packed_sdpa() -> type:
             k_BLNH: torch.Tensor,
             v_BLNH: torch.Tensor,
             *,
-            attention_masks: Any = None,
+            attention_masks: VarlenMetadata | None = None,
             scale: float | None = None,
             enable_gqa: bool = False,
-            **kwargs: Any,
+            **kwargs: object,
         ) -> torch.Tensor:
             q, k, v = (t.transpose(1, 2) for t in (q_BLNH, k_BLNH, v_BLNH))
             if attention_masks is None:
@@ -211,7 +284,7 @@ def packed_sdpa() -> type:
                 return out.transpose(1, 2)
             if torch.compiler.is_compiling():  # no data-dependent slicing in a graph: one block-diagonal mask
                 return _masked_sdpa(q, k, v, attention_masks.cu_seq_q, scale=scale, enable_gqa=enable_gqa)
-            bounds = attention_masks.cu_seq_q.tolist()
+            bounds = int_list(attention_masks.cu_seq_q)
             lens = [e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
             if bounds[0] != 0 or bounds[-1] != q.shape[2] or min(lens) <= 0:
                 return _masked_sdpa(q, k, v, attention_masks.cu_seq_q, scale=scale, enable_gqa=enable_gqa)
@@ -219,7 +292,9 @@ def packed_sdpa() -> type:
             # adds a full-size gradient (measured: a third of a packed backward on CPU)
             outs = [
                 F.scaled_dot_product_attention(qi, ki, vi, scale=scale, is_causal=True, enable_gqa=enable_gqa)
-                for qi, ki, vi in zip(q.split(lens, 2), k.split(lens, 2), v.split(lens, 2), strict=True)
+                for qi, ki, vi in zip(
+                    torch.split(q, lens, 2), torch.split(k, lens, 2), torch.split(v, lens, 2), strict=True
+                )
             ]
             return torch.cat(outs, dim=2).transpose(1, 2)
 
@@ -253,7 +328,15 @@ class TitanLM(nn.Module):
 
     varlen_only = True  # reads cu_seq_lens_q, not shared-prompt segments (TrainEngine checks)
 
-    def __init__(self, decoder: Any, *, hf_config: Any, adapter: Any, kind: str, vocab_parallel: bool = False):
+    def __init__(
+        self,
+        decoder: nn.Module,
+        *,
+        hf_config: PreTrainedConfig,
+        adapter: _StateDictAdapter,
+        kind: str,
+        vocab_parallel: bool = False,
+    ):
         super().__init__()
         self.decoder = decoder
         self.config = hf_config
@@ -261,12 +344,13 @@ class TitanLM(nn.Module):
         self.kind = kind
         self.vocab_parallel = vocab_parallel  # tensor parallel shards the head over the vocabulary
         self.generation_config = None
-        decoder._skip_lm_head = True  # the head runs on the kept rows only (forward)
+        # the head runs on the kept rows only (forward): torchtitan's own switch, set as its trainer does
+        setattr(decoder, "_skip_lm_head", True)  # noqa: B010 - a plain flag, not a submodule
 
     def get_output_embeddings(self) -> nn.Module | None:
         """The LM head, as transformers models answer; None under tensor parallel, where its
         output is a vocabulary-sharded DTensor: `token_logprobs` then takes the full logits."""
-        return None if self.vocab_parallel else self.decoder.lm_head
+        return None if self.vocab_parallel else self.decoder.get_submodule("lm_head")
 
     def forward(
         self,
@@ -276,7 +360,7 @@ class TitanLM(nn.Module):
         logits_to_keep: torch.Tensor | None = None,
         cu_seq_lens_q: torch.Tensor | None = None,
         max_length_q: int = 0,
-        **unused: Any,
+        **unused: object,
     ) -> LMOutput:
         if attention_mask is not None:
             raise ValueError("the torchtitan model takes packed sequence boundaries, not an attention mask")
@@ -286,18 +370,20 @@ class TitanLM(nn.Module):
 
             cu = cu_seq_lens_q.to(torch.int32)
             masks = VarlenMetadata(cu_seq_q=cu, cu_seq_k=cu, max_q=int(max_length_q), max_k=int(max_length_q))
-        hidden = self.decoder(input_ids, position_ids, masks)
+        hidden: torch.Tensor = self.decoder(input_ids, position_ids, masks)
         if isinstance(logits_to_keep, torch.Tensor):
             hidden = _rows(hidden, logits_to_keep)
-        logits = self.decoder.lm_head(hidden)  # pyright: ignore[reportCallIssue]
+        logits: torch.Tensor = self.decoder.get_submodule("lm_head")(hidden)
         full = getattr(logits, "full_tensor", None)  # tensor parallel: vocabulary shards
         return LMOutput(logits=full() if full is not None else logits)
 
     # -- HF names out ------------------------------------------------------------------------
-    def hf_sources(self, *, skip_tied: bool = True) -> list[tuple[str, torch.Tensor, Callable | None]]:
+    def hf_sources(
+        self, *, skip_tied: bool = True
+    ) -> list[tuple[str, torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]]:
         """(HF name, local or sharded tensor, layout change of the full tensor) in state_dict
         order; a tensor under several names (tied embeddings) once when `skip_tied`."""
-        out: list[tuple[str, torch.Tensor, Callable | None]] = []
+        out: list[tuple[str, torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]] = []
         seen: set[int] = set()
         for name, tensor in self.decoder.state_dict(keep_vars=True).items():
             if skip_tied and id(tensor) in seen:
@@ -311,7 +397,7 @@ class TitanLM(nn.Module):
         return out
 
 
-def _layout(adapter: Any, name: str, hf_name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+def _layout(adapter: _StateDictAdapter, name: str, hf_name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     def to_hf(full: torch.Tensor) -> torch.Tensor:
         return adapter.to_hf({name: full})[hf_name]
 
@@ -320,13 +406,12 @@ def _layout(adapter: Any, name: str, hf_name: str) -> Callable[[torch.Tensor], t
 
 def _rows(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """hidden[keep] as [1, K, D]: the positions whose next token is scored."""
-    local = getattr(hidden, "to_local", None)
-    if local is not None:  # replicated over tensor-parallel ranks after the final norm
-        from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor
 
-        placements = hidden.placements  # pyright: ignore[reportAttributeAccessIssue]
-        mesh = hidden.device_mesh  # pyright: ignore[reportAttributeAccessIssue]
-        picked = local()[keep][None]
+    if isinstance(hidden, DTensor):  # replicated over tensor-parallel ranks after the final norm
+        placements = hidden.placements
+        mesh = hidden.device_mesh
+        picked = hidden.to_local()[keep][None]
         return DTensor.from_local(picked, mesh, placements, run_check=False)
     return hidden[keep][None]
 
@@ -337,14 +422,14 @@ def hf_state_dict(cfg: ModelConfig, *, kind: str, seed: int) -> dict[str, torch.
     critic, whose `score` head is freshly initialised) those of the transformers model
     `load_hf_model` builds with `seed`, so both implementations start from the same weights."""
     if cfg.path is not None and kind == "causal_lm":
-        from safetensors.torch import load_file
+        import safetensors.torch
 
         files = sorted(Path(cfg.path).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"model.path {cfg.path}: no *.safetensors files")
         state: dict[str, torch.Tensor] = {}
         for f in files:
-            state.update(load_file(str(f)))
+            state.update(cast(_SafetensorsTorch, safetensors.torch).load_file(str(f)))
         return state
     model = load_hf_model(cfg.model_copy(update={"impl": "hf"}), kind=kind, seed=seed)
     return {k: v.detach() for k, v in model.state_dict().items()}
@@ -377,7 +462,8 @@ def build_titan_model(
     if on_cpu:
         prepare_cpu()
     hf_config = load_hf_config(cfg)
-    hf_config._attn_implementation = PACKED_SDPA  # packing sends boundaries, not masks
+    # packing sends boundaries, not masks (transformers' own attribute, which its models read)
+    hf_config._attn_implementation = PACKED_SDPA  # pyright: ignore[reportPrivateUsage]
     family = family_of(hf_config)
     model_cfg = titan_config(hf_config, kind=kind)
     if family == "qwen3":
@@ -447,14 +533,14 @@ def _set_tp_sharding(model_cfg: Any, family: str, *, tp: int) -> None:
         set_llama3_sharding_config(model_cfg, enable_sp=False)
 
 
-def _training_settings(trainer: TrainerConfig, *, trainable: bool, checkpointing: bool) -> dict[str, Any]:
+def _training_settings(trainer: TrainerConfig, *, trainable: bool, checkpointing: bool) -> _TrainingSettings:
     """torchtitan's activation-checkpointing and compile configs for this model (a frozen
     reference gets neither: it runs no backward)."""
     from torchtitan.config import CompileConfig
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
     mode = "full" if checkpointing and trainer.activation_checkpointing == "none" else trainer.activation_checkpointing
-    ac = None
+    ac: _CheckpointingConfig | None = None
     if trainable and mode == "full":
         ac = FullAC.Config(preserve_rng_state=False)
     elif trainable and mode == "selective":
@@ -492,4 +578,4 @@ def _parallel_settings(
     training = TrainingConfig(mixed_precision_param=dtype, mixed_precision_reduce="float32")
     settings = _training_settings(trainer, trainable=trainable, checkpointing=checkpointing)
     kwargs = {"parallel_dims": dims, "training": training, "parallelism": parallelism, "dump_folder": ""}
-    return kwargs | settings
+    return {**kwargs, **settings}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Protocol, cast
 
 # rlvr.loop's exit codes (that module is layers above this one; tests/unit/launch pins them equal)
 PREEMPTED_EXIT = 3
@@ -42,13 +43,19 @@ def quiet_exit(error: BaseException) -> int | None:
     return code if code in QUIET_EXITS else None
 
 
+class _Run(Protocol):
+    """`torch.distributed.run` as rlvr calls it (torch leaves its argument unannotated)."""
+
+    def main(self, args: list[str] | None = None) -> None: ...
+
+
 def main(argv: list[str] | None = None) -> int:
-    from torch.distributed import run as torchrun
+    from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     logging.getLogger(_AGENT_LOGGER).addFilter(_QuietStops())
     try:
-        torchrun.main(sys.argv[1:] if argv is None else argv)
+        cast(_Run, run).main(sys.argv[1:] if argv is None else argv)
     except ChildFailedError as exc:
         code = quiet_exit(exc)
         if code is None:
