@@ -27,7 +27,8 @@ from rlvr.collect.metrics import IdleClock, staleness_metrics
 from rlvr.collect.prompts import PromptCache
 from rlvr.collect.rounds import WaveRounds
 from rlvr.collect.scheduler import Wave, WaveScheduler
-from rlvr.data.mixture import MixtureSampler, WaveDraws
+from rlvr.data.adaptive import AdaptiveShares, DifficultyPool
+from rlvr.data.mixture import MixtureSampler, WaveDraws, hash_seed
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.pool import RewardPool
 from rlvr.rollout.base import RolloutEngine, SamplingParams
@@ -59,6 +60,8 @@ class RolloutManager:
             prompts_per_step=recipe.data.prompts_per_step,
             seed=recipe.experiment.seed,
             shuffle=recipe.data.shuffle,
+            shares=adaptive_shares(recipe),
+            pools=difficulty_pools(recipe),
         )
         self.draws = WaveDraws(self.mixture, ahead=self.max_staleness)
         # Domains with tools run multi-turn episodes (docs/tools.md); a bad tool fails here, at start.
@@ -236,3 +239,22 @@ class RolloutManager:
             self.bridge.stop()
             self.rewards.close()
             self.bridge.close()
+
+
+def adaptive_shares(recipe: Recipe) -> AdaptiveShares | None:
+    """`data.mix = "adaptive"`: shares that follow each domain's informative groups (data/adaptive.py)."""
+    data = recipe.data
+    if data.mix != "adaptive":
+        return None
+    probs = {name: p for name, p in data.domain_interleave_probs.items() if p > 0}
+    return AdaptiveShares(probs, bounds=recipe.mix_bounds(), smoothing=data.mix_smoothing)
+
+
+def difficulty_pools(recipe: Recipe) -> dict[str, DifficultyPool]:
+    """The domains with a `pool` table: prompts that keep coming back alike rest (data/adaptive.py)."""
+    return {
+        name: DifficultyPool(retire_after=d.pool.retire_after, revisit_after=d.pool.revisit_after,
+                             revisit_rate=d.pool.revisit_rate, seed=hash_seed(recipe.experiment.seed, f"pool:{name}"))
+        for name, d in recipe.domains.items()
+        if d.pool is not None
+    }  # fmt: skip

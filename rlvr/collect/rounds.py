@@ -18,6 +18,7 @@ from rlvr.collect.ledger import GroupLedger
 from rlvr.collect.metrics import group_metrics, merge_reward_metrics
 from rlvr.collect.prompts import PromptCache
 from rlvr.collect.scheduler import Refill, Wave
+from rlvr.data.adaptive import GroupOutcome
 from rlvr.data.mixture import hash_seed
 from rlvr.monitor.samples import sample_rows
 from rlvr.recipe.schema import Recipe
@@ -69,6 +70,7 @@ class WaveRounds:
             self.ledger.end("filtered", kept[per_step:])
             del kept[per_step:]
         wave.metrics["time/rollout"] = time.perf_counter() - wave.started_at
+        wave.metrics.update(spread_metrics(wave))
 
     def _survivors(
         self, wave: Wave, groups: Sequence[Group], *, scores: list[dict[str, float]], first: bool
@@ -86,6 +88,8 @@ class WaveRounds:
         for g in groups:
             (judged if self.ledger.judged_only(g, wave.failures) else failed).append(g)
         self.ledger.end("failed", failed)
+        wave.outcomes += [GroupOutcome(g.sample.domain, g.sample.id, tuple(g.scores)) for g in judged]
+        wave.generated_tokens += sum(len(c.token_ids) for g in groups for c in g.completions)
         if first:
             wave.metrics.update(merge_reward_metrics(scores))
             wave.metrics.update(group_metrics(judged, tool_domains=self.episodes.toolboxes))
@@ -94,3 +98,17 @@ class WaveRounds:
             (survivors if keep_group(self.shaping.shaped_rewards(g), cfg=self.recipe.algorithm) else dropped).append(g)
         self.ledger.end("filtered", dropped)
         return survivors
+
+
+def spread_metrics(wave: Wave) -> dict[str, float]:
+    """Of the wave's judged groups (every round), the share whose samples all scored the same: no
+    advantage, so their generation and update teach nothing; and the tokens generated for them all."""
+    outcomes = wave.outcomes
+    if not outcomes:
+        return {}
+    out = {"groups/zero_spread_frac": sum(not o.informative for o in outcomes) / len(outcomes)}
+    for domain in sorted({o.domain for o in outcomes}):
+        mine = [o for o in outcomes if o.domain == domain]
+        out[f"zero_spread/{domain}"] = sum(not o.informative for o in mine) / len(mine)
+    out["rollout/generated_tokens"] = float(wave.generated_tokens)
+    return out

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.data.adaptive import GroupOutcome
 from rlvr.data.mixture import WaveDraws
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.budget import StepFailures
@@ -27,6 +28,8 @@ class Wave:
     samples: list[dict[str, Any]] = field(default_factory=list)  # monitor.log_samples episodes
     failures: dict[str, StepFailures] = field(default_factory=dict)  # per domain, every round
     dropped: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # (row id, prompt tokens)
+    outcomes: list[GroupOutcome] = field(default_factory=list)  # every judged group, for an observing mixture
+    generated_tokens: int = 0  # every round's, filtered and failed groups included
     started_at: float = field(default_factory=time.perf_counter)
     task: asyncio.Task[None] | None = None
 
@@ -79,6 +82,7 @@ class WaveScheduler:
     def admit(self, step: int) -> None:
         """Draw wave `step`'s quota and start its rounds."""
         wave = Wave(step=step, prompts=self.draws.quota(step))
+        wave.metrics.update(self.draws.mixture.mix_metrics())  # the shares and pools this quota was drawn with
         self._refills_final[step] = asyncio.Event()
         wave.task = self.loop.create_task(self.run_wave(wave))
         self.waves[step] = wave
@@ -87,7 +91,7 @@ class WaveScheduler:
         try:
             await self.collect(wave, self.refill)
         finally:
-            self.draws.finish(wave.step)
+            self.draws.finish(wave.step, wave.outcomes)
             event = self._refills_final.get(wave.step)
             if event is not None:
                 event.set()

@@ -132,6 +132,15 @@ class MixtureSampler:
         """Prompts from one domain: its quota's, or extra ones (dynamic sampling's refill)."""
         return self.streams[domain].take(count, pool=self.pools.get(domain), step=self.step)
 
+    def mix_metrics(self) -> dict[str, float]:
+        """The shares the next quota is drawn with and each pool's resting prompts (when enabled)."""
+        out: dict[str, float] = {}
+        if self.shares is not None:
+            out.update({f"mix/{name}": share for name, share in self.quotas.probs.items()})
+        for name, pool in self.pools.items():
+            out.update({f"pool/{name}/{key}": float(n) for key, n in pool.counts().items()})
+        return out
+
     def observe(self, outcomes: list[GroupOutcome]) -> None:
         """A trained wave's finished groups: the shares and pools move (at a fixed place in the draws)."""
         for outcome in outcomes:

@@ -115,9 +115,17 @@ class RunView:
 
     def _domain_table(self) -> Table:
         table = Table(title="Rewards by domain", title_justify="left", expand=False)
-        for column in ("domain", "reward", "first", "change", "accuracy", "failed", "resp len", "eval"):
+        # the adaptive mix's current shares and the difficulty pools' resting prompts, when enabled
+        shares = any(key.startswith("mix/") for key in self.last)
+        pools = any(key.startswith("pool/") for key in self.last)
+        columns = ["domain", "reward", "first", "change", "accuracy", "failed", "no spread", "resp len", "eval"]
+        columns += ["share"] * shares + ["resting"] * pools
+        for column in columns:
             table.add_column(column, justify="left" if column == "domain" else "right")
         for name in self.domains():
+            extra = [_num(self.last.get(f"mix/{name}"))] * shares
+            resting = [self.last.get(f"pool/{name}/resting_{v}") for v in ("solved", "failed")]
+            extra += [f"{int(resting[0])} ok / {int(resting[1])} wrong" if resting[0] is not None else "-"] * pools
             now, first = self.last.get(f"reward/{name}/mean"), self.first.get(f"reward/{name}/mean")
             change = now - first if now is not None and first is not None else None
             failed = int(self.last.get(f"reward/{name}/failed") or 0)  # could not judge: not trained on
@@ -128,12 +136,16 @@ class RunView:
                 Text(f"{change:+.3f}", style="green" if change >= 0 else "red") if change is not None else "-",
                 _num(self.last.get(f"reward/{name}/accuracy")),
                 Text(str(failed), style="bold red") if failed else "0",
+                _pct(self.last.get(f"zero_spread/{name}")),
                 _num(self.last.get(f"response_len/{name}"), digits=1),
                 _num(self.last.get(f"eval/reward/{name}/mean")),
+                *extra,
             )
             for tag in self._benchmarks(name):  # one line per eval benchmark (row tag) of this domain
                 mean = self.last.get(f"eval/{name}/{tag}/mean")
-                table.add_row(Text(f"  {tag}", style="dim"), "", "", "", "", "", "", _num(mean))
+                table.add_row(
+                    Text(f"  {tag}", style="dim"), "", "", "", "", "", "", "", _num(mean), *[""] * (len(columns) - 9)
+                )
         return table
 
     def _tools(self) -> Table:

@@ -105,8 +105,28 @@ def domain_table(recipe: Recipe, data: DataCheck | None) -> Table:
             quotas,
             f"{prob * recipe.data.prompts_per_step:.2f}",
         )
-    table.caption = prompt_caption(recipe, data)
+    table.caption = "\n".join(line for line in (mix_caption(recipe), prompt_caption(recipe, data)) if line)
     return table
+
+
+def mix_caption(recipe: Recipe) -> str:
+    """The adaptive mix's rule and bounds, and each difficulty pool's, when the recipe has them."""
+    lines = []
+    if recipe.data.mix == "adaptive":
+        bounds = ", ".join(f"{name} {lo:g}-{hi:g}" for name, (lo, hi) in recipe.mix_bounds().items())
+        lines.append(
+            f"mix adaptive: shares start at prob and follow each domain's groups with a reward spread "
+            f"(smoothing {recipe.data.mix_smoothing:g}), within {bounds}; quotas shown are the start's"
+        )
+    for name, domain in recipe.domains.items():
+        if (pool := domain.pool) is not None:
+            back = (
+                f"back after {pool.revisit_after} steps"
+                if pool.revisit_after
+                else f"drawn at rate {pool.revisit_rate:g}"
+            )
+            lines.append(f"pool {name}: a prompt all-correct or all-wrong {pool.retire_after}x in a row rests, {back}")
+    return "\n".join(lines)
 
 
 def prompt_panel(domain: str, example: PromptExample) -> RenderableType:

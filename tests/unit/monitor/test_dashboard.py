@@ -87,6 +87,26 @@ def test_view_shows_domains_change_and_split(tmp_path: Path) -> None:
     assert "sandbox: 3 timeouts" in text
 
 
+def test_view_shows_spread_shares_and_resting_prompts(tmp_path: Path) -> None:
+    """No reward spread per domain always; the adaptive mix's shares and the pools' resting prompts
+    when the run has them."""
+    recorder = record(tmp_path, steps=1)
+    recorder.log(2, {"reward/math/mean": 0.4, "reward/code/mean": 0.5, "zero_spread/math": 0.25,
+                     "mix/math": 0.62, "mix/code": 0.38, "pool/math/resting_solved": 3.0,
+                     "pool/math/resting_failed": 1.0})  # fmt: skip
+    view = RunView(tmp_path)
+    view.refresh()
+    console = Console(record=True, width=200)
+    console.print(view.render())
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "resp len" in line)
+    assert "no spread" in header and "share" in header and "resting" in header
+    math = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("math"))
+    assert "25%" in math and "0.620" in math and "3 ok / 1 wrong" in math
+    code = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("code"))
+    assert "0.380" in code and code.rstrip("│ ").endswith("-")
+
+
 def test_watch_returns_when_run_finishes(tmp_path: Path) -> None:
     record(tmp_path).close()
     with open(os.devnull, "w") as sink:

@@ -70,3 +70,21 @@ def test_a_long_prompt_keeps_its_start_and_its_end() -> None:
     assert f"… {cut:,} characters cut …" in shown
     assert "<|im_start|>system↵" in shown and "<|im_start|>assistant↵" in shown
     assert "row r1, 1234 tokens" in shown
+
+
+def test_plan_says_the_mix_is_adaptive_with_its_bounds_and_each_pool() -> None:
+    from rich.console import Console
+
+    from rlvr.monitor.plan_view import domain_table
+    from rlvr.recipe.load import load_recipe
+
+    overrides = ["data.mix=adaptive", "data.mix_floor=0.1", "domains.code.mix_ceiling=0.5",
+                 "domains.math.pool={retire_after=3,revisit_rate=0.2}"]  # fmt: skip
+    console = Console(record=True, width=300)
+    console.print(domain_table(load_recipe(ROOT / "recipes" / "quickstart.toml", overrides), None))
+    text = console.export_text()
+    assert "mix adaptive" in text and "math 0.1-1, code 0.1-0.5, words 0.1-1" in text
+    assert "pool math: a prompt all-correct or all-wrong 3x in a row rests, drawn at rate 0.2" in text
+    console = Console(record=True, width=300)
+    console.print(domain_table(load_recipe(ROOT / "recipes" / "quickstart.toml", []), None))
+    assert "mix adaptive" not in console.export_text()
