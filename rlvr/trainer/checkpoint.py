@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import torch
 from torch import nn
@@ -41,6 +41,9 @@ from rlvr.trainer.weights import iter_full_weights
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     from torch.optim.lr_scheduler import LRScheduler
+
+
+_V = TypeVar("_V")
 
 
 class Trainable(Protocol):
@@ -88,7 +91,7 @@ def _dcp_state(parts: Mapping[str, Trainable]) -> dict[str, Any]:
     return state
 
 
-def _trainable_only(part: Trainable, model_sd: dict[str, Any]) -> dict[str, Any]:
+def _trainable_only(part: Trainable, model_sd: dict[str, _V]) -> dict[str, _V]:
     """A LoRA model's adapters, by name: not by `requires_grad` (an export loads them into a frozen
     model), and not with torch's `ignore_frozen_params`, which keeps a frozen weight tied to
     another name (a tied LM head, vocab x hidden)."""
@@ -137,7 +140,7 @@ def save_checkpoint(
     step: int,
     parts: Mapping[str, Trainable],
     *,
-    extra: Mapping[str, Any] | None = None,
+    extra: Mapping[str, object] | None = None,
     keep_last: int | None = None,
 ) -> Path:
     """Save `parts` (e.g. {"actor": actor, "critic": critic}) and this rank's `extra` at `step`.

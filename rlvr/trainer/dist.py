@@ -10,13 +10,16 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn, TypeGuard, cast
 
 import torch
 import torch.distributed as dist
 
 from rlvr.trainer.typed_torch import collectives, float_list
 from rlvr.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 # What broadcast_rollout pickles beside the array bytes: the failure line, the batch's domains and
 # each flat array's (name, dtype string, element count); no domains and no layout without a batch.
@@ -114,15 +117,23 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     On a one-rank mesh (FSDP2 on one process, as the quickstart trains) the local shard *is*
     the full tensor, so it is returned as is: `full_tensor()` would copy every weight once per
     sync (a tenth of a 1.4 GB push), only for the sync to copy it again into its bucket."""
-    full_tensor = getattr(tensor, "full_tensor", None)
-    if full_tensor is None:
+    if not is_dtensor(tensor):
         return tensor
-    to_local = getattr(tensor, "to_local", None)
-    if to_local is not None and tensor.device_mesh.size() == 1:  # type: ignore[attr-defined]
-        local = to_local()
+    if tensor.device_mesh.size() == 1:
+        local = tensor.to_local()
         if local.shape == tensor.shape:
             return local
-    return full_tensor()
+    return tensor.full_tensor()
+
+
+def is_dtensor(tensor: torch.Tensor) -> TypeGuard[DTensor]:
+    """Whether `tensor` is a DTensor (sharded or replicated over a device mesh). Where nothing has
+    imported torch.distributed.tensor, which defines the class, none exists: no import then."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
 
 
 def broadcast_rollout(

@@ -249,9 +249,8 @@ class TrainEngine:
         if not grads:
             return 0.0
         total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-        full_tensor = getattr(total, "full_tensor", None)
-        if full_tensor is not None:
-            total = full_tensor()
+        if d.is_dtensor(total):
+            total = total.full_tensor()
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.grad_clip, total)
         return float(total)

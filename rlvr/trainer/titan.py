@@ -374,8 +374,8 @@ class TitanLM(nn.Module):
         if isinstance(logits_to_keep, torch.Tensor):
             hidden = _rows(hidden, logits_to_keep)
         logits: torch.Tensor = self.decoder.get_submodule("lm_head")(hidden)
-        full = getattr(logits, "full_tensor", None)  # tensor parallel: vocabulary shards
-        return LMOutput(logits=full() if full is not None else logits)
+        # tensor parallel: vocabulary shards
+        return LMOutput(logits=logits.full_tensor() if d.is_dtensor(logits) else logits)
 
     # -- HF names out ------------------------------------------------------------------------
     def hf_sources(
@@ -406,9 +406,9 @@ def _layout(adapter: _StateDictAdapter, name: str, hf_name: str) -> Callable[[to
 
 def _rows(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """hidden[keep] as [1, K, D]: the positions whose next token is scored."""
-    from torch.distributed.tensor import DTensor
+    if d.is_dtensor(hidden):  # replicated over tensor-parallel ranks after the final norm
+        from torch.distributed.tensor import DTensor
 
-    if isinstance(hidden, DTensor):  # replicated over tensor-parallel ranks after the final norm
         placements = hidden.placements
         mesh = hidden.device_mesh
         picked = hidden.to_local()[keep][None]
