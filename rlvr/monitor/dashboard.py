@@ -124,8 +124,9 @@ class RunView:
             table.add_column(column, justify="left" if column == "domain" else "right")
         for name in self.domains():
             extra = [_num(self.last.get(f"mix/{name}"))] * shares
-            resting = [self.last.get(f"pool/{name}/resting_{v}") for v in ("solved", "failed")]
-            extra += [f"{int(resting[0])} ok / {int(resting[1])} wrong" if resting[0] is not None else "-"] * pools
+            solved, failed_ = (self.last.get(f"pool/{name}/resting_{v}") for v in ("solved", "failed"))
+            resting = f"{int(solved)} ok / {int(failed_)} wrong" if solved is not None and failed_ is not None else "-"
+            extra += [resting] * pools
             now, first = self.last.get(f"reward/{name}/mean"), self.first.get(f"reward/{name}/mean")
             change = now - first if now is not None and first is not None else None
             failed = int(self.last.get(f"reward/{name}/failed") or 0)  # could not judge: not trained on

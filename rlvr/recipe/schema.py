@@ -786,15 +786,13 @@ class Recipe(Section):
 
     def mix_bounds(self) -> dict[str, tuple[float, float]]:
         """Each sampled domain's [floor, ceiling] share under the adaptive mix."""
-        data = self.data
-        return {
-            name: (
-                data.mix_floor if self.domains[name].mix_floor is None else self.domains[name].mix_floor,
-                data.mix_ceiling if self.domains[name].mix_ceiling is None else self.domains[name].mix_ceiling,
-            )
-            for name, p in data.domain_interleave_probs.items()
-            if p > 0
-        }  # fmt: skip
+        out: dict[str, tuple[float, float]] = {}
+        for name, p in self.data.domain_interleave_probs.items():
+            if p > 0:
+                floor, ceiling = self.domains[name].mix_floor, self.domains[name].mix_ceiling
+                out[name] = (self.data.mix_floor if floor is None else floor,
+                             self.data.mix_ceiling if ceiling is None else ceiling)  # fmt: skip
+        return out
 
     def _mix_checks(self) -> None:
         """Adaptive-mix keys work only with data.mix = "adaptive", and its bounds must admit a mix."""
