@@ -12,6 +12,7 @@ metadata (`rlvr.sync.base.weight_specs`) and the gathered tensors always agree.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -22,6 +23,13 @@ from rlvr.trainer.lora import is_lora, merged_sources
 Source = tuple[str, torch.Tensor, Callable[[torch.Tensor], torch.Tensor] | None]
 
 
+@runtime_checkable
+class NamesHFWeights(Protocol):
+    """A model that lists its own weights under transformers' names (`TitanLM`)."""
+
+    def hf_sources(self, *, skip_tied: bool = True) -> list[Source]: ...
+
+
 def weight_sources(model: nn.Module, *, skip_tied: bool = True) -> list[Source]:
     """(HF name, local or sharded tensor, layout change of the full tensor or None), in the
     order `iter_full_weights` yields them; no communication. A DTensor's `.shape` is the full
@@ -30,9 +38,8 @@ def weight_sources(model: nn.Module, *, skip_tied: bool = True) -> list[Source]:
     `skip_tied` lists a tensor shared by several names (tied embeddings: `lm_head.weight`)
     once, under its first name, as HF checkpoints store it.
     """
-    hf_sources = getattr(model, "hf_sources", None)
-    if hf_sources is not None:
-        return hf_sources(skip_tied=skip_tied)
+    if isinstance(model, NamesHFWeights):
+        return model.hf_sources(skip_tied=skip_tied)
     if is_lora(model):  # adapters merged in
         return merged_sources(model, skip_tied=skip_tied)
     seen: set[int] = set()
