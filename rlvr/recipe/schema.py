@@ -797,12 +797,13 @@ class Recipe(Section):
     def _mix_checks(self) -> None:
         """Adaptive-mix keys work only with data.mix = "adaptive", and its bounds must admit a mix."""
         if self.data.mix == "static":
+            # set to anything but the default (a resolved recipe lists every key with its default)
             for key in ("mix_floor", "mix_ceiling", "mix_smoothing"):
-                if key in self.data.model_fields_set:
+                if getattr(self.data, key) != DataConfig.model_fields[key].default:
                     raise _at(("data", key), 'applies to the adaptive mix only: set data.mix = "adaptive" or remove it')
             for name, domain in self.domains.items():
                 for key in ("mix_floor", "mix_ceiling"):
-                    if key in domain.model_fields_set:
+                    if getattr(domain, key) is not None:
                         raise _at(("domains", name, key), 'applies to the adaptive mix only: set data.mix = "adaptive"')
             return
         bounds = self.mix_bounds()

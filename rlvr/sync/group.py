@@ -12,10 +12,10 @@ key chain and why a simpler one never meets SGLang.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 
 @dataclass(slots=True)
@@ -32,7 +32,7 @@ class WeightGroup:
     rank: int
     world_size: int
     device: str
-    others: list[Any] = field(default_factory=list)
+    others: list[object] = field(default_factory=list[object])
 
     def broadcast(self, tensors: list[Any], options: Any) -> Any:
         return self.backend_group.broadcast(tensors, options)
@@ -132,12 +132,12 @@ def join_group_like_sglang(
         raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
     timeout = timedelta(seconds=timeout_s)
     host = f"[{master_address}]" if ":" in master_address else master_address
-    store, rank, world_size = next(
-        c10d.rendezvous(f"tcp://{host}:{int(master_port)}", rank, world_size, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage]
-    )
+    # torch's rendezvous and process-group helper are untyped internals SGLang uses too: typed at this edge
+    rendezvous = cast(Callable[..., Iterator[tuple[Any, int, int]]], getattr(c10d, "rendezvous"))  # noqa: B009
+    store, rank, world_size = next(rendezvous(f"tcp://{host}:{int(master_port)}", rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
     prefixed = c10d.PrefixStore(group_name, store)
-    helper: Any = c10d._new_process_group_helper  # group_name is typed as torch's GroupName (a str)
+    helper = cast(Callable[..., tuple[Any, Any]], getattr(c10d, "_new_process_group_helper"))  # noqa: B009
     pg, _ = helper(world_size, rank, [], c10d.Backend(backend), prefixed, group_name=group_name, timeout=timeout)
     device = "cuda" if backend == "nccl" else "cpu"
     main = pg._get_backend(torch.device(device))
