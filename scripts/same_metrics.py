@@ -1,9 +1,10 @@
-"""Are two runs' per-step learning metrics bit-identical? `python scripts/same_metrics.py RUN_A RUN_B`.
+"""Are two runs' per-step learning metrics bit-identical? `python scripts/same_metrics.py RUN_A RUN_B [NEW ...]`.
 
 Compares every metric of metrics.jsonl except wall-clock ones (time, latencies, throughput, idle
 fractions, seconds): a refactor that keeps behaviour keeps rewards, loss, entropy and counts exactly.
 `mismatch_kl` alone may differ below 1e-9: the engine's log-probs of the same tokens move at 1e-14 with
 how continuous batching happened to group the rows (two runs of one commit differ that much).
+Metrics whose names start with a NEW prefix may exist in RUN_B only (a change that adds metrics).
 Exit 1 with the first differences printed, else one line saying how many values matched.
 """
 
@@ -28,8 +29,10 @@ def learning_metrics(run: Path) -> list[dict[str, object]]:
     return [{k: v for k, v in row.items() if not any(t in k for t in TIMING)} for row in rows]
 
 
-def main(a: str, b: str) -> int:
+def main(a: str, b: str, *new: str) -> int:
     left, right = learning_metrics(Path(a)), learning_metrics(Path(b))
+    right = [{k: v for k, v in row.items() if k in left_row or not k.startswith(new)}
+             for row, left_row in zip(right, left + [{}] * len(right), strict=False)]  # fmt: skip
     diffs = [f"step {x.get('step')}: {k} {x.get(k)!r} != {y.get(k)!r}"
              for x, y in zip(left, right, strict=False) for k in sorted(x.keys() | y.keys()) if not same(k, x.get(k), y.get(k))]  # fmt: skip
     if len(left) != len(right):
@@ -42,4 +45,4 @@ def main(a: str, b: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:]))
