@@ -13,6 +13,7 @@ short sequences. When the counts are None, the batch's own are used. The formula
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -175,6 +176,31 @@ def tis_pg_loss(ratio: Tensor, logprobs: Tensor, advantages: Tensor, *, cap: flo
     return -weight * advantages * logprobs, ratio.detach() > limit
 
 
+# --------------------------------------------------------------------------- rollout/trainer mismatch
+
+
+def mismatch_keep(
+    gap: Tensor, valid: Tensor, *, mode: Literal["token", "sequence", "geometric"], low: float, high: float
+) -> Tensor:
+    """Which tokens keep their policy gradient, [B, T] bool, given `gap` = log pi_old / pi_rollout.
+
+    `token` (IcePop): each token whose ratio is in [low, high]. `sequence`: every token of a
+    sequence whose probability ratio (the exp of the summed gap) is in the band; `geometric`: the
+    same with its per-token geometric mean (the exp of the mean gap), which does not grow with
+    length. Padding is never kept.
+    """
+    lo, hi = math.log(low), math.log(high)
+    if mode == "token":
+        inside = (gap >= lo) & (gap <= hi)
+    else:
+        g = torch.where(valid, gap, torch.zeros_like(gap))
+        seq = g.sum(-1)
+        if mode == "geometric":
+            seq = seq / valid.sum(-1).clamp(min=1)
+        inside = ((seq >= lo) & (seq <= hi)).unsqueeze(-1).expand_as(gap)
+    return inside & valid
+
+
 # --------------------------------------------------------------------------- dispatch
 
 
@@ -204,6 +230,7 @@ def compute_policy_loss(
 
         policy term (ppo_clip | gspo | cispo | topr | vanilla | tis)
           * sg(min(pi_old / pi_rollout, tis_cap))   if cfg.tis_cap > 0 and rollout_logprobs given
+          * [pi_old / pi_rollout in the band]        if cfg.mismatch_mask (token, sequence, geometric)
         + kl_coef * KL_est(pi || pi_ref)            if cfg.kl_in == "loss"
         - entropy_coef * entropy                    if cfg.entropy_coef != 0
 
@@ -271,6 +298,11 @@ def compute_policy_loss(
             pg_mat = pg_mat * weight
             metrics["tis_weight_mean"] = _mean(weight, valid)
             metrics["tis_clip_frac"] = _mean((raw > tis_cap).to(m.dtype), valid)
+        if cfg.mismatch_mask != "none":
+            assert cfg.mismatch_low is not None and cfg.mismatch_high is not None  # the recipe checks it
+            keep = mismatch_keep(gap, valid, mode=cfg.mismatch_mask, low=cfg.mismatch_low, high=cfg.mismatch_high)
+            pg_mat = pg_mat * keep.to(pg_mat.dtype)
+            metrics["mismatch_masked_frac"] = _mean((~keep).to(m.dtype), valid)
 
     total = pg_mat
     if cfg.kl_in == "loss":

@@ -432,6 +432,15 @@ class AlgorithmConfig(Section):
     """Token-level importance ratios (PPO) or sequence-level geometric mean (GSPO)."""
     tis_cap: float = BASE["tis_cap"]
     """Truncated importance sampling cap on rollout/trainer ratio (0: off)."""
+    mismatch_mask: Literal["none", "token", "sequence", "geometric"] = BASE["mismatch_mask"]
+    """Drop what the engine sampled too differently from the trainer: tokens whose pi_old / pi_rollout
+    leaves [mismatch_low, mismatch_high] (`token`, IcePop), or whole sequences by their probability
+    ratio (`sequence`: the product over tokens) or its per-token geometric mean (`geometric`). Masked
+    tokens carry no policy gradient; mismatch_masked_frac is logged (docs/algorithms.md)."""
+    mismatch_low: float | None = BASE["mismatch_low"]
+    """Lower end of the kept ratio band (e.g. 0.5); needed by any mismatch_mask but none."""
+    mismatch_high: float | None = BASE["mismatch_high"]
+    """Upper end of the kept ratio band (e.g. 2.0 for tokens, 5 in IcePop); needed likewise."""
     kl_estimator: Literal["k1", "k2", "k3", "abs"] = BASE["kl_estimator"]
     """KL estimator against the reference policy (k3: low-variance, always >= 0)."""
     kl_coef: float = BASE["kl_coef"]
@@ -507,7 +516,24 @@ class AlgorithmConfig(Section):
             raise ValueError(f"kl_in = {self.kl_in!r} needs kl_coef > 0 (or set kl_in = 'none')")
         if self.kl_controller == "adaptive" and self.kl_in == "none":
             raise ValueError("kl_controller = 'adaptive' needs kl_in = 'loss' or 'reward'")
+        self._mismatch_checks()
         return self
+
+    def _mismatch_checks(self) -> None:
+        low, high = self.mismatch_low, self.mismatch_high
+        if self.mismatch_mask == "none":
+            if low is not None or high is not None:
+                key = "mismatch_low" if low is not None else "mismatch_high"
+                raise _at((key,), "applies only with a mismatch_mask: set it to token, sequence or geometric")
+            return
+        if low is None or high is None:
+            key = "mismatch_low" if low is None else "mismatch_high"
+            raise _at(
+                (key,),
+                f"mismatch_mask = {self.mismatch_mask!r} needs the band it keeps: mismatch_low and mismatch_high (e.g. 0.5 and 2.0)",
+            )
+        if not 0 < low < high:
+            raise _at(("mismatch_low",), f"expected 0 < mismatch_low < mismatch_high, got {low:g} and {high:g}")
 
     @property
     def needs_reference(self) -> bool:
