@@ -1,0 +1,114 @@
+"""Static vs adaptive domain mix (with and without difficulty pools): what each step spends on
+groups that teach nothing, and each domain's eval at the end.
+
+Runs one recipe through `rlvr launch` once per setting, one after another, same seed and steps:
+`static` (the recipe as written, the baseline of this invocation), `adaptive` (data.mix =
+"adaptive") and `adaptive+pools` (plus a difficulty pool on every domain). Prints per setting the
+share of judged groups with no reward spread per step (`groups/zero_spread_frac`) and its mean,
+generated tokens per step, wall clock, each domain's final eval, and the ratios to static.
+
+    python bench/mix.py --recipe recipes/smollm2_mix.toml --steps 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SETTINGS: dict[str, list[str]] = {
+    "static": [],
+    "adaptive": ["data.mix=adaptive"],
+    "adaptive+pools": ["data.mix=adaptive"],
+}
+
+
+def pools(recipe: Path, *, retire_after: int, revisit_after: int) -> list[str]:
+    """A difficulty pool on each domain of `recipe` (read with the recipe loader)."""
+    from rlvr.recipe.load import load_recipe
+
+    names = load_recipe(recipe, []).domains
+    return [f"domains.{n}.pool={{retire_after={retire_after},revisit_after={revisit_after}}}" for n in names]
+
+
+def run(recipe: Path, out: Path, overrides: list[str]) -> float:
+    command = [sys.executable, "-m", "rlvr.cli", "launch", str(recipe), "--no-dashboard", "--resume", "none",
+               "--set", f"experiment.output_dir={out}"]  # fmt: skip
+    for item in overrides:
+        command += ["--set", item]
+    start = time.perf_counter()
+    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        sys.exit(f"{out}: rlvr launch failed ({result.returncode}): {result.stderr.strip().splitlines()[-1:]}")
+    return time.perf_counter() - start
+
+
+def read(out: Path) -> list[dict[str, float]]:
+    (path,) = out.glob("*/metrics.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", type=Path, default=Path("recipes/smollm2_mix.toml"))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--floor", type=float, default=0.15, help="data.mix_floor for the adaptive settings")
+    parser.add_argument("--smoothing", type=float, default=0.5, help="data.mix_smoothing")
+    parser.add_argument("--retire-after", type=int, default=2)
+    parser.add_argument("--revisit-after", type=int, default=4)
+    parser.add_argument("--only", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_mix"))
+    args = parser.parse_args()
+    common = [f"experiment.max_steps={args.steps}", f"experiment.eval_steps={args.steps}", "experiment.save_steps=0",
+              "experiment.eval_at_start=false"]  # fmt: skip
+    adaptive = [f"data.mix_floor={args.floor}", f"data.mix_smoothing={args.smoothing}"]
+    extra = {"static": [], "adaptive": adaptive,
+             "adaptive+pools": adaptive + pools(args.recipe, retire_after=args.retire_after,
+                                                revisit_after=args.revisit_after)}  # fmt: skip
+    results: dict[str, tuple[float, list[dict[str, float]]]] = {}
+    for name in args.only:
+        out = args.out / name
+        wall = run(args.recipe, out, common + SETTINGS[name] + extra[name])
+        results[name] = (wall, read(out))
+        print(f"{name}: {wall / 60:.1f} min", flush=True)
+    report(results)
+
+
+def report(results: dict[str, tuple[float, list[dict[str, float]]]]) -> None:
+    base = results.get("static")
+    print("\nzero-spread share of judged groups per step (groups that teach nothing):")
+    for name, (_, rows) in results.items():
+        print(f"  {name:>15}: " + " ".join(f"{r.get('groups/zero_spread_frac', float('nan')):.2f}" for r in rows))
+    print("\nsetting          zero-spread  tokens/step  wall min  " + "  ".join(domains(results)))
+    for name, (wall, rows) in results.items():
+        zero = mean([r["groups/zero_spread_frac"] for r in rows if "groups/zero_spread_frac" in r])
+        tokens = mean([r["rollout/generated_tokens"] for r in rows if "rollout/generated_tokens" in r])
+        evals = [rows[-1].get(f"eval/reward/{d}/mean", float("nan")) for d in domains(results)]
+        ratio = ""
+        if base is not None and name != "static":
+            base_zero = mean([r["groups/zero_spread_frac"] for r in base[1] if "groups/zero_spread_frac" in r])
+            ratio = f"   {zero / base_zero:.2f}x static's zero-spread share" if base_zero else ""
+        cells = "  ".join(f"{e:>{len(d)}.3f}" for e, d in zip(evals, domains(results), strict=True))
+        print(f"{name:<16} {zero:>11.3f} {tokens:>12.0f} {wall / 60:>9.1f}  {cells}{ratio}")
+    shares = {name: rows[-1] for name, (_, rows) in results.items() if any(k.startswith("mix/") for k in rows[-1])}
+    for name, last in shares.items():
+        print(
+            f"{name} shares at the last step: "
+            + ", ".join(f"{k[4:]} {v:.2f}" for k, v in last.items() if k.startswith("mix/"))
+        )
+
+
+def domains(results: dict[str, tuple[float, list[dict[str, float]]]]) -> list[str]:
+    keys = {k for _, rows in results.values() for k in rows[-1] if k.startswith("eval/reward/") and k.endswith("/mean")}
+    return sorted(k.split("/")[2] for k in keys)
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+if __name__ == "__main__":
+    main()
