@@ -190,10 +190,10 @@ if os.environ.get("BENCH_EXPORT") == "0":
 from rlvr.sync import disk
 out = tempfile.mkdtemp() + "/v1"
 if hasattr(disk, "write_weights"):
-    disk.write_weights(actor.engine.model, out, dtype=torch.float32)
+    disk.write_weights(actor.trainer.model, out, dtype=torch.float32)
 else:
     from rlvr.trainer.checkpoint import export_hf
-    export_hf(actor.engine.model, None, out, dtype=torch.float32)
+    export_hf(actor.trainer.model, None, out, dtype=torch.float32)
 exported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 import shutil; shutil.rmtree(os.path.dirname(out), ignore_errors=True)
 print("RESULT", json.dumps({"built": built, "stepped": stepped, "peak": exported, "peaks": peaks,

@@ -113,7 +113,7 @@ def run(k: int, args: argparse.Namespace) -> dict[str, float]:
         Sample(id=str(i), tag="d", domain="d", messages=[{"role": "user", "content": f"q{i}"}]) for i in range(64)
     ]
     engine = TimedEngine(tpot=args.tpot_ms / 1000, max_tokens=args.max_tokens)
-    manager = RolloutManager(recipe, train={"d": samples}, evals={}, tokenizer=Tokenizer(), engine=engine,  # type: ignore[arg-type]
+    manager = RolloutManager(recipe, train={"d": samples}, evals={}, tokenizer=Tokenizer(), client=engine,  # type: ignore[arg-type]
                              rewards=SlowRewards(args.reward_ms / 1000))  # type: ignore[arg-type]  # fmt: skip
     rollout, steps = [], []
     manager.start(version=0)

@@ -137,7 +137,7 @@ def make_manager(args: argparse.Namespace):
 
     rewards = RewardPool({"d": DomainReward("instant", instant)})
     engine = FakeEngine(median=args.median, max_tokens=args.max_tokens)
-    manager = RolloutManager(recipe, train={"d": samples}, evals={}, tokenizer=CharTokenizer(), engine=engine,  # type: ignore[arg-type]
+    manager = RolloutManager(recipe, train={"d": samples}, evals={}, tokenizer=CharTokenizer(), client=engine,  # type: ignore[arg-type]
                              rewards=rewards)  # fmt: skip
     return manager, engine, recipe
 

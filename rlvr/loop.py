@@ -86,7 +86,7 @@ class RLLoop:
         self.stop = StopFlag()
         self.failure: str | None = None  # why the run stopped itself (the same line on every rank)
         # rollout.colocate: the engines sleep while this trainer trains (rlvr/sync/colocate.py)
-        self.colocation = colocation_for(recipe, client=manager.engine if manager is not None else None)
+        self.colocation = colocation_for(recipe, client=manager.client if manager is not None else None)
 
     # -- the step --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -200,7 +200,7 @@ class RLLoop:
         return RunDir(self.run_dir).checkpoints
 
     def parts(self) -> dict[str, Any]:
-        return {"actor": self.actor.engine, **({"critic": self.critic.engine} if self.critic is not None else {})}
+        return {"actor": self.actor.trainer, **({"critic": self.critic.trainer} if self.critic is not None else {})}
 
     def save(self) -> Path:
         root = self.checkpoint_root

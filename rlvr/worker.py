@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             recorder.close("failed", error=problem)
             print(f"error: {problem}", file=sys.stderr, flush=True)
             return FAILED_EXIT  # a stop it reported itself: torchrun's wrapper keeps it quiet
-    client = manager.engine if manager is not None else None
+    client = manager.client if manager is not None else None
     sync = make_weight_sync(
         recipe.sync, model=actor.model, client=client, run_dir=args.run_dir, tokenizer=tokenizer,
         pause_mode=sync_pause_mode(recipe.rollout),
@@ -210,7 +210,7 @@ def build_manager(recipe, *, tokenizer, urls):
         max_workers=workers or None,
         call_timeout_s=recipe.rewards.call_timeout_s,
     )
-    return RolloutManager(recipe, train=train, evals=evals, tokenizer=tokenizer, engine=client, rewards=rewards)
+    return RolloutManager(recipe, train=train, evals=evals, tokenizer=tokenizer, client=client, rewards=rewards)
 
 
 def build_recorder(recipe, *, run_dir: Path):

@@ -12,13 +12,13 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from rlvr.collect.ledger import GroupLedger
-from rlvr.collect.metrics import IdleClock
 from rlvr.collect.prompts import PromptCache
+from rlvr.collect.wave_metrics import IdleClock
 from rlvr.data.mixture import hash_seed
 from rlvr.evaluation import evaluate_groups
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.pool import RewardPool
-from rlvr.rollout.base import RolloutEngine, SamplingParams
+from rlvr.rollout.base import RolloutClient, SamplingParams
 from rlvr.rollout.episode import run_group
 from rlvr.tools.session import Toolbox
 from rlvr.types import Completion, Group, Sample
@@ -31,7 +31,7 @@ class EpisodeRunner:
         self,
         recipe: Recipe,
         *,
-        engine: RolloutEngine,
+        client: RolloutClient,
         rewards: RewardPool,
         prompts: PromptCache,
         toolboxes: Mapping[str, Toolbox],
@@ -40,7 +40,7 @@ class EpisodeRunner:
         weights_ready: asyncio.Event,
     ) -> None:
         self.recipe = recipe
-        self.engine = engine
+        self.client = client
         self.rewards = rewards
         self.prompts = prompts
         self.toolboxes = toolboxes
@@ -73,7 +73,7 @@ class EpisodeRunner:
             self.idle.started()
         try:
             return await run_group(
-                self.engine,
+                self.client,
                 prompt_ids=self.prompts.prompt_ids(sample),
                 params=params,
                 n=n,

@@ -20,18 +20,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlvr.algorithms.shaping import RewardShaping
-from rlvr.collect.bridge import LoopThread
+from rlvr.bridge import LoopThread
 from rlvr.collect.episodes import EpisodeRunner
 from rlvr.collect.ledger import GroupLedger
-from rlvr.collect.metrics import IdleClock, staleness_metrics
 from rlvr.collect.prompts import PromptCache
 from rlvr.collect.rounds import WaveRounds
 from rlvr.collect.scheduler import Wave, WaveScheduler
+from rlvr.collect.wave_metrics import IdleClock, staleness_metrics
 from rlvr.data.adaptive import AdaptiveShares, DifficultyPool
 from rlvr.data.mixture import MixtureSampler, WaveDraws, hash_seed
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.pool import RewardPool
-from rlvr.rollout.base import RolloutEngine, SamplingParams
+from rlvr.rollout.base import RolloutClient, SamplingParams
 from rlvr.tools.session import Toolbox
 from rlvr.types import Group, RolloutBatch, Sample
 
@@ -48,7 +48,7 @@ class RolloutManager:
         train: Mapping[str, Sequence[Sample]],
         evals: Mapping[str, Sequence[Sample]],
         tokenizer: Any,
-        engine: RolloutEngine,
+        client: RolloutClient,
         rewards: RewardPool,
     ):
         self.recipe = recipe
@@ -89,7 +89,7 @@ class RolloutManager:
         self.loop = self.bridge.loop
         weights_ready = asyncio.Event()  # closed only while a weight push runs
         weights_ready.set()
-        self.episodes = EpisodeRunner(recipe, engine=engine, rewards=rewards, prompts=self.prompts,
+        self.episodes = EpisodeRunner(recipe, client=client, rewards=rewards, prompts=self.prompts,
                                       toolboxes=self.toolboxes, ledger=self.ledger, idle=self.idle,
                                       weights_ready=weights_ready)  # fmt: skip
         rounds = WaveRounds(recipe, prompts=self.prompts, episodes=self.episodes, ledger=self.ledger,
@@ -132,9 +132,9 @@ class RolloutManager:
         return self.bridge.call(self.episodes.evaluate(self.evals, step=step))
 
     @property
-    def engine(self) -> RolloutEngine:
+    def client(self) -> RolloutClient:
         """The engines' client (the trainer side's HTTP client, or an in-process engine)."""
-        return self.episodes.engine
+        return self.episodes.client
 
     @property
     def rewards(self) -> RewardPool:
@@ -228,7 +228,7 @@ class RolloutManager:
         async def shutdown() -> None:
             await self.scheduler.cancel()
             self.ledger.cancel_live()
-            close = getattr(self.engine, "close", None)
+            close = getattr(self.client, "close", None)
             result = close() if close is not None else None
             if inspect.isawaitable(result):  # an HTTP client closes asynchronously, an in-process engine not
                 await result

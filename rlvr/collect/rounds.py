@@ -15,9 +15,9 @@ from rlvr.algorithms.filters import keep_group
 from rlvr.algorithms.shaping import RewardShaping
 from rlvr.collect.episodes import EpisodeRunner
 from rlvr.collect.ledger import GroupLedger
-from rlvr.collect.metrics import group_metrics, merge_reward_metrics
 from rlvr.collect.prompts import PromptCache
 from rlvr.collect.scheduler import Refill, Wave
+from rlvr.collect.wave_metrics import group_metrics, merge_reward_metrics
 from rlvr.data.adaptive import GroupOutcome
 from rlvr.data.mixture import hash_seed
 from rlvr.monitor.samples import sample_rows

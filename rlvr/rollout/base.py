@@ -106,7 +106,7 @@ class RolloutError(RuntimeError):
 
 
 @runtime_checkable
-class RolloutEngine(Protocol):
+class RolloutClient(Protocol):
     """What the RL loop and the weight sync need from a generation backend.
 
     `generate` returns a flat list: request i's n completions are contiguous and in

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rlvr.rollout.base import GenerateRequest, RolloutEngine, RolloutError, SamplingParams
+from rlvr.rollout.base import GenerateRequest, RolloutClient, RolloutError, SamplingParams
 from rlvr.types import Completion
 
 # Each weight update an episode spans aborts it once; far more means an engine aborts in a loop.
@@ -117,7 +117,7 @@ class EpisodeState:
 
 
 async def run_episode(
-    engine: RolloutEngine,
+    engine: RolloutClient,
     *,
     prompt_ids: list[int],
     params: SamplingParams,
@@ -217,7 +217,7 @@ async def run_episode(
 
 
 async def run_group(
-    engine: RolloutEngine,
+    engine: RolloutClient,
     *,
     prompt_ids: list[int],
     params: SamplingParams,

@@ -1,7 +1,7 @@
 """The rollout client a recipe's engine needs, and how a weight sync pauses it.
 
 `rlvr serve` and SGLang speak SGLang's routes (`SGLangClient`); vLLM speaks its own
-(`VLLMClient`). Both answer the same `RolloutEngine` and weight-sync calls, so nothing above
+(`VLLMClient`). Both answer the same `RolloutClient` and weight-sync calls, so nothing above
 this picks routes. `rlvr serve` gets `ServeClient`: SGLang's client plus the LoRA adapter push
 (`load_lora_adapter`), which SGLang's servers do not take (they serve adapters by name, unmerged).
 """

@@ -1,4 +1,4 @@
-"""The HTTP plumbing every server-backed `RolloutEngine` shares: balancing, retries, dead servers.
+"""The HTTP plumbing every server-backed `RolloutClient` shares: balancing, retries, dead servers.
 
 Groups, not samples, are spread: a request's affinity key (one per GRPO group) pins it to one
 server, so a group's n-sample request and every continuation share that server's prefix cache; a

@@ -1,4 +1,4 @@
-"""SGLang as a `RolloutEngine`: an async HTTP client over one or many servers, and their command lines.
+"""SGLang as a `RolloutClient`: an async HTTP client over one or many servers, and their command lines.
 
 The client speaks SGLang's native routes, so it drives real SGLang servers (GPU) and `rlvr serve`
 (the embedded engine, any machine) alike; balancing, retries and dead servers are
@@ -81,7 +81,7 @@ def generate_payload(request: GenerateRequest) -> dict[str, Any]:
 
 
 class SGLangClient(ServerPool):
-    """A `RolloutEngine` over SGLang-protocol servers (real SGLang or `rlvr serve`)."""
+    """A `RolloutClient` over SGLang-protocol servers (real SGLang or `rlvr serve`)."""
 
     # -- the Protocol -----------------------------------------------------------------------
 

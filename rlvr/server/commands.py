@@ -70,7 +70,7 @@ def serve(
     bound = sock.getsockname()[1]
     typer.echo(f"rlvr serve: loading {model_path}; will listen on http://{host}:{bound}")
     from rlvr.server.embedded import EmbeddedEngine
-    from rlvr.server.memory import KVBudgetError
+    from rlvr.server.kv_cache import KVBudgetError
     from rlvr.server.routes import run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

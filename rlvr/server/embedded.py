@@ -1,11 +1,11 @@
 """The embedded engine: continuous-batching generation in this process, CPU or CUDA.
 
 `EmbeddedEngine` loads a HF causal LM and puts together the parts that run it: the scheduler
-(`rlvr.server.scheduler`: one worker thread, continuous batching, pause modes), the weight
-receiver (`rlvr.server.weights`), LoRA adapters (`rlvr.server.adapters`) and the KV cache plan
-(`rlvr.server.memory`). Each control call has one implementation, async, as the `RolloutEngine`
+(`rlvr.server.batching`: one worker thread, continuous batching, pause modes), the weight
+receiver (`rlvr.server.receiver`), LoRA adapters (`rlvr.server.adapters`) and the KV cache plan
+(`rlvr.server.kv_cache`). Each control call has one implementation, async, as the `RolloutClient`
 protocol and the HTTP routes want it; a synchronous caller runs it with
-`rlvr.server.blocking.run_blocking`. Stops and pause modes mirror SGLang's, so the same client and
+`rlvr.bridge.run_blocking`. Stops and pause modes mirror SGLang's, so the same client and
 tests hold for both. docs/engines.md ("Inside the embedded engine", "Stop tokens").
 """
 
@@ -18,13 +18,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlvr.bridge import run_blocking
 from rlvr.rollout.base import GenerateRequest, PauseMode, parse_version
 from rlvr.server.adapters import AdapterLoader
-from rlvr.server.blocking import run_blocking
-from rlvr.server.memory import kv_cache_plan, memory_report
-from rlvr.server.scheduler import Scheduler, default_threads
+from rlvr.server.batching import Scheduler, default_threads
+from rlvr.server.kv_cache import kv_cache_plan, memory_report
+from rlvr.server.receiver import WeightReceiver
 from rlvr.server.sequences import Seq, eos_ids, make_seqs, to_completion
-from rlvr.server.weights import WeightReceiver
 from rlvr.types import Completion
 from rlvr.weight_arena import build_weight_arena
 
@@ -38,7 +38,7 @@ def _version(version: int | str | None) -> str | None:
 
 
 class EmbeddedEngine:
-    """A `RolloutEngine` that runs a HF causal LM itself (see the module docstring)."""
+    """A `RolloutClient` that runs a HF causal LM itself (see the module docstring)."""
 
     def __init__(
         self,

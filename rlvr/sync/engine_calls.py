@@ -11,15 +11,14 @@ whatever event loop the RL loop runs.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
 import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
+from rlvr.bridge import LoopThread
 from rlvr.sync.base import EngineFailure, SyncError
 
 log = logging.getLogger(__name__)
@@ -32,26 +31,6 @@ EngineFactory = Callable[[str], object]
 """Builds the one-engine client for a URL: an object with the engine's async control methods."""
 PerUrl = Callable[[str], Mapping[str, object]]
 """Per-engine keyword arguments of a call (e.g. each engine's `rank_offset`)."""
-
-
-class _LoopThread:
-    """An asyncio loop on a daemon thread, for running coroutines from synchronous code."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="rlvr-sync-http", daemon=True)
-        self._thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> cf.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def close(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            self.loop.close()
 
 
 def _default_factory(parent: object, timeout_s: float) -> EngineFactory:
@@ -103,7 +82,7 @@ class EngineCalls:
         self.rejoining: list[str] = []  # dropped engines that answer /health again: synced, then admitted
         self._factory = factory or _default_factory(client, timeout_s)
         self._clients: dict[str, object] = {}
-        self._loop = _LoopThread()
+        self._loop = LoopThread(name="rlvr-sync-http")
 
     # -- membership ----------------------------------------------------------------------
 
@@ -273,6 +252,7 @@ class EngineCalls:
                 with contextlib.suppress(BaseException):  # closing is best effort
                     self._loop.submit(close()).result(timeout=5)
         self._clients.clear()
+        self._loop.stop()
         self._loop.close()
 
 

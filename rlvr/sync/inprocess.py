@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rlvr.server.blocking import run_blocking
+from rlvr.bridge import run_blocking
 from rlvr.sync.base import MB, SyncError
 
 

@@ -11,13 +11,13 @@ from torch import nn
 from rlvr.recipe.schema import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.trainer import dist as d
 from rlvr.trainer.batch import TrainBatch
-from rlvr.trainer.engine import EngineHandles, TrainEngine
 from rlvr.trainer.forward import EntropyMode, token_logprobs
 from rlvr.trainer.model import build_model
+from rlvr.trainer.model_trainer import ModelTrainer, TrainerHandles
 from rlvr.trainer.packing import MicroBatch
 
 
-class Actor(EngineHandles):
+class Actor(TrainerHandles):
     """Policy model + optimizer (+ frozen reference model when the algorithm uses KL)."""
 
     def __init__(
@@ -35,9 +35,9 @@ class Actor(EngineHandles):
         lr schedule. `temperature` is the rollout's sampling temperature (logits are divided by
         it). `max_response_len` is Dr.GRPO's constant normaliser (`rollout.max_new_tokens`);
         None uses the batch's response width."""
-        self.engine = TrainEngine(model, trainer, total_steps=total_steps)
-        self.reference = TrainEngine(reference, trainer, total_steps=1, trainable=False) if reference else None
-        self.trainer = trainer
+        self.trainer = ModelTrainer(model, trainer, total_steps=total_steps)
+        self.reference = ModelTrainer(reference, trainer, total_steps=1, trainable=False) if reference else None
+        self.trainer_config = trainer
         self.algorithm = algorithm
         self.temperature = temperature
         self.max_response_len = max_response_len
@@ -81,8 +81,8 @@ class Actor(EngineHandles):
         `reference=True` runs the frozen reference model instead (KL in reward or loss); with LoRA,
         the policy's base with its adapters off.
         """
-        base = reference and self.trainer.lora.enabled
-        engine = self.engine if base or not reference else self.reference
+        base = reference and self.trainer_config.lora.enabled
+        engine = self.trainer if base or not reference else self.reference
         if engine is None:
             raise ValueError("no reference model: the algorithm has kl_in = 'none'")
 
@@ -103,5 +103,5 @@ class Actor(EngineHandles):
     def token_logprobs(self, mb: MicroBatch, *, entropy: EntropyMode) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The training forward of a micro-batch: log-probs with grad, at the rollout's temperature."""
         return token_logprobs(
-            self.engine.model, mb, temperature=self.temperature, entropy=entropy, chunk_tokens=self.chunk_tokens
+            self.trainer.model, mb, temperature=self.temperature, entropy=entropy, chunk_tokens=self.chunk_tokens
         )

@@ -47,7 +47,7 @@ _V = TypeVar("_V")
 
 
 class Trainable(Protocol):
-    """What a checkpoint part exposes: `Actor`, `Critic` and `TrainEngine` all fit."""
+    """What a checkpoint part exposes: `Actor`, `Critic` and `ModelTrainer` all fit."""
 
     @property
     def model(self) -> nn.Module: ...

@@ -3,7 +3,7 @@
 
 `AutoModelForTokenClassification(num_labels=1)` loads the backbone weights from the policy
 folder and adds a fresh `score` head; it shards, packs and checkpoints exactly like the
-actor because it goes through the same `TrainEngine`.
+actor because it goes through the same `ModelTrainer`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from torch import nn
 from rlvr.recipe.schema import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.trainer import dist as d
 from rlvr.trainer.batch import TrainBatch
-from rlvr.trainer.engine import EngineHandles, TrainEngine
 from rlvr.trainer.forward import token_values
 from rlvr.trainer.model import build_model
+from rlvr.trainer.model_trainer import ModelTrainer, TrainerHandles
 from rlvr.trainer.packing import MicroBatch
 
 
-class Critic(EngineHandles):
+class Critic(TrainerHandles):
     """Value model + its own AdamW (lr = `algorithm.critic_lr`)."""
 
     def __init__(
@@ -32,7 +32,7 @@ class Critic(EngineHandles):
         total_steps: int,
         max_response_len: int | None = None,
     ):
-        self.engine = TrainEngine(model, trainer, total_steps=total_steps, lr=algorithm.critic_lr)
+        self.trainer = ModelTrainer(model, trainer, total_steps=total_steps, lr=algorithm.critic_lr)
         self.algorithm = algorithm
         self.max_response_len = max_response_len
 
@@ -57,9 +57,9 @@ class Critic(EngineHandles):
 
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """V before each response token, [B, T] on CPU (0 past each response), on every rank."""
-        (values,) = self.engine.evaluate(batch, lambda mb: (self.token_values(mb),), outputs=1)
+        (values,) = self.trainer.evaluate(batch, lambda mb: (self.token_values(mb),), outputs=1)
         return values
 
     def token_values(self, mb: MicroBatch) -> torch.Tensor:
         """V before each token of a micro-batch, with grad: the value loss's forward."""
-        return token_values(self.engine.model, mb)
+        return token_values(self.trainer.model, mb)

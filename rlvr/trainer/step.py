@@ -20,8 +20,8 @@ from rlvr.recipe.schema import AlgorithmConfig
 from rlvr.trainer.actor import Actor
 from rlvr.trainer.batch import TrainBatch
 from rlvr.trainer.critic import Critic
-from rlvr.trainer.engine import LossFn, Tally, TrainEngine
 from rlvr.trainer.forward import EntropyMode
+from rlvr.trainer.model_trainer import LossFn, ModelTrainer, Tally
 from rlvr.trainer.packing import MicroBatch, slice_rows
 from rlvr.types import RolloutBatch
 
@@ -116,7 +116,7 @@ def update_policy(actor: Actor, batch: TrainBatch, *, kl_coef: float | None = No
         metrics.pop("loss", None)  # micro-batch-local; the engine reports the global one
         return loss, metrics, float(mask.sum())
 
-    return optimize(actor.engine, batch, loss_fn, algorithm=algo)
+    return optimize(actor.trainer, batch, loss_fn, algorithm=algo)
 
 
 def update_critic(critic: Critic, batch: TrainBatch) -> dict[str, float]:
@@ -139,11 +139,11 @@ def update_critic(critic: Critic, batch: TrainBatch) -> dict[str, float]:
         )  # fmt: skip
         return loss, metrics, float(mask.sum())
 
-    return optimize(critic.engine, batch, loss_fn, algorithm=algo)
+    return optimize(critic.trainer, batch, loss_fn, algorithm=algo)
 
 
 def optimize(
-    engine: TrainEngine, batch: TrainBatch, loss_fn: LossFn, *, algorithm: AlgorithmConfig
+    engine: ModelTrainer, batch: TrainBatch, loss_fn: LossFn, *, algorithm: AlgorithmConfig
 ) -> dict[str, float]:
     """`ppo_epochs` passes over the batch, each split into `mini_batches` optimizer steps."""
     tally = Tally()

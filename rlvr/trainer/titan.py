@@ -326,7 +326,7 @@ class TitanLM(nn.Module):
     sequence boundaries, not a mask). `adapter` is torchtitan's state-dict adapter.
     """
 
-    varlen_only = True  # reads cu_seq_lens_q, not shared-prompt segments (TrainEngine checks)
+    varlen_only = True  # reads cu_seq_lens_q, not shared-prompt segments (ModelTrainer checks)
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ import torch
 
 from rlvr.process import free_port
 from rlvr.recipe.schema import RolloutConfig
-from rlvr.rollout.base import GenerateRequest, RolloutEngine, RolloutError, SamplingParams
+from rlvr.rollout.base import GenerateRequest, RolloutClient, RolloutError, SamplingParams
 from rlvr.rollout.sglang import SGLangClient
 from tests.conftest import build_embedded_server_command, build_sharp_model_dir, embedded_server
 
@@ -62,7 +62,7 @@ async def _post(url: str, path: str, payload: dict, *, key: str | None = API_KEY
 async def test_client_generates_with_logprobs_matching_a_full_forward(client, model_dir):
     from transformers import AutoModelForCausalLM
 
-    assert isinstance(client, RolloutEngine)
+    assert isinstance(client, RolloutClient)
     tok = _tokenizer(model_dir)
     prompts = ["hello", "the quick brown fox", "solve: 2+2="]
     params = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)

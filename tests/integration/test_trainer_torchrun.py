@@ -84,7 +84,7 @@ def run(
         torch.set_rng_state(extra["torch_rng"])
     for step in range(start, steps):
         metrics = update_policy(actor, batch)
-        losses.append(actor.engine.last_update_losses + [metrics["grad_norm"], metrics["lr"]])
+        losses.append(actor.trainer.last_update_losses + [metrics["grad_norm"], metrics["lr"]])
         if save_dir is not None and not resume and step + 1 == SAVE_AT:
             extra = {"step": step + 1, "losses": list(losses), "torch_rng": torch.get_rng_state()}
             save_checkpoint(save_dir, step + 1, {"actor": actor}, extra=extra, keep_last=2)

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import torch
 
+from rlvr.bridge import run_blocking
 from rlvr.rollout.base import GenerateRequest, SamplingParams
-from rlvr.server.blocking import run_blocking
 from rlvr.server.embedded import EmbeddedEngine
 
 NEW_TOKENS = 24

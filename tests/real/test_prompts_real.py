@@ -135,7 +135,7 @@ def test_the_rollout_sends_the_chat_template_ids(smollm2_dir: Path, reference: d
     rows = samples()
     manager = RolloutManager(
         recipe, train={"sums": rows}, evals={"sums": rows}, tokenizer=tokenizer,
-        engine=engine, rewards=ZeroRewards(),  # type: ignore[arg-type]
+        client=engine, rewards=ZeroRewards(),  # type: ignore[arg-type]
     )  # fmt: skip
     try:
         manager.start(version=0)

@@ -24,7 +24,16 @@ RLVR = Path(__file__).resolve().parents[2] / "rlvr"
 
 # Lowest first. A module may import its own layer and those before it, never one after it.
 LAYERS: list[tuple[str, ...]] = [
-    ("rlvr", "rlvr.types", "rlvr.rundir", "rlvr.process", "rlvr.rendezvous", "rlvr.models", "rlvr.plugins"),
+    (
+        "rlvr",
+        "rlvr.types",
+        "rlvr.rundir",
+        "rlvr.process",
+        "rlvr.rendezvous",
+        "rlvr.models",
+        "rlvr.bridge",
+        "rlvr.plugins",
+    ),
     ("rlvr.recipe",),
     ("rlvr.sandbox", "rlvr.sync.group"),
     ("rlvr.data", "rlvr.rewards", "rlvr.algorithms", "rlvr.weight_arena", "rlvr.tiny"),

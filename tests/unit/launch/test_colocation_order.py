@@ -51,7 +51,7 @@ class FakeClient:
 class FakeManager:
     def __init__(self, log: list[str], **kw: Any):
         self.log = log
-        self.engine = FakeClient(log, **kw)
+        self.client = FakeClient(log, **kw)
         self.stop_reason = None
 
     def start(self, *, version: int) -> None:

@@ -30,7 +30,7 @@ def make(k: int, *, version: int = 0) -> tuple[RolloutManager, FakeEngine]:
         train={"flat": samples("flat", 5), "mixed": samples("mixed", 5)},
         evals={},
         tokenizer=CharTokenizer(),
-        engine=engine,  # type: ignore[arg-type]
+        client=engine,  # type: ignore[arg-type]
         rewards=FakeRewards(),  # type: ignore[arg-type]
     )
     return manager, engine

@@ -12,11 +12,11 @@ import time
 import pytest
 
 from rlvr.algorithms.shaping import RewardShaping
-from rlvr.collect.bridge import LoopThread
+from rlvr.bridge import LoopThread
 from rlvr.collect.ledger import GroupLedger
-from rlvr.collect.metrics import IdleClock, merge_reward_metrics, staleness_metrics
 from rlvr.collect.prompts import PromptCache
 from rlvr.collect.scheduler import Refill, Wave, WaveScheduler
+from rlvr.collect.wave_metrics import IdleClock, merge_reward_metrics, staleness_metrics
 from rlvr.data.mixture import MixtureSampler, WaveDraws
 from rlvr.rewards.budget import StepFailures
 from rlvr.types import GROUP_ENDS, Completion, Group, RewardResult, Sample

@@ -90,7 +90,7 @@ def make_loop(run_dir: Path, model_dir: Path, *, steps: int = 3, k: int = 0, fla
         ]
         evals = {"toy": held_out} if recipe.experiment.eval_steps or recipe.experiment.eval_at_start else {}
         manager = RolloutManager(recipe, train={"toy": prompts}, evals=evals, tokenizer=engine.tokenizer,
-                                 engine=engine, rewards=VowelReward(flat))  # type: ignore[arg-type]  # fmt: skip
+                                 client=engine, rewards=VowelReward(flat))  # type: ignore[arg-type]  # fmt: skip
         recorder = RunRecorder(run_dir, max_steps=steps)
     sync = InProcessSync(actor.model, engine=engine, bucket_mb=16)
     return RLLoop(recipe, run_dir=run_dir, actor=actor, critic=critic, manager=manager, sync=sync,
@@ -131,7 +131,7 @@ def test_ppo_with_critic_gae_and_kl_in_the_reward(tmp_path, model_dir):
     assert "critic/value_loss" in last or any(k.startswith("critic/") for k in last)
     assert all(torch.isfinite(torch.tensor(m["loss"])) for m in metrics)
     assert any(not torch.equal(before[k], v) for k, v in weights(loop).items())
-    assert loop.manager is not None and loop.manager.engine.weight_version == "3"  # type: ignore[attr-defined]
+    assert loop.manager is not None and loop.manager.client.weight_version == "3"  # type: ignore[attr-defined]
 
 
 def test_eval_at_start_logs_a_step_0_eval_once_and_a_resumed_run_adds_none(tmp_path, model_dir):
@@ -281,7 +281,7 @@ def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
     ref = make_loop(tmp_path / "ref", model_dir, steps=3, algorithm=algorithm, **EXACT)
     manager, rec = ref.manager, ref.recipe
     assert manager is not None and ref.sync is not None
-    engine, rewards = manager.engine, manager.rewards
+    engine, rewards = manager.client, manager.rewards
     losses, dropped = [], 0
     try:
         for step in range(3):

@@ -25,7 +25,7 @@ def checkpoints(run_dir) -> list[str]:
 
 def test_a_rollout_that_fails_for_good_stops_with_the_finished_steps_saved(tmp_path, model_dir):  # noqa: F811
     loop = make_loop(tmp_path, model_dir, steps=3)
-    engine = loop.manager.engine  # type: ignore[union-attr]
+    engine = loop.manager.client  # type: ignore[union-attr]
     real = engine.generate
     calls = {"n": 0}
 
@@ -44,7 +44,7 @@ def test_a_rollout_that_fails_for_good_stops_with_the_finished_steps_saved(tmp_p
 
 def test_a_push_that_fails_part_way_keeps_the_step_and_the_engine_paused(tmp_path, model_dir):  # noqa: F811
     loop = make_loop(tmp_path, model_dir, steps=3)
-    engine = loop.manager.engine  # type: ignore[union-attr]
+    engine = loop.manager.client  # type: ignore[union-attr]
     real = engine.load_state_dict
     served = {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
     pushes = {"n": 0}
@@ -67,7 +67,7 @@ def test_a_push_that_fails_part_way_keeps_the_step_and_the_engine_paused(tmp_pat
     again = make_loop(tmp_path, model_dir, steps=3)  # the rerun: step_1's weights pushed, steps 2-3
     metrics = run(again, resume="auto")
     assert [m["step"] for m in metrics] == [1, 2, 3]
-    served = again.manager.engine.model.state_dict()  # type: ignore[union-attr]
+    served = again.manager.client.model.state_dict()  # type: ignore[union-attr]
     trained = weights(again)
     shared = [k for k in trained if k in served]
     assert len(shared) == len(trained) and all(torch.equal(served[k], trained[k]) for k in shared)

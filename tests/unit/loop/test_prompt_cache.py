@@ -36,7 +36,7 @@ def test_prompt_ids_are_an_lru_filled_off_the_event_loop() -> None:
         "algorithm": {"preset": "grpo", "max_refill_rounds": 0, "tis_cap": 2.0},
     })  # fmt: skip
     tokenizer, engine = RecordingTokenizer(), FakeEngine(3)
-    manager = RolloutManager(recipe, train=rows, evals={}, tokenizer=tokenizer, engine=engine,  # type: ignore[arg-type]
+    manager = RolloutManager(recipe, train=rows, evals={}, tokenizer=tokenizer, client=engine,  # type: ignore[arg-type]
                              rewards=FakeRewards())  # type: ignore[arg-type]  # fmt: skip
     try:
         results = drive(manager, engine, steps=range(12))
@@ -65,7 +65,7 @@ def test_evaluation_tokenizes_off_the_event_loop_too() -> None:
         "rollout": {"n": 2, "max_new_tokens": 4},
     })  # fmt: skip
     tokenizer, engine = RecordingTokenizer(), FakeEngine(3)
-    manager = RolloutManager(recipe, train=rows, evals=rows, tokenizer=tokenizer, engine=engine,  # type: ignore[arg-type]
+    manager = RolloutManager(recipe, train=rows, evals=rows, tokenizer=tokenizer, client=engine,  # type: ignore[arg-type]
                              rewards=FakeRewards())  # type: ignore[arg-type]  # fmt: skip
     try:
         manager.start(version=0)

@@ -155,7 +155,7 @@ def make(engine: FakeEngine | None = None, *, rewards: Any = None, **kw: Any) ->
         train={"flat": samples("flat", 5), "mixed": samples("mixed", 5)},
         evals={},
         tokenizer=CharTokenizer(),
-        engine=engine,  # type: ignore[arg-type]
+        client=engine,  # type: ignore[arg-type]
         rewards=rewards or FakeRewards(),  # type: ignore[arg-type]
     )
     return manager, engine
@@ -407,7 +407,7 @@ def make_failing(fail: set[int], **kw: Any) -> RolloutManager:
     r = recipe(**kw)
     r.domains["mixed"].reward_norm = "none"  # raw scores, so the advantages can be worked out by hand
     return RolloutManager(r, train={"flat": samples("flat", 5), "mixed": samples("mixed", 5)}, evals={},
-                          tokenizer=CharTokenizer(), engine=FakeEngine(3),  # type: ignore[arg-type]
+                          tokenizer=CharTokenizer(), client=FakeEngine(3),  # type: ignore[arg-type]
                           rewards=FailingRewards(fail=fail))  # type: ignore[arg-type]  # fmt: skip
 
 

@@ -36,7 +36,7 @@ def test_one_step_of_the_tools_recipe(tmp_path: Path) -> None:
     engine = EmbeddedEngine(recipe.model.path, max_batch=16, device="cpu")
     train, _ = load_recipe_domains(recipe)
     rewards = RewardPool.from_domains({name: (d.reward, d.reward_args) for name, d in recipe.domains.items()})
-    manager = RolloutManager(recipe, train=train, evals={}, tokenizer=engine.tokenizer, engine=engine, rewards=rewards)
+    manager = RolloutManager(recipe, train=train, evals={}, tokenizer=engine.tokenizer, client=engine, rewards=rewards)
     loop = RLLoop(recipe, run_dir=tmp_path, actor=actor, manager=manager,
                   sync=InProcessSync(actor.model, engine=engine, bucket_mb=16),
                   recorder=RunRecorder(tmp_path, max_steps=1), pad_id=0)  # fmt: skip

@@ -218,7 +218,7 @@ def test_validate_refuses_a_kv_budget_the_embedded_engine_would_refuse() -> None
     from transformers import AutoConfig
 
     from rlvr.recipe.checks import kv_budget_problem
-    from rlvr.server.memory import KVBudgetError, kv_cache_plan
+    from rlvr.server.kv_cache import KVBudgetError, kv_cache_plan
 
     config = AutoConfig.from_pretrained(POLICY)
     length = longest_sequence(load_recipe(RECIPE, []))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.rollout.base import GenerateRequest, RolloutEngine, SamplingParams
-from rlvr.server.blocking import run_blocking
+from rlvr.bridge import run_blocking
+from rlvr.rollout.base import GenerateRequest, RolloutClient, SamplingParams
 from rlvr.server.embedded import EmbeddedEngine
 
 PROMPTS = ["hello", "the quick brown fox", "a", "xyz 123 abc", "solve: 2+2=", "def f(x):\n    return"]
@@ -44,7 +44,7 @@ def _full_forward_logprobs(model, prompt: list[int], tokens: list[int], temperat
 
 def test_is_a_rollout_engine(engine):
     assert type(engine.backend).__name__ == "StaticKVDecoder"
-    assert isinstance(engine, RolloutEngine)  # (after: isinstance narrows `engine` for pyright)
+    assert isinstance(engine, RolloutClient)  # (after: isinstance narrows `engine` for pyright)
 
 
 def test_onednn_packed_projections_match_plain_linear(model_dir, monkeypatch):
@@ -508,7 +508,7 @@ def test_worker_threads_default_to_one_for_narrow_cpu_models(engine, model_dir):
     wide models keep every core, GPUs are untouched, and `threads=` overrides."""
     from types import SimpleNamespace
 
-    from rlvr.server.scheduler import default_threads
+    from rlvr.server.batching import default_threads
 
     def model(hidden):
         return SimpleNamespace(config=SimpleNamespace(hidden_size=hidden))

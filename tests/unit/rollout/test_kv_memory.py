@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlvr.bridge import run_blocking
 from rlvr.rollout.base import GenerateRequest, SamplingParams
-from rlvr.server.blocking import run_blocking
 from rlvr.server.embedded import EmbeddedEngine
-from rlvr.server.memory import KVBudgetError, kv_bytes_per_token
+from rlvr.server.kv_cache import KVBudgetError, kv_bytes_per_token
 
 ROOT = Path(__file__).resolve().parents[3]
 

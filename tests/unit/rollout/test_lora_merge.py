@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlvr.server.blocking import run_blocking
+from rlvr.bridge import run_blocking
 from rlvr.server.lora_merge import AdapterError, AdapterMerge, merged_weights
 
 ROOT = Path(__file__).resolve().parents[3]

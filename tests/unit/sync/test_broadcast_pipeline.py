@@ -191,7 +191,9 @@ def test_a_refused_bucket_fails_the_push_naming_the_engine_and_bucket(harness, m
     sync = _flat(harness, model, ParentClient(["http://a", "http://b"]))
     with pytest.raises(SyncError, match=r"http://b \(update_weights_from_distributed \(bucket 1/3\)\): refused"):
         sync.push(version=1)
-    assert harness.groups[0].aborted and sync.membership is not None and sync.membership.group is None  # torn down: the next push rebuilds it
+    assert (
+        harness.groups[0].aborted and sync.membership is not None and sync.membership.group is None
+    )  # torn down: the next push rebuilds it
     assert "end_weight_update" in harness.calls("http://a") and "resume" not in harness.calls("http://a")
     sync.close()
 

@@ -41,8 +41,8 @@ def test_streamed_folder_serves_like_the_export(tmp_path: Path) -> None:
     embedded engine loading either generates the same tokens."""
     from transformers import AutoModelForCausalLM
 
+    from rlvr.bridge import run_blocking
     from rlvr.rollout.base import GenerateRequest, SamplingParams
-    from rlvr.server.blocking import run_blocking
     from rlvr.server.embedded import EmbeddedEngine
     from rlvr.tiny import build_tiny_model_dir
     from rlvr.trainer.checkpoint import export_hf

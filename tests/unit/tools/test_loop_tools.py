@@ -79,7 +79,7 @@ def make_loop(
     engine = EmbeddedEngine(model_dir, max_batch=max_batch, device="cpu")
     prompts = [Sample(id=f"p{i}", tag="toy", domain="toy", messages=[{"role": "user", "content": f"say {w}"}])
                for i, w in enumerate(["hi", "ok", "yes", "no", "cat", "dog"])]  # fmt: skip
-    manager = RolloutManager(recipe, train={"toy": prompts}, evals={}, tokenizer=engine.tokenizer, engine=engine,
+    manager = RolloutManager(recipe, train={"toy": prompts}, evals={}, tokenizer=engine.tokenizer, client=engine,
                              rewards=SpreadReward())  # type: ignore[arg-type]  # fmt: skip
     manager.toolboxes["toy"].format = EveryTokenCalls()  # type: ignore[assignment]
     return RLLoop(recipe, run_dir=run_dir, actor=actor, critic=None, manager=manager,

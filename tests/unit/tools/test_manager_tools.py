@@ -58,7 +58,7 @@ def test_a_tool_domain_runs_turns_and_masks_tool_tokens(tokenizer) -> None:
         Sample(id=str(i), tag="shop", domain="shop", messages=[{"role": "user", "content": f"q{i}"}]) for i in range(4)
     ]
     engine = PriceEngine(tokenizer)
-    manager = RolloutManager(recipe, train={"shop": train}, evals={}, tokenizer=tokenizer, engine=engine,  # type: ignore[arg-type]
+    manager = RolloutManager(recipe, train={"shop": train}, evals={}, tokenizer=tokenizer, client=engine,  # type: ignore[arg-type]
                              rewards=Rewards())  # type: ignore[arg-type]  # fmt: skip
     try:
         batch, metrics = manager.take(0)
@@ -87,7 +87,7 @@ def test_a_train_row_and_an_eval_row_with_the_same_id_keep_their_own_prompts(tok
     train = Sample(id="7", tag="shop", domain="shop", messages=[{"role": "user", "content": "train"}])
     held_out = Sample(id="7", tag="shop", domain="shop", messages=[{"role": "user", "content": "eval"}])
     manager = RolloutManager(recipe, train={"shop": [train]}, evals={"shop": [held_out]}, tokenizer=tokenizer,
-                             engine=PriceEngine(tokenizer), rewards=Rewards())  # type: ignore[arg-type]  # fmt: skip
+                             client=PriceEngine(tokenizer), rewards=Rewards())  # type: ignore[arg-type]  # fmt: skip
     try:
         assert manager.prompt_text(held_out).endswith("user: eval\nassistant: ")
         assert manager.prompt_text(train).endswith("user: train\nassistant: ")

@@ -57,7 +57,7 @@ def test_no_grad_policy_forwards_per_step(tiny_model_dir: Path, monkeypatch, sha
     real = actor_module.token_logprobs
 
     def counted(model, mb, **kw):
-        if model is actor.engine.model:
+        if model is actor.trainer.model:
             policy_forwards["no_grad" if not torch.is_grad_enabled() else "train"] += 1
         else:
             policy_forwards["ref"] += 1

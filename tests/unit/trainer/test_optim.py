@@ -45,7 +45,7 @@ def test_scheduler_drives_the_optimizer_lr_and_resumes():
 def test_the_host_heap_is_trimmed_once_before_adams_first_step(tiny_model_dir, monkeypatch) -> None:
     """glibc's heap is trimmed where Adam allocates its moments (the first optimizer step), on CPU, and
     not after later steps (that costs page faults on every next forward)."""
-    from rlvr.trainer import engine as engine_module
+    from rlvr.trainer import model_trainer as engine_module
 
     from .conftest import build_actor, make_batch
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlvr.server.scheduler import Scheduler
+from rlvr.server.batching import Scheduler
 from rlvr.weight_arena import back_to_back_bytes
 
 

@@ -101,7 +101,7 @@ def dummy_batch(pad_id: int) -> TrainBatch:
     return TrainBatch.from_sequences([[pad_id]], [[pad_id]], pad_id=pad_id)
 
 
-class TrainEngine:
+class ModelTrainer:
     """One model with its optimizer and lr schedule, and the micro-batched update loop."""
 
     def __init__(
@@ -287,21 +287,21 @@ class TrainEngine:
         return metrics
 
 
-class EngineHandles:
+class TrainerHandles:
     """`model`, `optimizer`, `scheduler` of a part's trainable `engine`: what checkpoints and sync use."""
 
-    engine: TrainEngine
+    trainer: ModelTrainer
 
     @property
     def model(self) -> nn.Module:
-        return self.engine.model
+        return self.trainer.model
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        assert self.engine.optimizer is not None
-        return self.engine.optimizer
+        assert self.trainer.optimizer is not None
+        return self.trainer.optimizer
 
     @property
     def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
-        assert self.engine.scheduler is not None
-        return self.engine.scheduler
+        assert self.trainer.scheduler is not None
+        return self.trainer.scheduler
