@@ -314,7 +314,7 @@ def _scale(adv: Tensor, r: Tensor, group_ids: Tensor, std_norm: str) -> Tensor:
 class RunningMoments:
     """Running mean and sample std of a scalar stream (Chan et al. parallel update).
 
-    The rollout manager (``rlvr/controller.py``) keeps one per domain for ``reward_norm =
+    The rollout manager (``rlvr/collect/``) keeps one per domain for ``reward_norm =
     "domain"``: rewards of very different scales (a 0/1 math check, a 1-10 judge score) become
     comparable before advantages. Kept in python floats (float64) so ``state_dict`` round-trips
     exactly and a resumed run normalises bit-for-bit like the uninterrupted one.

@@ -4,7 +4,7 @@ Every method keeps one order, so the loop can reason about versions: pause gener
 flush the prefix/KV cache (the old weights computed it), push the weights, resume. `push(version=v)`
 attaches `v` to the *last* bucket only, so an engine never reports a version whose weights it has
 not fully received; every completion carries the version that produced it, per token, and the
-rollout manager (`rlvr/controller.py`) bounds the lag with `rollout.max_staleness`.
+rollout manager (`rlvr/collect/`) bounds the lag with `rollout.max_staleness`.
 
 `push` and `close` are called by every trainer rank (gathering FSDP2 shards is collective); only
 rank 0 talks to engines and it broadcasts the outcome, so a failed sync raises `SyncError` on every
