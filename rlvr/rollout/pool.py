@@ -160,7 +160,7 @@ class ServerPool:
             )
         return self._session
 
-    def _generation_session(self) -> aiohttp.ClientSession:
+    def generation_session(self) -> aiohttp.ClientSession:
         """Generation requests: at most `max_inflight_per_server` connections per server (the slots
         already bound the requests, so none waits for a connection; kept alive across requests)."""
         if self._generation is None or self._generation.closed:
@@ -181,7 +181,7 @@ class ServerPool:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _request(
+    async def request(
         self,
         server: _Server,
         method: str,
@@ -192,7 +192,7 @@ class ServerPool:
         generation: bool = False,
     ) -> Any:
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s, sock_connect=self.connect_timeout_s)
-        session = self._generation_session() if generation else self._get_session()
+        session = self.generation_session() if generation else self._get_session()
         try:
             async with session.request(method, server.url + path, json=json, timeout=timeout) as resp:
                 text = await resp.text()
@@ -213,12 +213,12 @@ class ServerPool:
 
     async def _probe(self, server: _Server) -> bool:
         try:
-            await self._request(server, "GET", "/health", timeout_s=min(10.0, self.timeout_s))
+            await self.request(server, "GET", "/health", timeout_s=min(10.0, self.timeout_s))
             return True
         except (_RetryableError, RolloutError):
             return False
 
-    def _pick(self, exclude: set[str], *, affinity: str | None = None) -> _Server | None:
+    def pick(self, exclude: set[str], *, affinity: str | None = None) -> _Server | None:
         """The server for a request: its group's server while that one is live and not excluded,
         else the candidate with the fewest outstanding samples (and the group moves there)."""
         now = time.monotonic()
@@ -261,14 +261,14 @@ class ServerPool:
         tried: set[str] = set()
         last_error: Exception | None = None
         for attempt in range(self.max_retries + 1):
-            server = self._pick(tried, affinity=affinity) or self._pick(set(), affinity=affinity)
+            server = self.pick(tried, affinity=affinity) or self.pick(set(), affinity=affinity)
             if server is None:
                 break
             server.outstanding += samples
             try:
                 taken = await server.slots.acquire(samples) if server.slots is not None else 0
                 try:
-                    result = await self._request(server, "POST", path, json=payload, generation=True)
+                    result = await self.request(server, "POST", path, json=payload, generation=True)
                 finally:
                     if server.slots is not None and taken:
                         server.slots.release(taken)
@@ -292,7 +292,7 @@ class ServerPool:
         if not live:
             raise RolloutError("no live rollout servers")
         results = await asyncio.gather(
-            *(self._request(s, method, path, json=payload) for s in live), return_exceptions=True
+            *(self.request(s, method, path, json=payload) for s in live), return_exceptions=True
         )
         errors = [f"{s.url}: {r}" for s, r in zip(live, results, strict=True) if isinstance(r, BaseException)]
         if errors:
@@ -310,7 +310,7 @@ class ServerPool:
         bodies = [{**group, "rank_offset": rank_offset + i * self.ranks_per_server} for i in range(len(live))]
         results = await asyncio.gather(
             *(
-                self._request(s, "POST", path, json={wrap: body} if wrap else body)
+                self.request(s, "POST", path, json={wrap: body} if wrap else body)
                 for s, body in zip(live, bodies, strict=True)
             ),
             return_exceptions=True,

@@ -89,7 +89,7 @@ class EmbeddedEngine:
         files = sorted(Path(self.model_path).glob("*.safetensors")) if self.device == "cpu" else []
         arena = build_weight_arena(self.model, files=files)
         self._fast_backend = True  # what a backend rebuilt after `release_kv_cache` should be
-        backend = self._make_backend(fast)
+        backend = self.make_backend(fast)
         log.info(
             "%s", memory_report(self.model, backend, max_batch=self.max_batch, max_len=self.max_len, device=self.device)
         )
@@ -108,7 +108,7 @@ class EmbeddedEngine:
         self.weights = WeightReceiver(self.model, self.scheduler, device=self.device, arena=arena)
         self.adapters = AdapterLoader(self.weights, base_path=self.model_path)
 
-    def _make_backend(self, fast: bool) -> Any:
+    def make_backend(self, fast: bool) -> Any:
         from rlvr.server.decoders import RecomputeDecoder, StaticKVDecoder, fast_path_supported
 
         ok, why = fast_path_supported(self.model)
@@ -297,7 +297,7 @@ class EmbeddedEngine:
         scheduler = self.scheduler
         with scheduler.step_lock:
             if scheduler.backend is None:
-                scheduler.backend = self._make_backend(self._fast_backend)
+                scheduler.backend = self.make_backend(self._fast_backend)
         scheduler.resume()
 
 

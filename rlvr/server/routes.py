@@ -748,10 +748,10 @@ WORKER_DIED = 3
 
 
 async def _start_watchdog(app: web.Application) -> None:
-    app["watchdog"] = asyncio.get_running_loop().create_task(_watch(app[ENGINE_KEY]))
+    app["watchdog"] = asyncio.get_running_loop().create_task(watch(app[ENGINE_KEY]))
 
 
-async def _watch(engine: Any, interval_s: float = 0.5) -> None:
+async def watch(engine: Any, interval_s: float = 0.5) -> None:
     """Exit the process (status 3) once the engine's worker is dead: a server that answers
     every request with 500 is worse than none, and the launcher's supervisor sees an exit."""
     while engine.worker_alive:

@@ -134,7 +134,7 @@ class ProcessClient(SGLangClient):
 
     server: TPServer
 
-    async def _request(self, server, method, path, *, json=None, timeout_s=None):  # noqa: A002
+    async def request(self, server, method, path, *, json=None, timeout_s=None):  # noqa: A002
         return await asyncio.to_thread(self.server.handle, path, json)
 
 

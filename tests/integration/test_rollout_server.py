@@ -482,7 +482,7 @@ def test_a_dead_engine_worker_stops_the_server(tmp_path):
         "import asyncio, sys\n"
         "from rlvr.server import routes as srv\n"
         "class E:\n    worker_alive = False\n    _error = RuntimeError('boom')\n"
-        "asyncio.run(srv._watch(E(), interval_s=0.01))\n"
+        "asyncio.run(srv.watch(E(), interval_s=0.01))\n"
     )
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == srv.WORKER_DIED, proc.stderr

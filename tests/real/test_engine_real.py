@@ -223,7 +223,7 @@ def test_hf_fallback_greedy_ids_equal_transformers_generate(engine, prompts, hf_
     shortest and the longest prompt, padded together, 8 tokens (it recomputes every step)."""
     pair = [min(prompts, key=len), max(prompts, key=len)]
     with engine.scheduler.step_lock:
-        fast, engine.scheduler.backend = engine.backend, engine._make_backend(False)
+        fast, engine.scheduler.backend = engine.backend, engine.make_backend(False)
     try:
         assert type(engine.backend).__name__ == "RecomputeDecoder"
         served = engine.generate_sync(

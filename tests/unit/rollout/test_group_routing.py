@@ -199,7 +199,7 @@ async def test_samples_in_flight_per_server_are_bounded_and_an_n_sample_request_
         server.peak = 0
         async with SGLangClient([server.url], max_inflight_per_server=4) as client:
             out = await client.generate(requests)
-            connector = client._generation_session().connector
+            connector = client.generation_session().connector
             assert connector is not None and connector.limit_per_host == 4
     finally:
         await server.stop()

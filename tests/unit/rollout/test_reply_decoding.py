@@ -40,7 +40,7 @@ def test_long_replies_are_decoded_on_a_worker_thread(monkeypatch) -> None:
             runner, url = await serve(body)
             pool = http_pool.ServerPool([url])
             try:
-                out.append(await pool._request(pool.servers[0], "POST", "/generate", json={}, generation=True))
+                out.append(await pool.request(pool.servers[0], "POST", "/generate", json={}, generation=True))
             finally:
                 await pool.close()
                 await runner.cleanup()

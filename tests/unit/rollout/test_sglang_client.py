@@ -84,8 +84,8 @@ def test_least_outstanding_pick():
     import time
 
     client.servers[2].dead_since = time.monotonic()
-    assert client._pick(set()).url == "http://b"  # type: ignore[union-attr]
-    assert client._pick({"http://b"}).url == "http://a"  # type: ignore[union-attr]
+    assert client.pick(set()).url == "http://b"  # type: ignore[union-attr]
+    assert client.pick({"http://b"}).url == "http://a"  # type: ignore[union-attr]
     with pytest.raises(ValueError):
         SGLangClient([])
 
@@ -101,9 +101,9 @@ def test_a_held_server_stays_out_of_rotation_past_the_revive_time(monkeypatch) -
     monkeypatch.setattr(sg.time, "monotonic", lambda: now[0])
     client.servers[1].dead_since = now[0]
     now[0] += 3600  # long past the revive time
-    assert {client._pick(set()).url for _ in range(50)} == {"http://a:1"}  # type: ignore[union-attr]
-    assert client._pick({"http://a:1"}) is None
+    assert {client.pick(set()).url for _ in range(50)} == {"http://a:1"}  # type: ignore[union-attr]
+    assert client.pick({"http://a:1"}) is None
     assert client.live_servers == ["http://a:1"] and client.held_servers == ["http://b:1"]
     client.admit("http://b:1")
     assert client.live_servers == ["http://a:1", "http://b:1"] and client.held_servers == []
-    assert client._pick({"http://a:1"}).url == "http://b:1"  # type: ignore[union-attr]
+    assert client.pick({"http://a:1"}).url == "http://b:1"  # type: ignore[union-attr]
