@@ -232,9 +232,6 @@ class Children:
     def alive(self) -> list[Child]:
         return [c for c in self.started if c.running()]
 
-    def any_exited(self) -> bool:
-        return len(self.alive()) < len(self.started)
-
     def snapshot(self) -> set[int]:
         """Remember every descendant now: an orphan escapes a later walk from our children."""
         for child in self.alive():

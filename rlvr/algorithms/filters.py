@@ -9,7 +9,6 @@ sequence of numbers works): no torch needed to decide what to keep.
 - ``overlong_mask``: DAPO's overlong filtering — a truncated response has no verdict on its
   reasoning, so its loss is masked.
 - ``soft_overlong_penalty``: DAPO's soft overlong punishment (eq. 13).
-- ``raft_sample_mask``: RAFT/RAFT++'s positives-only selection.
 """
 
 from __future__ import annotations
@@ -116,8 +115,3 @@ def soft_overlong_penalty(length: int, *, max_new_tokens: int, buffer: int, pena
     if length <= max_new_tokens:
         return (expected - length) / buffer * penalty
     return -penalty
-
-
-def raft_sample_mask(rewards: Rewards, *, threshold: float) -> list[bool]:
-    """RAFT (Dong et al. 2023) / RAFT++ (Xiong et al. 2025): train only on rewards > threshold."""
-    return [x > threshold for x in _scores(rewards)]

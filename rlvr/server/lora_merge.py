@@ -268,17 +268,3 @@ def _full_fp32_matmul(device: Any) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
-
-
-def merged_weights(
-    adapter: str | Path,
-    base: str | Path,
-    *,
-    previous: Collection[str] = (),
-    packed_modules: Mapping[str, Sequence[str]] | None = None,
-    dtype: Any = None,
-    device: Any = "cpu",
-) -> Iterator[tuple[str, Any]]:
-    """`AdapterMerge(...).tensors(...)` in one call (checks first, then yields)."""
-    merge = AdapterMerge(adapter, base, previous=previous, packed_modules=packed_modules)
-    return merge.tensors(dtype=dtype, device=device)

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlvr.algorithms.filters import keep_group, overlong_mask, raft_sample_mask, reward_std, soft_overlong_penalty
+from rlvr.algorithms.filters import keep_group, overlong_mask, reward_std, soft_overlong_penalty
 from rlvr.types import Completion, Group, RewardResult, Sample
 from tests.unit.algorithms.helpers import cfg
 
@@ -67,7 +67,3 @@ def test_soft_overlong_penalty_monotone_and_bounded(a: int, b: int, max_new: int
     p_lo = soft_overlong_penalty(lo, max_new_tokens=max_new, buffer=buffer, penalty=penalty)
     p_hi = soft_overlong_penalty(hi, max_new_tokens=max_new, buffer=buffer, penalty=penalty)
     assert -penalty - 1e-12 <= p_hi <= p_lo + 1e-12 <= 1e-12
-
-
-def test_raft_sample_mask() -> None:
-    assert raft_sample_mask([1.0, 0.0, 0.5, 0.6], threshold=0.5) == [True, False, False, True]

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlvr.bridge import run_blocking
-from rlvr.server.lora_merge import AdapterError, AdapterMerge, merged_weights
+from rlvr.server.lora_merge import AdapterError, AdapterMerge
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICY = ROOT / "recipes" / "quickstart" / "policy"
@@ -68,7 +68,7 @@ def base() -> dict[str, torch.Tensor]:
 
 
 def test_merged_weights_equal_peft_merge_and_unload(adapters, base) -> None:
-    merged = dict(merged_weights(adapters["qvd"], POLICY))
+    merged = dict(AdapterMerge(adapters["qvd"], POLICY).tensors())
     expected = peft_merged(adapters["qvd"])
     layers = range(3)
     names = {
@@ -86,7 +86,7 @@ def test_merged_weights_equal_peft_merge_and_unload(adapters, base) -> None:
 
 
 def test_merge_runs_in_fp32_then_casts(adapters) -> None:
-    merged = dict(merged_weights(adapters["qvd"], POLICY, dtype=torch.bfloat16))
+    merged = dict(AdapterMerge(adapters["qvd"], POLICY).tensors(dtype=torch.bfloat16))
     expected = peft_merged(adapters["qvd"])
     for name, tensor in merged.items():
         assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, expected[name].to(torch.bfloat16)), name
@@ -95,7 +95,7 @@ def test_merge_runs_in_fp32_then_casts(adapters) -> None:
 def test_rslora_scale(tmp_path) -> None:
     adapter = write_adapter(tmp_path / "rs", ["k_proj"], seed=3, r=4, alpha=8, use_rslora=True)
     expected = peft_merged(adapter)
-    merged = dict(merged_weights(adapter, POLICY))
+    merged = dict(AdapterMerge(adapter, POLICY).tensors())
     assert merged and all(torch.equal(t, expected[n]) for n, t in merged.items())
 
 
