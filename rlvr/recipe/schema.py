@@ -635,6 +635,12 @@ class SyncConfig(Section):
     """With `[trainer.lora]`: push only the adapters (a few MB; the engine merges them into its base
     weights: `rlvr serve` and vLLM), or the merged full weights by `method` (any engine, SGLang's only
     way). Written to `shared_dir` (default: the run directory), which every rollout node must see."""
+    verify: Literal["auto", "on", "off"] = "auto"
+    """After every push each engine fingerprints the weights it serves (per tensor: sum and sum of
+    squares) and the trainer compares them with what it sent; a mismatch is a failed push
+    (`on_engine_failure`), named by engine and first differing tensor. auto: on for `rlvr serve`
+    and the in-process engine, off for vLLM and SGLang (no such route yet). Adapter pushes are not
+    verified."""
 
 
 class ClusterConfig(Section):

@@ -180,6 +180,12 @@ class SGLangClient(ServerPool):
         results = await self._broadcast("/server_info", method="GET")
         return results[0] if results and isinstance(results[0], dict) else {}
 
+    async def weights_fingerprint(self) -> dict[str, Any]:
+        """`rlvr serve`'s per-weight [sum, sum of squares] of what it serves (`rlvr.sync.fingerprint`)."""
+        results = await self._broadcast("/weights_fingerprint", method="GET")
+        body = results[0] if results and isinstance(results[0], dict) else {}
+        return dict(body.get("tensors") or {})
+
     async def model_info(self) -> dict[str, Any]:
         results = await self._broadcast("/model_info", method="GET")
         return results[0] if results and isinstance(results[0], dict) else {}

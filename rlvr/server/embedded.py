@@ -215,6 +215,12 @@ class EmbeddedEngine:
     async def load_lora_adapter(self, path: str | Path, *, version: int | str | None = None) -> None:
         await asyncio.to_thread(self.adapters.load, path, version=_version(version))
 
+    async def weights_fingerprint(self) -> dict[str, list[float]]:
+        """Per served weight, [sum, sum of squares] in float64 (`rlvr.sync.fingerprint`): the
+        trainer compares it with what it sent, after every push."""
+        pairs = await asyncio.to_thread(self.weights.fingerprint)
+        return {name: list(pair) for name, pair in pairs.items()}
+
     async def init_weights_update_group(
         self,
         *,

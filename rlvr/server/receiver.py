@@ -100,6 +100,18 @@ class WeightReceiver:
             self._refresh()
             self._set_version(version)
 
+    def fingerprint(self) -> dict[str, tuple[float, float]]:
+        """Every served weight's (sum, sum of squares) under its HF names (`rlvr.sync.fingerprint`).
+
+        A tied alias is the tensor the model uses under that name (`lm_head.weight` is the output
+        embedding's weight), so a head that stopped following its embedding shows up as itself."""
+        import torch
+
+        from rlvr.sync.fingerprint import fingerprint
+
+        with self.scheduler.step_lock, torch.no_grad():
+            return fingerprint(self.weight_table().items())
+
     def weight_table(self) -> dict[str, Any]:
         """Every HF state_dict name (tied aliases included) -> its live parameter or buffer.
 

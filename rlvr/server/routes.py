@@ -53,6 +53,7 @@ def create_app(engine: Any, *, api_key: str | None = None, served_model_name: st
         ("GET", "/get_server_info", server_info),
         ("GET", "/server_info", server_info),
         ("GET", "/get_weight_version", weight_version),
+        ("GET", "/weights_fingerprint", weights_fingerprint),
         ("POST", "/flush_cache", flush_cache),
         ("GET", "/flush_cache", flush_cache),
         ("POST", "/init_weights_update_group", init_weights_update_group),
@@ -353,6 +354,16 @@ async def server_info(request: web.Request) -> web.Response:
 
 async def weight_version(request: web.Request) -> web.Response:
     return web.json_response({"weight_version": request.app[ENGINE_KEY].weight_version})
+
+
+async def weights_fingerprint(request: web.Request) -> web.Response:
+    """rlvr's own route: per served weight, [sum, sum of squares] (`rlvr.sync.fingerprint`), which
+    the trainer compares with what it pushed."""
+    try:
+        tensors = await request.app[ENGINE_KEY].weights_fingerprint()
+    except Exception as exc:  # noqa: BLE001 - report to the caller as the weight routes do
+        return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
+    return web.json_response({"success": True, "tensors": tensors})
 
 
 async def flush_cache(request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ class AdapterSync(DiskSync):
 
     folder = "adapters"
     load_method = "load_lora_adapter"
+    verifiable = False  # the engine serves base + adapter merged, not the adapter file: not verified yet
 
     def _write(self, path: Path) -> None:
         from rlvr.trainer.lora import write_adapter

@@ -67,6 +67,7 @@ class Decision:
     engines: int = 0  # ok: engines updated
     dropped: int = 0  # ok: engines dropped so far
     load_s: float = 0.0  # ok (disk): seconds the engines took to load
+    verify_s: float = 0.0  # ok: seconds spent fingerprinting and comparing (`sync.verify`)
 
     @classmethod
     def failed(cls, exc: SyncError) -> Decision:

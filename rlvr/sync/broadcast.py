@@ -20,6 +20,7 @@ from rlvr.sync.buckets import BucketPlan, Weights
 from rlvr.sync.engine_calls import EngineCalls, EngineFactory
 from rlvr.sync.membership import GroupMembership, JoinGroup, engine_layout
 from rlvr.sync.send import WIRE_FORMATS, BucketSender
+from rlvr.sync.verify import PushVerifier
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +40,8 @@ class BroadcastSync:
 
     Every trainer rank constructs it and calls `push`; `client` (an `SGLangClient`) is needed
     on rank 0 only. `dtype` casts on the wire (e.g. bf16 engines); `engine_factory(url)` and
-    `join` are seams for tests.
+    `join` are seams for tests. `verify` (auto | on | off): compare every engine's fingerprint of
+    what it serves with what was sent, after the last bucket (`rlvr.sync.verify`).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class BroadcastSync:
         wire_format: str = "flattened_bucket",
         engine_factory: EngineFactory | None = None,
         join: JoinGroup | None = None,
+        verify: str = "auto",
     ):
         import torch
 
@@ -73,6 +76,9 @@ class BroadcastSync:
             model, bucket_mb=bucket_mb, wire_dtype=None if dtype is None else str(dtype).removeprefix("torch.")
         )
         self.pause_mode = pause_mode
+        self.verifier = PushVerifier(model, mode=verify)
+        if self.verifier.enabled:
+            self.plan.observe = self.verifier.add
         if wire_format not in WIRE_FORMATS:
             raise ValueError(f"wire_format must be 'flattened_bucket' or 'per_tensor', got {wire_format!r}")
         self.calls: EngineCalls | None = None
@@ -133,6 +139,7 @@ class BroadcastSync:
             "sync/engines": float(decision.engines),
             "sync/dropped_engines": float(decision.dropped),
             "sync/attempts": float(attempts),
+            "sync/verify_s": float(decision.verify_s),
             "sync/version": float(version),
         }
 
@@ -233,6 +240,7 @@ class BroadcastSync:
             return []
         failures: list[EngineFailure] = []
         self._fatal = None
+        self.verifier.start()
         try:
             failures = self.sender.send(weights, version)
         except Exception as exc:  # noqa: BLE001 - every rank must learn that rank 0 failed
@@ -259,9 +267,12 @@ class BroadcastSync:
                 return Decision("retry")
             failures = self._end(members)
             ok = [m for m in members if m not in _urls(failures)]
+            failures += self.verifier.check(calls, ok)  # before resume: a bad engine never serves
+            ok = [m for m in members if m not in _urls(failures)]
             failures += calls.call(ok, "resume", "resume")
             calls.handle(failures, version=version)
             calls.admit_rejoined()
-            return Decision("ok", engines=len(calls.live()), dropped=len(calls.dropped))
+            engines, dropped = len(calls.live()), len(calls.dropped)
+            return Decision("ok", engines=engines, dropped=dropped, verify_s=self.verifier.seconds)
         except SyncError as exc:
             return Decision.failed(exc)

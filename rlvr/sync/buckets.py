@@ -9,7 +9,7 @@ cast in a reused buffer of the wire dtype.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from rlvr.sync.base import TensorSpec, plan_buckets, weight_specs
@@ -54,6 +54,7 @@ class BucketPlan:
     def __init__(self, model: nn.Module, *, bucket_mb: float, wire_dtype: str | None) -> None:
         self.model = model
         self.bucket_mb = bucket_mb
+        self.observe: Callable[[str, Tensor], None] | None = None  # sees each tensor as sent (verify)
         self.replan(wire_dtype)
 
     def replan(self, wire_dtype: str | None) -> None:
@@ -86,6 +87,8 @@ class BucketPlan:
             tensor = next_weight(weights, spec)
             target = dtype_of(spec.dtype)
             tensors.append(tensor if tensor.dtype == target else tensor.to(target))
+            if self.observe is not None:
+                self.observe(spec.name, tensors[-1])
         view: Tensor | None = back_to_back_bytes(tensors)
         if view is not None:
             return view
@@ -106,6 +109,12 @@ class BucketPlan:
     def stage(self, tensor: Tensor, spec: TensorSpec, offsets: dict[str, int]) -> Tensor:
         """The tensor to send: itself when it already has the wire dtype and layout, else a
         slice of the preallocated flat buffer of that dtype (reused by every bucket)."""
+        staged = self._staged(tensor, spec, offsets)
+        if self.observe is not None:
+            self.observe(spec.name, staged)
+        return staged
+
+    def _staged(self, tensor: Tensor, spec: TensorSpec, offsets: dict[str, int]) -> Tensor:
         import torch
 
         target = dtype_of(spec.dtype)

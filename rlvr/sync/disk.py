@@ -16,12 +16,14 @@ import logging
 import shutil
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from rlvr.sync.base import Decision, SyncError, TensorSpec, agree, weight_specs
 from rlvr.sync.buckets import dtype_of, engine_dtype
 from rlvr.sync.engine_calls import EngineCalls, EngineFactory
+from rlvr.sync.verify import PushVerifier
 
 if TYPE_CHECKING:
     import torch
@@ -32,7 +34,8 @@ log = logging.getLogger(__name__)
 
 
 class DiskSync:
-    """`WeightSync` through `shared_dir` (see the module docstring); `client` needed on rank 0 only."""
+    """`WeightSync` through `shared_dir` (see the module docstring); `client` needed on rank 0 only.
+    `verify`: compare each engine's fingerprint of what it loaded with what was written (`rlvr.sync.verify`)."""
 
     def __init__(
         self,
@@ -47,6 +50,7 @@ class DiskSync:
         keep: int = 2,
         pause_mode: str = "abort",
         engine_factory: EngineFactory | None = None,
+        verify: str = "auto",
     ):
         from rlvr.trainer import dist as d
 
@@ -59,6 +63,7 @@ class DiskSync:
         self.tokenizer = tokenizer
         self.keep = keep
         self.pause_mode = pause_mode
+        self.verifier = PushVerifier(model, mode=verify if self.verifiable else "off")
         self.calls: EngineCalls | None = None
         if self.rank == 0:
             if client is None:
@@ -67,6 +72,7 @@ class DiskSync:
 
     folder = "weights"  # under shared_dir: one v{version} folder per push
     load_method = "update_weights_from_disk"  # what each engine is asked to do with the folder
+    verifiable = True  # the engine serves the folder's tensors as written (an adapter is merged)
 
     def push(self, *, version: int) -> dict[str, float]:
         start = time.monotonic()
@@ -86,6 +92,7 @@ class DiskSync:
             "sync/gb": size / 1e9,
             "sync/engines": float(decision.engines),
             "sync/dropped_engines": float(decision.dropped),
+            "sync/verify_s": float(decision.verify_s),
             "sync/version": float(version),
         }
 
@@ -97,7 +104,9 @@ class DiskSync:
         if self.dtype is None:  # the engines' own dtype, once (every rank casts the same way)
             name = d.broadcast_object(self._engine_dtype() if self.rank == 0 else None)
             self.dtype = dtype_of(str(name)) if name else False
-        write_weights(self.model, path, dtype=self.dtype or None, tokenizer=self.tokenizer)
+        self.verifier.start()
+        observe = self.verifier.add if self.rank == 0 and self.verifier.enabled else None
+        write_weights(self.model, path, dtype=self.dtype or None, tokenizer=self.tokenizer, observe=observe)
 
     def _engine_dtype(self) -> str | None:
         """The dtype the live engines serve ("float32", "bfloat16", ...), None if they do not say."""
@@ -135,11 +144,15 @@ class DiskSync:
                     ("resume", "resume", (), {}),
                 ):
                     failures = calls.call(members, stage, method, *args, **kwargs)
+                    if method == self.load_method:  # before resume: a bad engine never serves
+                        loaded = [m for m in members if m not in {f.url for f in failures}]
+                        failures += self.verifier.check(calls, loaded)
                     calls.handle(failures, version=version)  # raises in fail mode or when none is left
                     members = [m for m in members if m not in calls.dropped]
                 updated += members
             calls.admit_rejoined(updated)
-            return Decision("ok", engines=len(updated), dropped=len(calls.dropped), load_s=time.monotonic() - start)
+            load_s, verify_s = time.monotonic() - start, self.verifier.seconds
+            return Decision("ok", engines=len(updated), dropped=len(calls.dropped), load_s=load_s, verify_s=verify_s)
         except SyncError as exc:
             return Decision.failed(exc)
         except Exception as exc:  # noqa: BLE001 - every rank must learn that rank 0 failed
@@ -166,6 +179,7 @@ def write_weights(
     *,
     dtype: torch.dtype | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
+    observe: Callable[[str, Tensor], None] | None = None,
 ) -> Path | None:
     """Write a transformers folder (one model.safetensors, config, tokenizer) from a (sharded)
     model, streaming: at most one full tensor in host RAM at a time.
@@ -174,6 +188,7 @@ def write_weights(
     casts it to `dtype` and appends its bytes to the file, whose header was written first
     from the weights' metadata (`weight_specs`: names, shapes and order are the gather's).
     The folder appears atomically (`<out>.tmp`, then renamed). Returns it on rank 0.
+    `observe(name, tensor)` sees each tensor as written (rank 0).
     """
     import torch
 
@@ -196,7 +211,9 @@ def write_weights(
         if handle is not None:
             handle.write(struct.pack("<Q", len(raw)) + raw)
         # Rank 0 casts; the others only take part in the gathers.
-        for _, tensor in iter_full_weights(model, dtype=dtype if main else None):
+        for name, tensor in iter_full_weights(model, dtype=dtype if main else None):
+            if observe is not None and main:
+                observe(name, tensor)
             if handle is not None:
                 flat = tensor.detach().contiguous().view(-1)
                 handle.write(flat.view(torch.uint8).numpy().tobytes() if flat.numel() < 2**16 else _bytes_of(flat))

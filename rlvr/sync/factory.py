@@ -71,8 +71,9 @@ def make_weight_sync(
     if method == "inprocess":
         from rlvr.sync.inprocess import InProcessSync
 
-        return InProcessSync(model, engine=engine, bucket_mb=cfg.bucket_mb, dtype=dtype, **kwargs)
+        return InProcessSync(model, engine=engine, bucket_mb=cfg.bucket_mb, dtype=dtype, verify=cfg.verify, **kwargs)
     common = {"client": client, "timeout_s": cfg.timeout_s, "on_engine_failure": cfg.on_engine_failure, "dtype": dtype}
+    common["verify"] = cfg.verify
     if method == "broadcast":
         from rlvr.sync.broadcast import BroadcastSync
 

@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
         "rlvr.plugins",
     ),
     ("rlvr.recipe",),
-    ("rlvr.sandbox", "rlvr.sync.group"),
+    ("rlvr.sandbox", "rlvr.sync.group", "rlvr.sync.fingerprint"),
     ("rlvr.data", "rlvr.rewards", "rlvr.algorithms", "rlvr.weight_arena", "rlvr.tiny"),
     ("rlvr.rollout", "rlvr.server", "rlvr.trainer", "rlvr.tools", "rlvr.quickstart"),
     ("rlvr.sync", "rlvr.monitor", "rlvr.evaluation", "rlvr.validate"),
