@@ -1,0 +1,205 @@
+"""Verified pushes (`sync.verify`) against the real embedded engine: a tensor corrupted on its way
+in, a tied head left stale, a clean push, and continue mode dropping the engine that differs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlvr.server.embedded import EmbeddedEngine
+from rlvr.sync import SyncError
+from rlvr.sync.broadcast import BroadcastSync
+from rlvr.sync.disk import DiskSync
+from rlvr.sync.fingerprint import fingerprint, first_difference
+from rlvr.sync.inprocess import InProcessSync
+from rlvr.trainer.weights import iter_full_weights
+
+from .conftest import ParentClient
+
+A, B = "http://engine-a:0", "http://engine-b:0"
+CORRUPT = "model.layers.0.mlp.up_proj.weight"
+
+
+class Engine:
+    """The embedded engine as the sync's one-URL client (it outlives the sync)."""
+
+    def __init__(self, engine: EmbeddedEngine):
+        self.engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    async def flush_cache(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def _trainer(model_dir: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        for weight in model.parameters():
+            weight.add_(torch.randn_like(weight))
+    return model
+
+
+def _corrupt_on_arrival(monkeypatch: pytest.MonkeyPatch, engine: EmbeddedEngine, method: str) -> None:
+    """`method` of the engine's receiver lands the weights, then one value of CORRUPT is off."""
+    receiver = engine.weights
+    real = getattr(receiver, method)
+
+    def corrupted(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        with torch.no_grad():
+            receiver.weight_table()[CORRUPT].view(-1)[0] += 1.0
+
+    monkeypatch.setattr(receiver, method, corrupted)
+
+
+def test_fingerprint_tolerates_order_and_names_the_first_difference() -> None:
+    torch.manual_seed(0)
+    a, b = torch.randn(1000), torch.randn(10)
+    sent = fingerprint([("a", a), ("b", b)])
+    assert first_difference(sent, {"a": list(sent["a"]), "b": list(sent["b"])}) is None
+    shuffled = fingerprint([("a", a[torch.randperm(1000)]), ("b", b)])  # same values, another order
+    assert first_difference(sent, shuffled) is None
+    b[3] += 1e-3
+    assert first_difference(sent, fingerprint([("a", a), ("b", b)])) == "b"
+    assert first_difference(sent, {"a": list(sent["a"])}) == "b"  # a tensor the engine lacks
+
+
+@pytest.mark.timeout(120)
+def test_broadcast_push_with_a_tensor_corrupted_in_transit_fails_naming_engine_and_tensor(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = EmbeddedEngine(tiny_model_dir, max_batch=2, device="cpu", max_seq_len=32)
+    _corrupt_on_arrival(monkeypatch, engine, "receive_bucket")
+    sync = BroadcastSync(
+        _trainer(tiny_model_dir),
+        client=ParentClient([A]),
+        master_address="127.0.0.1",
+        backend="gloo",
+        bucket_mb=0.05,
+        timeout_s=60,
+        engine_factory=lambda url: Engine(engine),
+    )
+    try:
+        with pytest.raises(SyncError) as caught:
+            sync.push(version=1)
+    finally:
+        sync.close()
+        engine.close()
+    assert str(caught.value) == (
+        f"weight sync to version 1 failed: {A} (verify): served weights differ from those sent, first at {CORRUPT}"
+    )
+    assert "\n" not in str(caught.value)
+    assert engine.paused  # never resumed on weights it does not have
+
+
+@pytest.mark.timeout(120)
+def test_a_tied_head_left_stale_is_caught(tiny_model_dir: Path) -> None:
+    engine = EmbeddedEngine(tiny_model_dir, max_batch=2, device="cpu", max_seq_len=32)
+    head = engine.model.get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)  # no longer follows
+    trainer = _trainer(tiny_model_dir)
+    assert trainer.config.tie_word_embeddings
+    sync = InProcessSync(trainer, engine=engine)
+    try:
+        with pytest.raises(SyncError, match=r"^weight sync to version 2 failed: in-process engine \(verify\): "
+                           r"served weights differ from those sent, first at lm_head\.weight$"):  # fmt: skip
+            sync.push(version=2)
+    finally:
+        engine.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_clean_push_passes_and_reports_verify_seconds(tiny_model_dir: Path) -> None:
+    engine = EmbeddedEngine(tiny_model_dir, max_batch=2, device="cpu", max_seq_len=32)
+    trainer = _trainer(tiny_model_dir)
+    sync = BroadcastSync(
+        trainer,
+        client=ParentClient([A]),
+        master_address="127.0.0.1",
+        backend="gloo",
+        bucket_mb=0.05,
+        timeout_s=60,
+        engine_factory=lambda url: Engine(engine),
+    )
+    try:
+        metrics = sync.push(version=4)
+        inprocess = InProcessSync(trainer, engine=engine).push(version=5)
+        off = InProcessSync(trainer, engine=engine, verify="off").push(version=6)
+    finally:
+        sync.close()
+        engine.close()
+    assert metrics["sync/engines"] == 1 and metrics["sync/verify_s"] > 0
+    assert inprocess["sync/verify_s"] > 0 and off["sync/verify_s"] == 0
+    live = dict(engine.model.named_parameters(remove_duplicate=False))
+    for name, tensor in iter_full_weights(trainer):
+        assert torch.equal(live[name], tensor), name
+
+
+@pytest.mark.timeout(120)
+def test_continue_mode_drops_the_engine_that_differs_not_the_run(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = EmbeddedEngine(tiny_model_dir, max_batch=2, device="cpu", max_seq_len=32)
+    bad = EmbeddedEngine(tiny_model_dir, max_batch=2, device="cpu", max_seq_len=32)
+    _corrupt_on_arrival(monkeypatch, bad, "load_from_disk")
+    client = ParentClient([A, B])
+    engines = {A: Engine(good), B: Engine(bad)}
+    sync = DiskSync(
+        _trainer(tiny_model_dir),
+        shared_dir=tmp_path,
+        client=client,
+        timeout_s=60,
+        on_engine_failure="continue",
+        engine_factory=engines.__getitem__,
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlvr.sync.engine_calls"):
+            metrics = sync.push(version=7)
+    finally:
+        sync.close()
+        good.close()
+        bad.close()
+    assert metrics["sync/engines"] == 1 and metrics["sync/dropped_engines"] == 1 and metrics["sync/verify_s"] > 0
+    assert client.live_servers == [A] and not good.paused and bad.paused
+    assert [r.getMessage() for r in caplog.records] == [
+        f"weight sync: dropping engine {B} (verify): served weights differ from those sent, first at {CORRUPT}"
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_rlvr_serve_answers_its_fingerprint_over_http(tiny_model_dir: Path) -> None:
+    from aiohttp.test_utils import TestServer
+
+    from rlvr.bridge import run_blocking
+    from rlvr.rollout.sglang import SGLangClient
+    from rlvr.server.routes import create_app
+
+    engine = EmbeddedEngine(tiny_model_dir, max_batch=2, device="cpu", max_seq_len=32)
+
+    async def ask() -> dict[str, Any]:
+        async with TestServer(create_app(engine)) as server:
+            client = SGLangClient([str(server.make_url("")).rstrip("/")], max_retries=0)
+            try:
+                return await client.weights_fingerprint()
+            finally:
+                await client.close()
+
+    try:
+        served = run_blocking(ask())
+        direct = run_blocking(engine.weights_fingerprint())
+    finally:
+        engine.close()
+    assert served == direct and "lm_head.weight" in served
+    assert first_difference(fingerprint(iter_full_weights(_trainer(tiny_model_dir))), served) is not None
