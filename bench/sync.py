@@ -159,8 +159,8 @@ def measure(args: argparse.Namespace) -> dict:
         asyncio.run(client.wait_ready(timeout_s=180))
         cfg = SyncConfig(bucket_mb=int(args.bucket_mb), timeout_s=120, wire_format=args.wire_format)
         sync = make_weight_sync(cfg, model=model, client=client)
-        nbytes = sum(s.nbytes for s in sync.specs)  # type: ignore[attr-defined]
-        times: dict[str, list[float]] = {"sync": [], "transfer": [], "raw": [], "fresh": [], "floor": []}
+        nbytes = sync.plan.total_bytes  # type: ignore[attr-defined]
+        times: dict[str, list[float]] = {"sync": [], "transfer": [], "raw": [], "fresh": [], "floor": [], "verify": []}
         # The same bytes: the weights themselves, flat. (A never-written `torch.empty` buffer
         # would send the kernel's shared zero page from cache and flatter the baseline.)
         # The arena is those bytes in that order already: no second host copy at large sizes.
@@ -172,7 +172,7 @@ def measure(args: argparse.Namespace) -> dict:
         options.rootRank = 0
 
         tensors = [t for _, t in iter_full_weights(model)]
-        specs = [[s.name, s.dtype, list(s.shape)] for s in sync.specs]  # type: ignore[attr-defined]
+        specs = [[s.name, s.dtype, list(s.shape)] for s in sync.plan.specs]  # type: ignore[attr-defined]
 
         chunk = int(args.raw_chunk_mb * 1e6)
 
@@ -183,10 +183,10 @@ def measure(args: argparse.Namespace) -> dict:
                 group.broadcast([part], options).wait()
 
         async def raw_once(per_tensor: bool = False, reuse: bool = False) -> float:
-            group = sync._group  # type: ignore[attr-defined]
+            group = sync.membership.group  # type: ignore[attr-defined]
             payload = {
                 "nbytes": nbytes,
-                "group_name": sync._group_label,  # type: ignore[attr-defined]
+                "group_name": sync.membership.label,  # type: ignore[attr-defined]
                 "specs": specs if per_tensor else None,
                 "reuse": reuse,
                 "chunk": 0 if per_tensor else chunk,
@@ -206,6 +206,7 @@ def measure(args: argparse.Namespace) -> dict:
             if version:
                 times["sync"].append(metrics["sync/seconds"])
                 times["transfer"].append(metrics["sync/transfer_seconds"])
+                times["verify"].append(metrics["sync/verify_s"])
                 times["raw"].append(asyncio.run(raw_once()))
                 if not args.raw_only:
                     times["fresh"].append(asyncio.run(raw_once(per_tensor=True)))
@@ -253,6 +254,11 @@ def report(args: argparse.Namespace, result: dict, label: str = "") -> None:
         r / s for r, s in zip(result["raw"], result["sync"], strict=True)
     )  # each repeat with its own baseline
     print(f"ratio end to end / raw per repeat: {paired[0]:.0%}..{paired[-1]:.0%} over {len(paired)}")
+    share = sorted(v / s for v, s in zip(result["verify"], result["sync"], strict=True))  # within each push
+    print(
+        f"verify (fingerprints both sides + compare, sync.verify): {min(result['verify']) * 1e3:.0f} ms best, "
+        f"{share[0]:.1%}..{share[-1]:.1%} of the push (same pushes)"
+    )
     if "floor" in best:
         print(
             f"ratio end to end / per-tensor floor: {best['floor'] / best['sync']:.0%}   "
