@@ -24,6 +24,7 @@ class AdapterLoader:
         self.weights = weights
         self.base_path = base_path
         self._merged: frozenset[str] = frozenset()  # what the last adapter merged
+        self.fingerprint: dict[str, tuple[float, float]] = {}  # peft key -> pair, of the last adapter merged
 
     def load(self, path: str | Path, *, version: str | None = None) -> None:
         """Serve the base weights plus a peft LoRA adapter: W_base + (lora_alpha / r) * B @ A for
@@ -59,3 +60,4 @@ class AdapterLoader:
                 self._merged = self._merged | merge.merged
                 raise
             self._merged = merge.merged
+            self.fingerprint = merge.fingerprint

@@ -215,9 +215,12 @@ class EmbeddedEngine:
     async def load_lora_adapter(self, path: str | Path, *, version: int | str | None = None) -> None:
         await asyncio.to_thread(self.adapters.load, path, version=_version(version))
 
-    async def weights_fingerprint(self) -> dict[str, list[float]]:
+    async def weights_fingerprint(self, *, adapter: bool = False) -> dict[str, list[float]]:
         """Per served weight, [sum, sum of squares] in float64 (`rlvr.sync.fingerprint`): the
-        trainer compares it with what it sent, after every push."""
+        trainer compares it with what it sent, after every push. `adapter`: instead, the tensors
+        of the last LoRA adapter merged, as "adapter:" + their peft key."""
+        if adapter:
+            return {f"adapter:{key}": list(pair) for key, pair in self.adapters.fingerprint.items()}
         pairs = await asyncio.to_thread(self.weights.fingerprint)
         return {name: list(pair) for name, pair in pairs.items()}
 

@@ -221,6 +221,7 @@ class AdapterMerge:
         self.siblings = frozenset(extra - self.merged - self.restored)
         order = packed_modules or {}
         self.names = sorted(self.merged | self.restored | self.siblings, key=lambda n: _load_order(n, order))
+        self.fingerprint: dict[str, tuple[float, float]] = {}  # peft key -> pair, of what `tensors` merged
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of everything `tensors` yields, in its order."""
@@ -234,8 +235,12 @@ class AdapterMerge:
         from safetensors import safe_open
         from safetensors.torch import load_file
 
+        from rlvr.sync.fingerprint import fingerprint
+
         device = torch.device(device)
         lora = load_file(str(self.folder / ADAPTER_WEIGHTS), device=str(device))  # small: r x (in + out) each
+        used = [key for target in self.targets.values() for key in (target.a_key, target.b_key)]
+        self.fingerprint = fingerprint((key, lora[key]) for key in used)
         by_file: dict[Path, list[str]] = {}
         for name in self.names:
             by_file.setdefault(self.base[name].file, []).append(name)

@@ -358,9 +358,10 @@ async def weight_version(request: web.Request) -> web.Response:
 
 async def weights_fingerprint(request: web.Request) -> web.Response:
     """rlvr's own route: per served weight, [sum, sum of squares] (`rlvr.sync.fingerprint`), which
-    the trainer compares with what it pushed."""
+    the trainer compares with what it pushed; `?adapter=1`: the last merged LoRA adapter's tensors."""
+    adapter = request.query.get("adapter", "") in ("1", "true")
     try:
-        tensors = await request.app[ENGINE_KEY].weights_fingerprint()
+        tensors = await request.app[ENGINE_KEY].weights_fingerprint(adapter=adapter)
     except Exception as exc:  # noqa: BLE001 - report to the caller as the weight routes do
         return web.json_response({"success": False, "message": f"{type(exc).__name__}: {exc}"}, status=400)
     return web.json_response({"success": True, "tensors": tensors})

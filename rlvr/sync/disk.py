@@ -63,7 +63,7 @@ class DiskSync:
         self.tokenizer = tokenizer
         self.keep = keep
         self.pause_mode = pause_mode
-        self.verifier = PushVerifier(model, mode=verify if self.verifiable else "off")
+        self.verifier = PushVerifier(model, mode=verify, adapter=self.verified_as_adapter)
         self.calls: EngineCalls | None = None
         if self.rank == 0:
             if client is None:
@@ -72,7 +72,7 @@ class DiskSync:
 
     folder = "weights"  # under shared_dir: one v{version} folder per push
     load_method = "update_weights_from_disk"  # what each engine is asked to do with the folder
-    verifiable = True  # the engine serves the folder's tensors as written (an adapter is merged)
+    verified_as_adapter = False  # AdapterSync: the engines report the adapter tensors they merged
 
     def push(self, *, version: int) -> dict[str, float]:
         start = time.monotonic()

@@ -160,9 +160,10 @@ class EngineCalls:
     def call(self, urls: Sequence[str], stage: str, method: str, *args: object, **kw: object) -> list[EngineFailure]:
         return self.collect(self._start(urls, method, args, kw, None), stage)
 
-    def results(self, urls: Sequence[str], method: str) -> dict[str, object]:
-        """`method()` on every engine that has it; the answers (an exception for a failed call)."""
-        futures = {u: self._loop.submit(getattr(self.one(u), method)()) for u in urls if hasattr(self.one(u), method)}
+    def results(self, urls: Sequence[str], method: str, **kw: object) -> dict[str, object]:
+        """`method(**kw)` on every engine that has it; the answers (an exception for a failed call)."""
+        has = [u for u in urls if hasattr(self.one(u), method)]
+        futures = {u: self._loop.submit(getattr(self.one(u), method)(**kw)) for u in has}
         answers: dict[str, object] = {}
         deadline = time.monotonic() + self.timeout_s
         for url, future in futures.items():

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 VERIFY_MODES = ("auto", "on", "off")
 EMBEDDED = "rlvr-embedded"  # `server_info()["engine"]` of `rlvr serve`
 STAGE = "verify"
+ADAPTER_PREFIX = "adapter:"  # an adapter tensor's name in a fingerprint: "adapter:" + its peft key
 
 
 def tied_aliases(model: nn.Module) -> dict[str, str]:
@@ -55,13 +56,16 @@ class PushVerifier:
     """One sync's verification: the trainer's fingerprint of the current push and the engines to ask.
 
     `start()` before a push's first tensor, `add(name, tensor)` for each tensor as sent (rank 0),
-    `check(calls, urls)` after the last bucket; `seconds` is what this push spent on it."""
+    `check(calls, urls)` after the last bucket; `seconds` is what this push spent on it. An adapter
+    push (`adapter`) records the adapter's tensors, as `ADAPTER_PREFIX + key`, and asks the engines
+    for the adapter tensors they merged."""
 
-    def __init__(self, model: nn.Module, *, mode: str) -> None:
+    def __init__(self, model: nn.Module, *, mode: str, adapter: bool = False) -> None:
         if mode not in VERIFY_MODES:
             raise ValueError(f"sync.verify must be one of {VERIFY_MODES}, got {mode!r}")
         self.mode = mode
-        self.aliases = tied_aliases(model) if mode != "off" else {}
+        self.adapter = adapter  # compare the adapter tensors the engines loaded, not their weights
+        self.aliases = tied_aliases(model) if mode != "off" and not adapter else {}
         self.recorder = Fingerprinter()
         self.seconds = 0.0
         self._kinds: dict[str, bool] = {}  # url -> has the route (auto)
@@ -100,7 +104,7 @@ class PushVerifier:
         sent = self.sent()
         begin = time.monotonic()
         targets = [u for u in urls if self._verifiable(calls, u)]
-        answers = calls.results(targets, "weights_fingerprint")
+        answers = calls.results(targets, "weights_fingerprint", **({"adapter": True} if self.adapter else {}))
         failures = [
             EngineFailure(u, STAGE, "the engine has no weights fingerprint") for u in targets if u not in answers
         ]

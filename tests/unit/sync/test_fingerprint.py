@@ -203,3 +203,53 @@ def test_rlvr_serve_answers_its_fingerprint_over_http(tiny_model_dir: Path) -> N
         engine.close()
     assert served == direct and "lm_head.weight" in served
     assert first_difference(fingerprint(iter_full_weights(_trainer(tiny_model_dir))), served) is not None
+
+
+@pytest.fixture
+def lora_model(tiny_model_dir: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.recipe.schema import LoraConfig
+    from rlvr.trainer.lora import apply_lora
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return apply_lora(model, LoraConfig(rank=2, alpha=4.0, target_modules=["q_proj", "v_proj"]), seed=0)
+
+
+@pytest.mark.timeout(120)
+def test_an_adapter_push_is_verified_and_an_adapter_the_engine_did_not_load_is_caught(
+    tiny_model_dir: Path, lora_model: torch.nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.torch import load_file
+
+    from rlvr.sync.adapter import AdapterSync
+
+    engine = EmbeddedEngine(tiny_model_dir, max_batch=2, device="cpu", max_seq_len=32)
+    sync = AdapterSync(
+        lora_model, shared_dir=tmp_path, client=ParentClient([A]), engine_factory=lambda u: Engine(engine)
+    )
+    lora_b = lora_model.model.layers[0].self_attn.q_proj.lora_B["default"].weight
+    try:
+        with torch.no_grad():
+            lora_b.add_(0.5)
+        clean = sync.push(version=1)
+        assert clean["sync/verify_s"] > 0 and engine.weight_version == "1"
+
+        def ignore(path: Any, *, version: str | None = None) -> None:  # answers success, loads nothing
+            engine.scheduler.weight_version = str(version)
+
+        monkeypatch.setattr(engine.adapters, "load", ignore)
+        with torch.no_grad():
+            lora_b.add_(0.5)
+        with pytest.raises(SyncError) as caught:
+            sync.push(version=2)
+    finally:
+        sync.close()
+        engine.close()
+    changed = next(
+        k for k in load_file(tmp_path / "adapters" / "v2" / "adapter_model.safetensors") if "q_proj.lora_B" in k
+    )
+    assert ".layers.0." in changed
+    assert str(caught.value) == (
+        f"weight sync to version 2 failed: {A} (verify): served weights differ from those sent, first at adapter:{changed}"
+    )
