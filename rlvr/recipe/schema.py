@@ -639,8 +639,8 @@ class SyncConfig(Section):
     """After every push each engine fingerprints the weights it serves (per tensor: sum and sum of
     squares) and the trainer compares them with what it sent; a mismatch is a failed push
     (`on_engine_failure`), named by engine and first differing tensor. auto: on for `rlvr serve`
-    and the in-process engine, off for vLLM and SGLang (no such route yet). Adapter pushes are not
-    verified."""
+    and the in-process engine, off for vLLM and SGLang (no such route yet). An adapter push is verified
+    by the adapter tensors each engine merged."""
 
 
 class ClusterConfig(Section):
