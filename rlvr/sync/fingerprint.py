@@ -41,30 +41,30 @@ def tensor_pair(tensor: Tensor) -> Tensor:
 
 
 def fingerprint(tensors: Iterable[tuple[str, Tensor]]) -> dict[str, Pair]:
-    """Every named tensor's pair; a tensor shared by several names is summed once."""
+    """Every named tensor's pair; one tensor object under several names (tied) is summed once."""
     recorder = Fingerprinter()
-    for name, tensor in tensors:
-        recorder.add(name, tensor)
+    items = list(tensors)  # every tensor stays alive meanwhile, so no two share an id()
+    first: dict[int, str] = {}
+    for name, tensor in items:
+        source = first.setdefault(id(tensor), name)
+        if source == name:
+            recorder.add(name, tensor)
+        else:
+            recorder.alias(name, of=source)
     return recorder.result()
 
 
 class Fingerprinter:
-    """Collects pairs as tensors go by, converting them to floats once at the end (one host sync)."""
+    """Collects pairs as tensors go by, converting them to floats once at the end (one host sync).
+    Each `add` sums its tensor: the sender's buffers are reused, so storage says nothing of names."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self._pairs: list[Tensor] = []
-        self._seen: dict[tuple[int, int, str, tuple[int, ...]], int] = {}
         self._aliases: dict[str, str] = {}
 
     def add(self, name: str, tensor: Tensor) -> None:
         """Record `tensor` under `name` (in the order they come: the comparison's order)."""
-        key = (tensor.data_ptr(), int(tensor.storage_offset()), str(tensor.dtype), tuple(int(s) for s in tensor.shape))
-        if tensor.numel() and key in self._seen:  # the same storage under another name: a tied alias
-            self.names.append(name)
-            self._pairs.append(self._pairs[self._seen[key]])
-            return
-        self._seen[key] = len(self._pairs)
         self.names.append(name)
         self._pairs.append(tensor_pair(tensor))
 

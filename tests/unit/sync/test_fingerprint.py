@@ -133,13 +133,28 @@ def test_a_clean_push_passes_and_reports_verify_seconds(tiny_model_dir: Path) ->
         timeout_s=60,
         engine_factory=lambda url: Engine(engine),
     )
+    half = EmbeddedEngine(tiny_model_dir, max_batch=2, device="cpu", max_seq_len=32, dtype="bfloat16")
+    per_tensor = BroadcastSync(
+        trainer,
+        client=ParentClient([B]),
+        master_address="127.0.0.1",
+        backend="gloo",
+        bucket_mb=0.05,
+        timeout_s=60,
+        dtype=torch.bfloat16,
+        wire_format="per_tensor",  # cast into reused staging buffers: each tensor still summed as itself
+        engine_factory=lambda url: Engine(half),
+    )
     try:
         metrics = sync.push(version=4)
+        assert per_tensor.push(version=3)["sync/verify_s"] > 0
         inprocess = InProcessSync(trainer, engine=engine).push(version=5)
         off = InProcessSync(trainer, engine=engine, verify="off").push(version=6)
     finally:
         sync.close()
+        per_tensor.close()
         engine.close()
+        half.close()
     assert metrics["sync/engines"] == 1 and metrics["sync/verify_s"] > 0
     assert inprocess["sync/verify_s"] > 0 and off["sync/verify_s"] == 0
     live = dict(engine.model.named_parameters(remove_duplicate=False))
