@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--revisit-after", type=int, default=4)
     parser.add_argument("--only", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--out", type=Path, default=Path("runs/bench_mix"))
+    parser.add_argument("--reuse", action="store_true", help="report the runs already in --out, run none")
+    parser.add_argument("--plot", type=Path, help="also draw the zero-spread share per step into this PNG")
     args = parser.parse_args()
     common = [f"experiment.max_steps={args.steps}", f"experiment.eval_steps={args.steps}", "experiment.save_steps=0",
               "experiment.eval_at_start=false"]  # fmt: skip
@@ -71,10 +73,41 @@ def main() -> None:
     results: dict[str, tuple[float, list[dict[str, float]]]] = {}
     for name in args.only:
         out = args.out / name
-        wall = run(args.recipe, out, common + SETTINGS[name] + extra[name])
+        wall = float("nan") if args.reuse else run(args.recipe, out, common + SETTINGS[name] + extra[name])
         results[name] = (wall, read(out))
         print(f"{name}: {wall / 60:.1f} min", flush=True)
     report(results)
+    if args.plot:
+        plot(results, args.plot)
+
+
+def plot(results: dict[str, tuple[float, list[dict[str, float]]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name, (_, rows) in results.items():
+        steps = [r["step"] for r in rows if "groups/zero_spread_frac" in r]
+        left.plot(
+            steps,
+            [r["groups/zero_spread_frac"] for r in rows if "groups/zero_spread_frac" in r],
+            marker="o",
+            label=name,
+        )
+    left.set(title="groups with no reward spread (teach nothing)", xlabel="step", ylabel="share of judged groups")
+    left.legend()
+    names, doms = list(results), domains(results)
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        last = results[name][1][-1]
+        right.bar([j + i * width for j in range(len(doms))], [last.get(f"eval/reward/{d}/mean", 0.0) for d in doms],
+                  width=width, label=name)  # fmt: skip
+    right.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(doms))], doms)
+    right.set(title="held-out eval at the last step", ylabel="mean reward (greedy)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def report(results: dict[str, tuple[float, list[dict[str, float]]]]) -> None:
