@@ -17,7 +17,7 @@ from rlvr.sync.base import EngineFailure
 from rlvr.sync.fingerprint import Fingerprinter, Pair, first_difference
 
 if TYPE_CHECKING:
-    from torch import nn
+    from torch import Tensor, nn
 
     from rlvr.sync.engine_calls import EngineCalls
 
@@ -80,12 +80,9 @@ class PushVerifier:
             self.recorder.alias(name, of=source)
         self.seconds = 0.0
 
-    def add(self, name: str, tensor: object) -> None:
+    def add(self, name: str, tensor: Tensor) -> None:
         if self.mode == "off":
             return
-        from torch import Tensor
-
-        assert isinstance(tensor, Tensor)
         begin = time.monotonic()
         self.recorder.add(name, tensor)
         self.seconds += time.monotonic() - begin
