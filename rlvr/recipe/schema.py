@@ -72,14 +72,6 @@ class ModelConfig(Section):
     """Trainer model code: `hf` (transformers, any architecture) or `torchtitan` (its Qwen3 / Llama3
     decoders: tensor parallel, selective activation checkpointing, compile)."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "use_torchtitan" in data:
-            value = "torchtitan" if data["use_torchtitan"] else "hf"
-            raise _at(("use_torchtitan",), f'was replaced by model.impl: write impl = "{value}"')
-        return data
-
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
         if (self.path is None) == (self.config is None):
@@ -610,13 +602,6 @@ class TrainerConfig(Section):
 
 
 class SyncConfig(Section):
-    @model_validator(mode="before")
-    @classmethod
-    def _moved_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "max_staleness" in data:
-            raise ValueError("max_staleness moved: set rollout.max_staleness instead")
-        return data
-
     method: Literal["auto", "broadcast", "disk", "inprocess"] = "auto"
     """auto: broadcast (NCCL on GPU, gloo on CPU) to servers; disk when nodes can't join a group.
     inprocess is rejected: a launched run has no engine in the trainer process to copy into."""

@@ -62,9 +62,9 @@ BAD_CASES = {
         "recipe.toml:25: rollout.max_staleness: asynchronous rollout trains on older weights' samples: set "
         "algorithm.tis_cap",
     ),
-    "staleness in its old table": (
+    "staleness in the wrong table": (
         MINIMAL + "\n[sync]\nmax_staleness = 1\n",
-        "sync: max_staleness moved: set rollout.max_staleness instead",
+        "recipe.toml:28: sync.max_staleness: unknown key; known keys: method, bucket_mb",
     ),
     "unknown key": (
         MINIMAL.replace("temperature = 0.7", "temprature = 0.7"),
