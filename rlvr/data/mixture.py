@@ -1,16 +1,12 @@
 """The multi-domain prompt sampler: each step gets a per-domain quota, seeded and resumable.
 
-Quotas follow `domain_interleave_probs` exactly in the long run: every step each domain
-earns `p * prompts_per_step` credit, receives the whole part, and the leftover prompts go
-to the largest remaining credit (ties by domain order). With 8 prompts and 0.6/0.3/0.1 that
-gives 5/2/1, 4/3/1, 5/2/1, 5/3/0, ... and after k steps each domain has had within one prompt of
-`k * p * prompts_per_step` — unlike independent sampling, a small domain is never starved.
-
-Within a domain rows are visited in a seeded permutation per epoch. The whole state is a
-few integers and floats (`state_dict`), so a checkpoint resumes the exact same sequence.
-The rollout manager's waves draw through `WaveDraws`, which fixes where each step's dynamic
-sampling refills and finished groups (`data.mix = "adaptive"`, difficulty pools: data/adaptive.py)
-fall in that sequence, whatever the timing.
+Every step each domain earns `p * prompts_per_step` credit and receives the whole part; the
+leftover prompts go to the largest remaining credit (ties by domain order), so after k steps each
+domain has had within one prompt of `k * p * prompts_per_step` and a small one is never starved
+(8 prompts at 0.6/0.3/0.1: 5/2/1, 4/3/1, 5/2/1, 5/3/0, ...). Rows are visited in a seeded
+permutation per epoch; the state is a few numbers, so a checkpoint resumes the same sequence.
+Waves draw through `WaveDraws`, which fixes where refills and finished groups (the adaptive mix
+and difficulty pools of data/adaptive.py) fall in that sequence, whatever the timing.
 """
 
 from __future__ import annotations
