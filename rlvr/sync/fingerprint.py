@@ -1,11 +1,11 @@
-"""Weight fingerprints: per tensor name, the float64 sum and sum of squares of its values.
+"""Weight fingerprints: per tensor name, an exact checksum of its bytes.
 
 The trainer fingerprints each tensor as it goes on the wire (in the engine's dtype); after the
-push every engine fingerprints the weights it serves, and the two are compared. The same bytes
-summed in another order (another device, another thread count) give sums that differ in the last
-bits, so values are compared with a relative tolerance. A tensor corrupted in transit, a weight
-left stale, or a tied head that no longer follows its embedding changes its pair. Rollout servers
-import this module (it sits low in the layering): it needs nothing but torch.
+push every engine fingerprints the weights it serves, and the two must be equal. The checksum is
+the wrapping 64-bit sum of the tensor's bytes read as 8-byte words: integer addition does not
+depend on the order or thread count that sums it, so no tolerance is needed, any changed value
+shows, and it costs one read of the weights. A tensor corrupted in transit, a weight left stale, or
+a tied head that no longer follows its embedding changes it. Rollout servers import this module.
 """
 
 from __future__ import annotations
@@ -17,27 +17,24 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 Pair = tuple[float, float]
-"""(sum, sum of squares) of one tensor, in float64."""
-
-RELATIVE_TOLERANCE = 1e-6
-# Elements cast to float64 at a time. On CPU a chunk that stays in cache makes the cast, the sum
-# and the dot one pass over memory; on a GPU big chunks keep the kernel launches few.
-_CPU_CHUNK = 1 << 15
-_GPU_CHUNK = 1 << 24
+"""One tensor's checksum as (high 32 bits, low 32 bits): floats that JSON carries exactly."""
 
 
 def tensor_pair(tensor: Tensor) -> Tensor:
-    """A float64 tensor [sum, sum of squares] of `tensor`, on its device (no host sync)."""
+    """A float64 tensor [high, low] of `tensor`'s checksum, on its device (no host sync)."""
     import torch
 
-    flat = tensor.detach().reshape(-1)
-    total = torch.zeros(2, dtype=torch.float64, device=flat.device)
-    step = _CPU_CHUNK if flat.device.type == "cpu" else _GPU_CHUNK
-    for start in range(0, flat.numel(), step):
-        wide = flat[start : start + step].to(torch.float64)
-        total[0] += wide.sum()
-        total[1] += torch.dot(wide, wide)
-    return total
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    cut = raw.numel() // 8 * 8
+    head = raw[:cut]
+    if head.storage_offset() % 8:  # a weight packed at an odd offset of a shared buffer
+        head = head.clone()
+    total = head.view(torch.int64).sum() if cut else torch.zeros((), dtype=torch.int64, device=raw.device)
+    if cut < raw.numel():
+        total = total + raw[cut:].to(torch.int64).sum()
+    return torch.stack([torch.div(total, 1 << 32, rounding_mode="floor"), torch.remainder(total, 1 << 32)]).to(
+        torch.float64
+    )
 
 
 def fingerprint(tensors: Iterable[tuple[str, Tensor]]) -> dict[str, Pair]:
@@ -86,14 +83,10 @@ class Fingerprinter:
         return out
 
 
-def close(a: float, b: float) -> bool:
-    return abs(a - b) <= RELATIVE_TOLERANCE * max(1.0, abs(a), abs(b))
-
-
 def first_difference(sent: Mapping[str, Pair], served: Mapping[str, Sequence[float]]) -> str | None:
     """The first name of `sent` (in its order) that `served` lacks or holds other values for, else None."""
-    for name, (total, squares) in sent.items():
+    for name, (high, low) in sent.items():
         pair = served.get(name)
-        if pair is None or len(pair) != 2 or not (close(total, pair[0]) and close(squares, pair[1])):
+        if pair is None or len(pair) != 2 or (float(pair[0]), float(pair[1])) != (high, low):
             return name
     return None

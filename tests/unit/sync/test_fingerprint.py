@@ -64,16 +64,20 @@ def _corrupt_on_arrival(monkeypatch: pytest.MonkeyPatch, engine: EmbeddedEngine,
     monkeypatch.setattr(receiver, method, corrupted)
 
 
-def test_fingerprint_tolerates_order_and_names_the_first_difference() -> None:
+def test_fingerprint_is_exact_wherever_the_bytes_live_and_names_the_first_difference() -> None:
     torch.manual_seed(0)
-    a, b = torch.randn(1000), torch.randn(10)
+    a, b = torch.randn(1000), torch.randn(10, dtype=torch.float32)
     sent = fingerprint([("a", a), ("b", b)])
     assert first_difference(sent, {"a": list(sent["a"]), "b": list(sent["b"])}) is None
-    shuffled = fingerprint([("a", a[torch.randperm(1000)]), ("b", b)])  # same values, another order
-    assert first_difference(sent, shuffled) is None
-    b[3] += 1e-3
+    shared = torch.empty(1 + 1000 + 10)  # the same values packed at an odd offset of one buffer
+    shared[1:1001], shared[1001:] = a, b
+    assert fingerprint([("a", shared[1:1001]), ("b", shared[1001:])]) == sent
+    assert first_difference(sent, fingerprint([("a", a.flip(0)), ("b", b)])) == "a"  # same values, moved
+    b[3] = torch.nextafter(b[3], torch.tensor(1.0))  # one value, one unit in the last place
     assert first_difference(sent, fingerprint([("a", a), ("b", b)])) == "b"
     assert first_difference(sent, {"a": list(sent["a"])}) == "b"  # a tensor the engine lacks
+    odd = torch.arange(5, dtype=torch.bfloat16)  # 10 bytes: one word and a 2-byte tail
+    assert fingerprint([("o", odd)]) != fingerprint([("o", odd.flip(0))])
 
 
 @pytest.mark.timeout(120)
