@@ -120,26 +120,9 @@ class RLLoop:
         return 0
 
     def train_one_step(self) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        rollout = None
-        failure = None
-        if self.manager is not None:
-            try:
-                rollout, metrics = self.manager.take(self.step)
-                failure = self.manager.stop_reason
-            except RolloutError as exc:  # every server dead, retries spent: no batch for this step
-                failure = f"rollout failed in step {self.step + 1}: {exc}"
-        if self.colocation is not None:  # the engines free the shared GPUs for this step
-            try:
-                self.colocation.release()
-            except SyncError as exc:
-                failure = failure or str(exc)
-        if d.is_dist():
-            rollout, failure = d.broadcast_rollout(rollout, failure)  # flat arrays, one buffer
-        if failure is not None:
-            self.failure = failure
+        rollout, metrics = self.collect()  # wave `step`, the same batch on every rank
+        if rollout is None:  # the step failed (`self.failure` says why)
             return metrics
-        assert isinstance(rollout, RolloutBatch)
         if len(rollout) == 0:  # every group was filtered out (or stale): nothing to learn from this step
             return {**metrics, "train/skipped": 1.0}
         t0 = time.perf_counter()
@@ -155,6 +138,30 @@ class RLLoop:
             metrics.get("time/wait_rollout", 0.0) + metrics["time/train"], 1e-9
         )
         return metrics
+
+    def collect(self) -> tuple[RolloutBatch | None, dict[str, float]]:
+        """Rank 0 takes wave `step` from the manager (colocated engines then free the GPUs); every
+        rank gets the same batch, or the same failure (then None, with `self.failure` set)."""
+        metrics: dict[str, float] = {}
+        rollout, failure = None, None
+        if self.manager is not None:
+            try:
+                rollout, metrics = self.manager.take(self.step)
+                failure = self.manager.stop_reason
+            except RolloutError as exc:  # every server dead, retries spent: no batch for this step
+                failure = f"rollout failed in step {self.step + 1}: {exc}"
+        if self.colocation is not None:  # the engines free the shared GPUs for this step
+            try:
+                self.colocation.release()
+            except SyncError as exc:
+                failure = failure or str(exc)
+        if d.is_dist():
+            rollout, failure = d.broadcast_rollout(rollout, failure)  # flat arrays, one buffer
+        if failure is not None:
+            self.failure = failure
+            return None, metrics
+        assert isinstance(rollout, RolloutBatch)
+        return rollout, metrics
 
     def push_weights(self) -> dict[str, float]:
         """New weights to the engines as version `self.step`: the manager holds new groups and
