@@ -55,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", type=Path, default=Path("recipes/smollm2_mix.toml"))
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--seed", type=int, help="experiment.seed for every setting (default: the recipe's)")
     parser.add_argument("--floor", type=float, default=0.15, help="data.mix_floor for the adaptive settings")
     parser.add_argument("--smoothing", type=float, default=0.5, help="data.mix_smoothing")
     parser.add_argument("--retire-after", type=int, default=2)
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="also draw the zero-spread share per step into this PNG")
     args = parser.parse_args()
     common = [f"experiment.max_steps={args.steps}", f"experiment.eval_steps={args.steps}", "experiment.save_steps=0",
-              "experiment.eval_at_start=false"]  # fmt: skip
+              "experiment.eval_at_start=false"] + ([f"experiment.seed={args.seed}"] if args.seed is not None else [])  # fmt: skip
     adaptive = [f"data.mix_floor={args.floor}", f"data.mix_smoothing={args.smoothing}"]
     extra = {"static": [], "adaptive": adaptive,
              "adaptive+pools": adaptive + pools(args.recipe, retire_after=args.retire_after,
