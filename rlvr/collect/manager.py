@@ -31,9 +31,9 @@ from rlvr.data.adaptive import AdaptiveShares, DifficultyPool
 from rlvr.data.mixture import MixtureSampler, WaveDraws, hash_seed
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.pool import RewardPool
-from rlvr.rollout.base import RolloutClient, SamplingParams
+from rlvr.rollout.base import RolloutClient
 from rlvr.tools.session import Toolbox
-from rlvr.types import Group, RolloutBatch, Sample
+from rlvr.types import RolloutBatch, Sample
 
 
 class RolloutManager:
@@ -153,19 +153,6 @@ class RolloutManager:
     def stop_reason(self) -> str | None:
         """Why the run should stop: set once a domain is past the failure budget."""
         return self.ledger.stop_reason
-
-    # -- the parts' answers, for callers that build batches themselves (tests, benchmarks) -------
-    def prompt_ids(self, sample: Sample) -> list[int]:
-        return self.prompts.prompt_ids(sample)
-
-    def prompt_text(self, sample: Sample) -> str:
-        return self.prompts.prompt_text(sample)
-
-    def sampling(self, *, seed: int | None) -> SamplingParams:
-        return self.episodes.sampling(seed=seed)
-
-    def build_batch(self, groups: Sequence[Group]) -> RolloutBatch:
-        return self.shaping.build_batch(groups)
 
     # -- taking a wave ----------------------------------------------------------------------------
     async def _take(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:

@@ -149,7 +149,7 @@ def test_the_rollout_sends_the_chat_template_ids(smollm2_dir: Path, reference: d
     want = sorted(reference.values())
     assert trained == want
     assert evaluated == want
-    assert manager.prompt_text(rows[0]).startswith(f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>")
+    assert manager.prompts.prompt_text(rows[0]).startswith(f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>")
 
 
 def test_validate_counts_the_chat_template_ids(smollm2_dir: Path, reference: dict[str, list[int]], tmp_path) -> None:

@@ -288,7 +288,7 @@ def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
             pending, kept = manager.mixture.next_batch(), []
             for round_ in range(2):
                 requests = [
-                    GenerateRequest(manager.prompt_ids(s), manager.sampling(
+                    GenerateRequest(manager.prompts.prompt_ids(s), manager.episodes.sampling(
                         seed=hash_seed(rec.experiment.seed * 100_003 + step * 16 + round_, f"{s.id}:{i}")), n=4)
                     for i, s in enumerate(pending)
                 ]  # fmt: skip
@@ -303,7 +303,7 @@ def test_k0_loop_equals_the_sequential_loop(tmp_path, model_dir):
                     break
                 lost = [g.sample.domain for g in groups if g not in survivors][:missing]
                 pending = [s for d in lost for s in manager.mixture.take(d, 1)]
-            rollout = manager.build_batch(kept[: rec.data.prompts_per_step])
+            rollout = manager.shaping.build_batch(kept[: rec.data.prompts_per_step])
             metrics = train_on(rollout, actor=ref.actor, critic=None, algorithm=rec.algorithm, kl_coef=0.0, pad_id=0)
             losses.append(metrics["loss"])
             ref.sync.push(version=step + 1)

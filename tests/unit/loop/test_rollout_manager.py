@@ -297,7 +297,7 @@ def sequential_batches(manager: RolloutManager, steps: int) -> list[list[tuple]]
                 for j in range(rec.rollout.n):
                     request = type("R", (), {})()
                     request.input_ids = prompt
-                    request.params = manager.sampling(seed=seed + j)
+                    request.params = manager.episodes.sampling(seed=seed + j)
                     completions += asyncio.run(engine.generate([request]))
                 groups.append(Group(sample=s, completions=completions))
             asyncio.run(rewards.score_groups(groups))
@@ -470,7 +470,9 @@ def test_rows_longer_than_the_prompt_limit_are_counted_and_said() -> None:
         Sample(id=f"s{i}", tag="flat", domain="flat", messages=[{"role": "user", "content": ""}]) for i in range(5)
     ]
     manager.mixture.streams["flat"].samples[:] = short
-    manager.recipe.data.max_prompt_tokens = len(manager.prompt_ids(short[0]))  # the "mixed" rows say "qN": longer
+    manager.recipe.data.max_prompt_tokens = len(
+        manager.prompts.prompt_ids(short[0])
+    )  # the "mixed" rows say "qN": longer
     batch, metrics = manager.take(0)
     manager.close()
     assert (
@@ -586,7 +588,7 @@ def test_a_partial_rollout_whose_first_tokens_predate_the_bound_is_dropped() -> 
     """k = 1 at step 3: a rollout begun by version 1 is stale though its last tokens are version 3's;
     one begun by version 2 (= s - k) trains."""
     manager, _ = make(k=1)
-    prompts = {tuple(manager.prompt_ids(s)) for s in samples("mixed", 5)}  # "q0".."q4": every row
+    prompts = {tuple(manager.prompts.prompt_ids(s)) for s in samples("mixed", 5)}  # "q0".."q4": every row
     manager.close()
     for lag, dropped in [(1, False), (2, True)]:
         engine = LaggingEngine(3, lag=lag, prompts=prompts)
@@ -626,7 +628,7 @@ def test_every_started_group_ends_exactly_once_and_by_its_wave_s_take(k) -> None
     """A per-group ledger, not `started == sum(ends)` (which `close()` makes an identity): every group
     of wave s has one end when take(s) returns, and only groups of waves not taken end cancelled."""
     manager, _ = make(k=k)
-    lagging = {tuple(manager.prompt_ids(s)) for s in samples("mixed", 5) if s.id == "mixed4"}  # "q4"
+    lagging = {tuple(manager.prompts.prompt_ids(s)) for s in samples("mixed", 5) if s.id == "mixed4"}  # "q4"
     manager.close()
     engine = LaggingEngine(3, lag=k + 1, prompts=lagging, delay=0.001, jitter=0.003, seed=k)
     manager, _ = make(engine, rewards=LedgerRewards(), k=k, steps=8, dynamic_sampling=True, max_refill_rounds=1,

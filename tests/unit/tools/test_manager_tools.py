@@ -89,7 +89,7 @@ def test_a_train_row_and_an_eval_row_with_the_same_id_keep_their_own_prompts(tok
     manager = RolloutManager(recipe, train={"shop": [train]}, evals={"shop": [held_out]}, tokenizer=tokenizer,
                              client=PriceEngine(tokenizer), rewards=Rewards())  # type: ignore[arg-type]  # fmt: skip
     try:
-        assert manager.prompt_text(held_out).endswith("user: eval\nassistant: ")
-        assert manager.prompt_text(train).endswith("user: train\nassistant: ")
+        assert manager.prompts.prompt_text(held_out).endswith("user: eval\nassistant: ")
+        assert manager.prompts.prompt_text(train).endswith("user: train\nassistant: ")
     finally:
         manager.close()
