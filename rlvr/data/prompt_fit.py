@@ -206,7 +206,7 @@ def check_data(
     """The loaded rows of every domain against what a run needs, before anything starts:
 
     - every data file (and eval file) has a row;
-    - `experiment.eval_at_start` has eval rows to score;
+    - `experiment.eval_at_start` and `eval_steps` have eval rows to score;
     - every domain keeps at least one usable row after bad-row skipping, filters and the prompt
       limit (else the trainer stops 15 s in: "a domain needs at least one sample");
     - rows whose rendered prompt is longer than `data.max_prompt_tokens` are counted (a warning
@@ -297,10 +297,17 @@ def _empty_file(recipe: Any) -> Problem | None:
 
 
 def _no_eval_rows(recipe: Any, evals: dict[str, list[Sample]]) -> Problem | None:
-    """An eval at step 0 with nothing to evaluate is a recipe mistake, not an empty curve point."""
-    if recipe.experiment.eval_at_start and not any(evals.values()):
+    """An eval with nothing to evaluate is a recipe mistake, not an empty curve point."""
+    if any(evals.values()):
+        return None
+    if recipe.experiment.eval_at_start:
         return ("experiment", "eval_at_start"), (
             "needs eval rows, and no domain has any: give a domain eval_files (or its gym table an eval_size)"
+        )
+    if recipe.experiment.eval_steps:
+        return ("experiment", "eval_steps"), (
+            "evaluates every few steps, and no domain has eval rows: give a domain eval_files (or its gym table "
+            "an eval_size), or set eval_steps = 0"
         )
     return None
 

@@ -451,3 +451,9 @@ def test_eval_at_start_needs_eval_rows() -> None:
         "(or its gym table an eval_size)"
     ), line
     assert runner.invoke(app, ["validate", recipe, "--set", "experiment.eval_at_start=true"]).exit_code == 0
+    line = one_error_line(runner.invoke(app, ["validate", recipe, *no_evals]))  # the quickstart evaluates every 25
+    assert line.endswith(
+        "experiment.eval_steps: evaluates every few steps, and no domain has eval rows: give a domain eval_files "
+        "(or its gym table an eval_size), or set eval_steps = 0"
+    ), line
+    assert runner.invoke(app, ["validate", recipe, "--set", "experiment.eval_steps=0", *no_evals]).exit_code == 0
