@@ -106,7 +106,7 @@ VALUE_RULES: dict[str, dict[str, object]] = {
     "llm_judge": {
         "judge_url": _of(str), "model": _of(str), "api_key_env": _of(str), "template": _judge_template,
         "timeout_s": _SECONDS, "max_retries": _number(low=0, integer=True), "backoff_s": _number(low=0),
-        "max_concurrency": _COUNT, "temperature": _number(low=0), "max_tokens": _COUNT,
+        "down_wait_s": _number(low=0), "max_concurrency": _COUNT, "temperature": _number(low=0), "max_tokens": _COUNT,
     },
     "qa_match": {"metric": _choice("em", "f1"), "format_weight": _FRACTION},
     # The verifier is the dataset's own; its system prompt is the domain's gym.system_prompt.

@@ -6,7 +6,8 @@ response cut inside a fence at the token limit scores 0. `sample.case_type` says
 compared on the host), `assert`, `pytest` or `check_based` (HumanEval style). The three test kinds
 are judged in a SEPARATE sandboxed judge process (`sandbox/judge.py`) that calls the solution's
 functions over a pipe and gets plain values back (`sandbox/wire.py`), so nothing the solution does
-in its own process reaches the verdict.
+in its own process reaches the verdict. A job the fork server died under is run again, whole, up
+to `SANDBOX_RERUNS` more times before its verdict is *failed*.
 
 reward_args: `partial_credit`, `timeout_s`, `memory_mb`, `max_procs`, `max_output_bytes`,
 `max_scratch_mb`, `sandbox`, `sandbox_mode`, `e2b_template` (docs/rewards.md, code_sandbox).
@@ -19,6 +20,7 @@ import functools
 import json
 import os
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -40,6 +42,13 @@ WIRE = "_rlvr_wire.py"
 PAIR = "_rlvr_pair.py"
 _semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 _local_sandboxes: dict[tuple[str, str | None], Any] = {}
+SANDBOX_RERUNS = 2
+"""How many more times a job runs after the fork server died under it (`sandbox_lost`): the server
+restarts itself on the next run, and what it was running must be judged again, not failed. Only
+that failure is retried; `sandbox_setup` would fail the same way again. The verdict is still the
+sandbox judge's, and a solution cannot reach the fork server from its namespaces; were it able to,
+the bounded re-runs end in a failed verdict, which earns it nothing."""
+Verdict = tuple[int, int, str, RunResult]
 
 
 @dataclass(slots=True)
@@ -179,7 +188,7 @@ def _local_sandbox(reward_args: dict[str, Any]) -> Any:
     return _local_sandboxes[key]
 
 
-async def _run_local(job: Job, limits: Limits, reward_args: dict[str, Any]) -> tuple[int, int, str, RunResult]:
+async def _run_local(job: Job, limits: Limits, reward_args: dict[str, Any]) -> Verdict:
     from rlvr.sandbox.local import pytest_binds
 
     sandbox = _local_sandbox(reward_args)
@@ -214,7 +223,7 @@ async def _run_local(job: Job, limits: Limits, reward_args: dict[str, Any]) -> t
         return (*judge_events(job, judge_run, solution_run, limits), judge_run)
 
 
-async def _run_e2b(job: Job, limits: Limits, reward_args: dict[str, Any]) -> tuple[int, int, str, RunResult]:
+async def _run_e2b(job: Job, limits: Limits, reward_args: dict[str, Any]) -> Verdict:
     from rlvr.sandbox.e2b import E2BSandbox
 
     sandbox = E2BSandbox(template=reward_args.get("e2b_template"))
@@ -226,6 +235,29 @@ async def _run_e2b(job: Job, limits: Limits, reward_args: dict[str, Any]) -> tup
     files.update({f"judge/{name}": text for name, text in job.judge_files.items()})
     run = await sandbox.run(files, PAIR, limits=limits)
     return (*judge_events(job, run, None, limits), run)
+
+
+async def _rerun_when_lost(
+    run: Callable[[Job, Limits, dict[str, Any]], Awaitable[Verdict]],
+    job: Job,
+    limits: Limits,
+    reward_args: dict[str, Any],
+) -> tuple[Verdict, int]:
+    """The job's verdict and how many times it was re-run (whole: solution and judge) because the
+    fork server died under it (see SANDBOX_RERUNS)."""
+    verdict = await run(job, limits, reward_args)
+    reruns = 0
+    while verdict[3].killed == "sandbox_lost" and reruns < SANDBOX_RERUNS:
+        reruns += 1
+        verdict = await run(job, limits, reward_args)
+    return verdict, reruns
+
+
+def _sandbox_failed(lost: RunResult, reruns: int) -> RewardResult:
+    """Failed, with the sandbox's one-line cause: after its re-runs when the fork server died."""
+    tries = f" (tried {SANDBOX_RERUNS + 1} times)" if lost.killed == "sandbox_lost" else ""
+    cause = f"sandbox could not run the tests: {lost.info.get('cause', lost.killed)}{tries}"
+    return failed(cause, error=True, **({"sandbox_reruns": reruns} if reruns else {}))
 
 
 @register("code_sandbox")
@@ -258,15 +290,19 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     except ValueError as exc:
         return failed(f"bad sample: {exc}", error=True)
     run = _run_e2b if backend == "e2b" else _run_local
-    verdicts = await asyncio.gather(*(run(job, limits, reward_args) for job in jobs))
+    outcomes = await asyncio.gather(*(_rerun_when_lost(run, job, limits, reward_args) for job in jobs))
+    verdicts = [verdict for verdict, _ in outcomes]
+    reruns = sum(n for _, n in outcomes)
     runs = [v[3] for v in verdicts]
     lost = next((r for r in runs if r.killed in SANDBOX_FAILURES), None)
     if lost is not None:  # the sandbox itself, never the solution (see SANDBOX_FAILURES)
-        return failed(f"sandbox could not run the tests: {lost.info.get('cause', lost.killed)}", error=True)
+        return _sandbox_failed(lost, reruns)
     passed = sum(v[0] for v in verdicts)
     total = sum(v[1] for v in verdicts)
     failures = [v[2] for v in verdicts if v[0] < v[1] or v[1] == 0]
     info: dict[str, Any] = {"passed": passed, "total": total, "backend": backend, "blocks": list(program.blocks)}
+    if reruns:
+        info["sandbox_reruns"] = reruns
     if any(r.killed == "timeout" for r in runs):
         info["timeout"] = True
     if total == 0:

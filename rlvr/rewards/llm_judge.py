@@ -3,13 +3,16 @@
 Two templates: `reference` (default when the sample has a ground_truth) asks YES/NO whether the
 final answer matches the reference; `rubric` asks for a 0-10 score, normalised to [0, 1]. Errors
 are retried with backoff, and concurrency is capped per judge URL so a big batch cannot flood the
-judge; one HTTP session per URL and event loop keeps connections open across verdicts. Verdicts:
-what lies outside the response (a timeout, 5xx/429 or no connection after the retries, refused
-credentials) is *failed*, kept out of training; what the response can bring about (an unparsable
-answer, a request refused for its content) scores 0. Both are counted in `JUDGE_METRICS`.
+judge; one HTTP session per URL and event loop keeps connections open across verdicts. A judge
+that is down (the launcher restarts a dead one on the same URL) is waited for up to `down_wait_s`,
+so what it was judging is judged again, not failed. Verdicts: what lies outside the response (a
+timeout, 5xx/429 after the retries, a judge down past `down_wait_s`, refused credentials) is
+*failed*, kept out of training; what the response can bring about (an unparsable answer, a request
+refused for its content) scores 0. Both are counted in `JUDGE_METRICS`.
 
 reward_args: `judge_url` (or env RLVR_JUDGE_URL), `model`, `api_key_env`, `template`, `timeout_s`,
-`max_retries`, `backoff_s`, `max_concurrency`, `temperature`, `max_tokens` (docs/rewards.md).
+`max_retries`, `backoff_s`, `down_wait_s`, `max_concurrency`, `temperature`, `max_tokens`
+(docs/rewards.md).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import re
+import time
 import weakref
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -25,13 +29,15 @@ from typing import Any
 
 from rlvr.rewards.args import judge_mode, reject_unknown_args
 from rlvr.rewards.base import describe_exception, failed, zero
+from rlvr.rewards.deadline import current as current_deadline
 from rlvr.rewards.deadline import queued
 from rlvr.rewards.registry import register
 from rlvr.rewards.text import split_think
 from rlvr.types import Completion, RewardResult, Sample
 
 JUDGE_METRICS: Counter[str] = Counter()
-"""Process-wide counters: requests, retries, timeouts, errors, refused, unparsable (read by the pool)."""
+"""Process-wide counters: requests, retries, down_retries (asked again while the judge was down),
+timeouts, errors, refused, unparsable (the pool reports each as `reward/judge/<key>_total`)."""
 
 
 REFERENCE_TEMPLATE = """You are grading a response against a reference answer.
@@ -174,6 +180,66 @@ async def aclose_sessions() -> None:
         await closer.aclose()
 
 
+class _Retry(Exception):
+    """A 5xx/429 answer: the judge is up but could not answer; retried up to `max_retries` times."""
+
+
+class _JudgeDown(Exception):
+    """No connection, or 502/503: the judge is not there (the launcher may be restarting it)."""
+
+
+DOWN_STATUSES = (502, 503)
+DOWN_BACKOFF_CAP_S = 2.0  # a restarted judge is asked again within this of coming back
+_down_since: dict[str, float] = {}
+"""Per endpoint, process-wide: when it was found down (monotonic), until it answers again. Shared so
+that a judge down for good fails each call at once once `down_wait_s` has passed, not after a wait
+of its own per call: calls queue `max_concurrency` at a time, and a step would wait one
+`down_wait_s` per batch."""
+
+
+async def _post(session: Any, endpoint: str, *, timeout_s: float, **request: Any) -> str:
+    """One request: the answer's text, or the exception that says what kind of failure it was."""
+    import aiohttp
+
+    try:
+        async with session.post(endpoint, timeout=aiohttp.ClientTimeout(total=timeout_s), **request) as response:
+            if response.status in DOWN_STATUSES:  # a proxy in front of a judge that is not up (yet)
+                raise _JudgeDown(f"HTTP {response.status}")
+            _down_since.pop(endpoint, None)  # any other answer: the judge is up
+            if response.status >= 500 or response.status == 429:
+                raise _Retry(f"HTTP {response.status}")
+            if response.status in CONTENT_STATUSES:
+                raise JudgeRefused(f"HTTP {response.status}: {(await response.text())[:200]}")
+            if response.status >= 400:
+                raise RuntimeError(f"judge returned HTTP {response.status}: {(await response.text())[:200]}")
+            payload = await response.json(content_type=None)
+            return payload["choices"][0]["message"]["content"] or ""
+    except TimeoutError as exc:  # before ClientConnectionError: aiohttp's own timeouts are both
+        raise JudgeTimeout(f"no answer within {timeout_s}s") from exc
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:  # refused, dropped, cut mid-answer
+        raise _JudgeDown(describe_exception(exc)) from exc
+
+
+async def _wait_while_down(url: str, endpoint: str, down: _JudgeDown, *, down_wait_s: float, delay: float) -> None:
+    """Wait `delay` (capped) before asking a judge found down again; RuntimeError, naming the URL and
+    the wait, once it has been down for `down_wait_s`.
+
+    The pool's deadline is paused meanwhile: a judge being restarted is not the call's own time,
+    and the default `down_wait_s` would otherwise run into `rewards.call_timeout_s` (deadline.py)."""
+    waited = time.monotonic() - _down_since.setdefault(endpoint, time.monotonic())
+    if waited >= down_wait_s:
+        raise RuntimeError(f"judge {url} was down for {waited:.1f} s (down_wait_s = {down_wait_s:g}): {down}")
+    JUDGE_METRICS["down_retries"] += 1
+    deadline = current_deadline.get()
+    if deadline is not None:
+        deadline.pause()
+    try:
+        await asyncio.sleep(min(delay, DOWN_BACKOFF_CAP_S, down_wait_s - waited))
+    finally:
+        if deadline is not None:
+            deadline.resume()
+
+
 async def chat(
     url: str,
     messages: list[dict[str, str]],
@@ -183,40 +249,40 @@ async def chat(
     timeout_s: float,
     max_retries: int,
     backoff_s: float,
+    down_wait_s: float = 0.0,
     temperature: float = 0.0,
     max_tokens: int = 512,
 ) -> str:
     """One chat completion with retries; raises JudgeTimeout or RuntimeError when it gives up,
-    JudgeRefused when the judge refuses the request itself."""
-    import aiohttp
+    JudgeRefused when the judge refuses the request itself.
 
+    A judge that is down (no connection, 502/503) is asked again until `down_wait_s` has passed
+    since it was found down, without using up `max_retries`: the launcher restarts a dead judge
+    on the same URL, and what it was judging must be judged again, not failed. With
+    `down_wait_s = 0` a judge that is down is one more failure for `max_retries` to retry."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     body = {"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
     endpoint = url.rstrip("/") + ("" if url.rstrip("/").endswith("/v1") else "/v1") + "/chat/completions"
-    last_error = ""
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
     session = await _session(url)
-    for attempt in range(max_retries + 1):
-        if attempt:
-            JUDGE_METRICS["retries"] += 1
-            await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+    retries = down_retries = 0
+    while True:
         JUDGE_METRICS["requests"] += 1
         try:
-            async with session.post(endpoint, json=body, headers=headers, timeout=timeout) as response:
-                if response.status >= 500 or response.status == 429:
-                    last_error = f"HTTP {response.status}"
-                    continue
-                if response.status in CONTENT_STATUSES:
-                    raise JudgeRefused(f"HTTP {response.status}: {(await response.text())[:200]}")
-                if response.status >= 400:
-                    raise RuntimeError(f"judge returned HTTP {response.status}: {(await response.text())[:200]}")
-                payload = await response.json(content_type=None)
-                return payload["choices"][0]["message"]["content"] or ""
-        except TimeoutError as exc:
-            raise JudgeTimeout(f"no answer within {timeout_s}s") from exc
-        except aiohttp.ClientConnectionError as exc:
-            last_error = f"{type(exc).__name__}: {exc}"
-    raise RuntimeError(f"judge {url} failed after {max_retries + 1} attempts: {last_error}")
+            return await _post(session, endpoint, timeout_s=timeout_s, json=body, headers=headers)
+        except _JudgeDown as exc:
+            error: Exception = exc
+            if down_wait_s > 0:
+                delay = max(backoff_s, 0.1) * 2 ** min(down_retries, 5)
+                await _wait_while_down(url, endpoint, exc, down_wait_s=down_wait_s, delay=delay)
+                down_retries += 1
+                continue
+        except _Retry as exc:
+            error = exc
+        if retries >= max_retries:
+            raise RuntimeError(f"judge {url} failed after {retries + 1} attempts: {error}")
+        retries += 1
+        JUDGE_METRICS["retries"] += 1
+        await asyncio.sleep(backoff_s * 2 ** (retries - 1))
 
 
 async def check_judge(
@@ -290,6 +356,7 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
                 timeout_s=timeout_s,
                 max_retries=int(reward_args.get("max_retries", 3)),
                 backoff_s=float(reward_args.get("backoff_s", 0.5)),
+                down_wait_s=float(reward_args.get("down_wait_s", 120.0)),
                 temperature=float(reward_args.get("temperature", 0.0)),
                 max_tokens=int(reward_args.get("max_tokens", 512)),
             )

@@ -27,7 +27,7 @@ GARBAGE = [
 ARGS = {
     "math_rule": {"timeout_s": 20},
     "code_sandbox": {"timeout_s": 5},
-    "llm_judge": {"judge_url": "http://127.0.0.1:9", "max_retries": 0, "timeout_s": 2},
+    "llm_judge": {"judge_url": "http://127.0.0.1:9", "max_retries": 0, "down_wait_s": 0, "timeout_s": 2},
 }
 
 

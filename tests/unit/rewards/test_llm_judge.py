@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 from aiohttp import web
 
+from rlvr.process import free_port
 from rlvr.rewards import llm_judge
 from rlvr.rewards.llm_judge import parse_rubric, parse_yes_no, score
+from rlvr.rewards.pool import RewardPool
+from rlvr.types import Group
 from tests.conftest import serve_app
 
 from .conftest import make_completion, make_sample
@@ -42,7 +46,7 @@ class Judge:
         body = await request.json()
         self.requests.append({"body": body, "auth": request.headers.get("Authorization")})
         action = self.script.pop(0) if self.script else "ok"
-        if action in ("500", "400", "401"):
+        if action in ("500", "503", "400", "401"):
             return web.Response(status=int(action), text="refused")
         if action == "slow":
             await asyncio.sleep(1.5)
@@ -134,6 +138,7 @@ async def test_unparsable_and_unreachable(judge):
         judge_url="http://127.0.0.1:9",
         max_retries=1,
         backoff_s=0.01,
+        down_wait_s=0,  # no wait for a judge that is down: a connection error is one more retry
     )
     assert closed.failed is not None and closed.failed.startswith("judge http://127.0.0.1:9 failed after 2 attempts: ")
 
@@ -157,3 +162,84 @@ async def test_concurrency_limit_per_url(judge):
         *(score(sample, make_completion("1"), judge_url=judge.url, max_concurrency=2) for _ in range(6))
     )
     assert len(judge.requests) == 6 and in_flight["max"] == 2
+
+
+class RestartableJudge:
+    """A judge that answers YES on a fixed port, and can die (connections refused) and come back
+    on the same port, as the launcher restarts a dead judge."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        async def chat(request: web.Request) -> web.Response:
+            return web.json_response({"choices": [{"message": {"role": "assistant", "content": "YES"}}]})
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+async def test_samples_a_dying_judge_was_judging_are_judged_again_when_it_is_back():
+    """Down for 1.5 s (a real restart takes 10-60 s): the sample gets the judge's real verdict, the
+    waits are counted, and they are off the pool's deadline (1 s here), as a queue for a slot is."""
+    judge = RestartableJudge()
+    await judge.start()
+    args = {"judge_url": judge.url, "backoff_s": 0.1, "max_retries": 0}
+    pool = RewardPool.from_domains({"qa": ("llm_judge", args)}, call_timeout_s=1.0)
+    warm = Group(make_sample(domain="qa", ground_truth="1"), [make_completion("1")])
+    await pool.score_groups([warm])  # leaves a kept-alive connection to the server that dies
+    await judge.stop()
+    before = llm_judge.JUDGE_METRICS["down_retries"]
+
+    async def restart_later() -> None:
+        await asyncio.sleep(1.5)
+        await judge.start()
+
+    restart = asyncio.ensure_future(restart_later())
+    group = Group(make_sample(domain="qa", ground_truth="1"), [make_completion("1")])
+    try:
+        metrics = await pool.score_groups([group])
+    finally:
+        await restart
+        await judge.stop()
+    assert [r.failed for r in group.rewards] == [None] and group.scores == [1.0]
+    assert llm_judge.JUDGE_METRICS["down_retries"] - before >= 3  # 0.1 + 0.2 + 0.4 s < 1.5 s
+    assert metrics["reward/judge/down_retries_total"] == llm_judge.JUDGE_METRICS["down_retries"]
+
+
+async def test_a_judge_that_stays_down_is_failed_after_down_wait_s_and_then_at_once():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: connections are refused
+    sample, completion = make_sample(ground_truth="1"), make_completion("1")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    result = await score(sample, completion, judge_url=url, down_wait_s=0.5, backoff_s=0.1)
+    waited = loop.time() - start
+    assert result.failed is not None and result.info["error"] and 0.5 <= waited < 2.0
+    line = rf"judge {re.escape(url)} was down for 0\.[5-9] s \(down_wait_s = 0\.5\): ClientConnectorError: .+"
+    assert re.fullmatch(line, result.failed), result.failed
+    # known down past its wait: the next call is failed at once, not after a wait of its own
+    start = loop.time()
+    again = await score(sample, completion, judge_url=url, down_wait_s=0.5, backoff_s=0.1)
+    assert again.failed is not None and again.failed.startswith(f"judge {url} was down for ")
+    assert loop.time() - start < 0.4
+
+
+async def test_503_is_a_judge_that_is_down_not_an_answer_to_retry(judge):
+    """A proxy answers 503 while the judge behind it restarts: waited for, not counted in max_retries."""
+    judge.script = ["503", "503"]
+    before = llm_judge.JUDGE_METRICS["down_retries"]
+    result = await score(
+        make_sample(ground_truth="1"), make_completion("1"), judge_url=judge.url, max_retries=0, backoff_s=0.01
+    )
+    assert result.score == 1.0 and len(judge.requests) == 3
+    assert llm_judge.JUDGE_METRICS["down_retries"] - before == 2
