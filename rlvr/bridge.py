@@ -31,6 +31,10 @@ class LoopThread:
             self._thread = threading.Thread(target=self.loop.run_forever, name=self.name, daemon=True)
             self._thread.start()
 
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
     def submit(self, coro: Coroutine[Any, Any, T]) -> cf.Future[T]:
         """Run `coro` on the loop's thread (started now if it was not); its future."""
         self.start()

@@ -13,6 +13,7 @@ fails"); `experiment.eval_at_start` logs an eval as step 0 on a fresh run.
 
 from __future__ import annotations
 
+import logging
 import random
 import signal
 import time
@@ -37,7 +38,10 @@ from rlvr.trainer.critic import Critic
 from rlvr.trainer.step import train_on
 from rlvr.types import RolloutBatch
 
+log = logging.getLogger(__name__)
+
 PREEMPTED_EXIT = 3
+REJOIN_PUSH, REJOIN_DONE = "push", "done"  # rank 0's words to the other ranks while a wave is collected
 FAILED_EXIT = 4
 
 
@@ -146,10 +150,12 @@ class RLLoop:
         rollout, failure = None, None
         if self.manager is not None:
             try:
-                rollout, metrics = self.manager.take(self.step)
+                rollout, metrics = self.manager.take(self.step, while_waiting=self.rejoin_stranded)
                 failure = self.manager.stop_reason
             except RolloutError as exc:  # every server dead, retries spent: no batch for this step
                 failure = f"rollout failed in step {self.step + 1}: {exc}"
+        if self.rejoins:
+            self.rejoin_together(None if self.manager is None else REJOIN_DONE)
         if self.colocation is not None:  # the engines free the shared GPUs for this step
             try:
                 self.colocation.release()
@@ -162,6 +168,37 @@ class RLLoop:
             return None, metrics
         assert isinstance(rollout, RolloutBatch)
         return rollout, metrics
+
+    @property
+    def rejoins(self) -> bool:
+        """Whether a waiting wave may push to a server that came back ("continue"; see `rejoin_stranded`)."""
+        return self.sync is not None and self.recipe.sync.on_engine_failure == "continue"
+
+    def rejoin_stranded(self) -> None:
+        """While rank 0 waits for a wave: if every server was lost and one is back (restarted, so on
+        its base weights), push it the weights of `self.step` now; the wave's groups wait for it,
+        and no sample mixes two versions. The regular push does this when other servers are live."""
+        if not self.rejoins or self.manager is None or not self.manager.stranded():
+            return
+        log.warning(
+            "a rollout server is back after every server was lost: it gets version %d, then the wave goes on", self.step
+        )  # fmt: skip (the death itself is the launcher's one line in events.jsonl)
+        self.rejoin_together(REJOIN_PUSH)
+
+    def rejoin_together(self, word: str | None) -> None:
+        """The push is collective: rank 0 says `push` (then pushes) or `done` (the wave is in); the
+        other ranks, waiting here for the wave, join each push until `done`."""
+        if not d.is_dist():
+            if word == REJOIN_PUSH:
+                self.push_weights()
+            return
+        if self.manager is not None:  # rank 0
+            d.broadcast_object(word)
+            if word == REJOIN_PUSH:
+                self.push_weights()
+            return
+        while d.broadcast_object(None) == REJOIN_PUSH:
+            self.push_weights()
 
     def push_weights(self) -> dict[str, float]:
         """New weights to the engines as version `self.step`: the manager holds new groups and

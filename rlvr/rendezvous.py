@@ -2,8 +2,10 @@
 
 The run directory is the one thing every node of a job (and the login node) can see, so
 it doubles as the rendezvous: a server that is healthy writes `servers/<index>.json`
-(`url`, `engine`, `host`, `gpus`) atomically, and trainer rank 0 waits until the plan's
-count is there, with a timeout and an error that names the missing servers. The local
+(`url`, `engine`, `host`, `gpus`, `instance`) atomically, and trainer rank 0 waits until the
+plan's count is there, with a timeout and an error that names the missing servers. A server
+restarted on its URL is registered again, before it starts, with its `instance` one higher: that
+is how the trainer tells a new process (base weights, no update group) from the one it knew. The local
 launcher and the SLURM node script both use this, so the worker never needs to know how
 its servers were started.
 """
@@ -26,6 +28,8 @@ class ServerAddress:
     engine: str = "embedded"
     host: str = field(default_factory=socket.gethostname)
     gpus: list[int] = field(default_factory=list)
+    instance: int = 0
+    """Which start of the server at `url` this is: 0, then one more per restart."""
 
 
 class ServerWaitError(TimeoutError):
@@ -70,6 +74,11 @@ def read_servers(run_dir: str | Path) -> list[ServerAddress]:
         except (json.JSONDecodeError, TypeError):
             continue
     return sorted(out, key=lambda a: a.index)
+
+
+def server_instances(run_dir: str | Path) -> dict[str, int]:
+    """url -> instance of every registered rollout server (see the module docstring)."""
+    return {address.url.rstrip("/"): address.instance for address in read_servers(run_dir)}
 
 
 def wait_for_servers(run_dir: str | Path, *, count: int, timeout_s: float, poll_s: float = 0.5) -> list[ServerAddress]:

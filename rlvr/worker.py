@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlvr.loop import FAILED_EXIT, RLLoop
     from rlvr.recipe.load import recipe_from_json
-    from rlvr.recipe.plan import make_plan
+    from rlvr.recipe.plan import TRAINER_RESTART_ENV, make_plan
     from rlvr.rendezvous import wait_for_judge, wait_for_servers
     from rlvr.rollout.factory import sync_pause_mode
     from rlvr.server.commands import quiet_loading_bars
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     if info.is_main and recipe.judge is not None:  # a judge the launcher serves (recipe [judge])
         os.environ["RLVR_JUDGE_URL"] = wait_for_judge(args.run_dir, timeout_s=recipe.rollout.timeout_s)
     if info.is_main:
-        manager = build_manager(recipe, tokenizer=tokenizer, urls=[s.url for s in servers])
+        manager = build_manager(recipe, tokenizer=tokenizer, urls=[s.url for s in servers], run_dir=args.run_dir)
         recorder = build_recorder(recipe, run_dir=args.run_dir)
         problem = judges_problem(recipe)
         if problem is not None:  # before step 1, not as a step of failed verdicts
@@ -88,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         recipe, run_dir=args.run_dir, actor=actor, critic=critic, manager=manager, sync=sync,
         recorder=recorder, pad_id=cast("int | None", tokenizer.pad_token_id) or 0,  # typed as any id form
     )  # fmt: skip
-    if loop.resume(args.resume) and sync is not None:
-        sync.push(version=loop.step)  # fresh servers hold the base weights: bring them up to date
+    restarted = int(os.environ.get(TRAINER_RESTART_ENV, "0") or 0) > 0
+    if (loop.resume(args.resume) or restarted) and sync is not None:
+        # fresh servers hold the base weights, and those a dead trainer left running its last push
+        sync.push(version=loop.step)
     state, error = "failed", None
     try:
         code = loop.run()
@@ -190,16 +192,20 @@ def judges_problem(recipe) -> str | None:
     return None
 
 
-def build_manager(recipe, *, tokenizer, urls):
+def build_manager(recipe, *, tokenizer, urls, run_dir):
+    from functools import partial
+
     from rlvr.collect.manager import RolloutManager
     from rlvr.data.sources import load_recipe_domains
+    from rlvr.rendezvous import server_instances
     from rlvr.rewards.pool import RewardPool
     from rlvr.rewards.workers import reward_workers
     from rlvr.rollout.factory import make_client
 
     train, _ = load_recipe_domains(recipe)
     evals, _ = load_recipe_domains(recipe, eval_files=True)
-    client = make_client(recipe.rollout, urls)
+    rejoin = recipe.sync.on_engine_failure == "continue"
+    client = make_client(recipe.rollout, urls, rejoin=rejoin, instances=partial(server_instances, run_dir))
     # Sized from this process's cores, the trainer ranks beside it (torchrun's LOCAL_WORLD_SIZE) and
     # whether any domain's reward uses the pool at all: `reward_workers` says why.
     workers = reward_workers(

@@ -15,8 +15,9 @@ reward could not judge leave their group first. Prompts follow the seed, never t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlvr.algorithms.shaping import RewardShaping
@@ -32,6 +33,7 @@ from rlvr.data.mixture import MixtureSampler, WaveDraws, hash_seed
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.pool import RewardPool
 from rlvr.rollout.base import RolloutClient
+from rlvr.rollout.pool import ServerPool
 from rlvr.tools.session import Toolbox
 from rlvr.types import RolloutBatch, Sample
 
@@ -105,9 +107,24 @@ class RolloutManager:
         self.bridge.start()
         self.bridge.call(self.scheduler.open_gate(version, first_wave=version))
 
-    def take(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        """Block until wave `step` is complete; its batch and metrics (the trainer is at `step`)."""
-        return self.bridge.call(self._take(step))
+    def take(
+        self, step: int, *, while_waiting: Callable[[], None] | None = None, poll_s: float = 2.0
+    ) -> tuple[RolloutBatch, dict[str, float]]:
+        """Block until wave `step` is complete; its batch and metrics (the trainer is at `step`).
+        `while_waiting()` runs on the caller's thread every `poll_s` until then."""
+        if while_waiting is None or not self.bridge.started:
+            return self.bridge.call(self._take(step))
+        future = self.bridge.submit(self._take(step))
+        while True:
+            try:
+                return future.result(timeout=poll_s)
+            except cf.TimeoutError:
+                while_waiting()
+
+    def stranded(self) -> bool:
+        """Every server is held and one answers again: the wave waits for a push (`ServerPool.stranded`)."""
+        client = self.client
+        return isinstance(client, ServerPool) and self.bridge.call(client.stranded())
 
     def pop_samples(self) -> list[dict[str, Any]]:
         """The episodes `monitor.log_samples` picked from the wave `take` returned last (once)."""
@@ -181,6 +198,15 @@ class RolloutManager:
         """The wave's failed verdicts and skipped rows as events; the failure budget's verdict."""
         step = wave.step + 1
         self._events += self.ledger.report(step, wave.failures)
+        for key, reruns in sorted(wave.metrics.items()):
+            if not (key.startswith("reward/") and key.endswith("/sandbox_reruns")):
+                continue
+            domain = key.split("/")[1]
+            if reruns or wave.metrics.get(f"reward/{domain}/sandbox_restarts"):  # one line per death
+                self._events.append(
+                    f"reward {domain}: the sandbox's fork server had died and was restarted in step {step}; "
+                    f"{reruns:g} run(s) it was running ran again"
+                )
         limit = self.recipe.data.max_prompt_tokens
         for domain, rows in sorted(wave.dropped.items()):
             first, size = rows[0]

@@ -22,7 +22,7 @@ def merge_reward_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, floa
         for key, value in part.items():
             prefix = key.rsplit("/", 1)[0]
             count = float(part.get(f"{prefix}/count", 1.0))
-            if key.endswith(("/count", "/failed", "/timeouts", "/errors")):
+            if key.endswith(("/count", "/failed", "/timeouts", "/errors", "/sandbox_reruns", "/sandbox_restarts")):
                 out[key] = out.get(key, 0.0) + value
             elif key.endswith("_p95_s"):
                 out[key] = max(out.get(key, value), value)

@@ -12,10 +12,11 @@ import re
 import signal
 from pathlib import Path
 
-from rlvr.process import Child
+from rlvr.process import Child, log_tail
 
 _TORCHRUN_FAILED = re.compile(r"^[EWI]\d{4} .*\bfailed \(exitcode")  # torchrun's "E1203 ... failed (exitcode: 1)"
 _ELASTIC = "torch.distributed.elastic"
+_KILLED_RANK = re.compile(r"exitcode\s*:\s*(-\d+) \(pid: (\d+)\)")  # torchrun's summary of a signalled worker
 _PYDANTIC = re.compile(r"\d+ validation errors? for \w+$")
 
 
@@ -32,7 +33,28 @@ def failure(child: Child, what: str) -> LaunchError:
         text = child.log_path.read_text(errors="replace") if child.log_path is not None else ""
     except FileNotFoundError:
         text = ""
+    text = text[text.rfind("\n$ ") + 1 :]  # a restarted child appends to its log: its own run is the last
+    rank = _KILLED_RANK.search(text)  # torchrun's report of a worker killed from outside
+    if rank is not None:
+        signal_name = _signal_name(-int(rank.group(1)))
+        return LaunchError(
+            f"{child.name} {what}: a rank (pid {rank.group(2)}) was killed by {signal_name} (log: {child.log_path})"
+        )
     return LaunchError(f"{child.name} {what}: {root_cause(text)} (log: {child.log_path})")
+
+
+CLEAN_EXITS = (0, 3, 4)
+"""The trainer's own exits: finished, stopped by a signal it was sent, stopped for a failure it stated."""
+
+
+def trainer_crashed(code: int, log_path: Path | None, *, progressed: bool) -> bool:
+    """A trainer exit the launcher restarts from the newest checkpoint: not one of its own exits,
+    and either a signal (OOM kill, segfault, a node hiccup; torchrun reports its worker's as
+    `exitcode: -N`) or after it trained a step, so not a start-up mistake a restart would repeat."""
+    if code in CLEAN_EXITS:
+        return False
+    tail = log_tail(log_path) if log_path is not None else ""
+    return code < 0 or "(exitcode: -" in tail or progressed
 
 
 def _signal_name(number: int) -> str:

@@ -2,10 +2,12 @@
 
 The launcher starts each rollout server (`rlvr serve`, vLLM or SGLang), the judge and the trainer
 (torchrun) at once, registers each server in the run directory once its /health answers (the
-trainer waits for that), shows the dashboard, and supervises: with `sync.on_engine_failure =
-"continue"` a dead rollout server is restarted on its port (`rlvr/launch/supervisor.py`) and serves
-again after a full push; otherwise any dead child, Ctrl-C or SIGTERM asks the trainer to finish its
-step and checkpoint before everything is torn down, with one line saying who died and why. Each
+trainer waits for that), shows the dashboard, and supervises (`rlvr/launch/supervisor.py`): a hung
+server is killed; with `sync.on_engine_failure = "continue"` a dead rollout server is restarted on
+its port and serves again after a full push; a dead judge is restarted; a trainer that dies (not a
+stop it declared) is restarted from the newest checkpoint (`experiment.trainer_restarts`).
+Otherwise a dead child, Ctrl-C or SIGTERM asks the trainer to finish its step and checkpoint before
+everything is torn down, with one line saying who died and why. Each
 child runs in its own process group, so nothing is left behind, and gets its GPUs from the plan as
 CUDA_VISIBLE_DEVICES (docs/running.md, "When something fails"; docs/cluster.md, "One machine").
 """
@@ -23,7 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlvr.launch.argv import prepare_servers, trainer_command
-from rlvr.launch.failure import LaunchError, checkpoint_note, failure, stated_error
+from rlvr.launch.failure import LaunchError, checkpoint_note, failure, stated_error, trainer_crashed
+from rlvr.launch.health import HealthWatch
 from rlvr.launch.restarts import Restarts
 from rlvr.launch.supervisor import (
     ServerLaunch,
@@ -33,13 +36,13 @@ from rlvr.launch.supervisor import (
     rollout_launch,
     visible_devices,
 )
-from rlvr.monitor.metrics import event_line, mark_stopped
+from rlvr.monitor.metrics import append_event, logged_steps, mark_stopped
 from rlvr.monitor.progress import PlainProgress
 from rlvr.process import Child, Children, free_port
-from rlvr.recipe.plan import PLAN_GPUS_ENV, LaunchPlan, ServerSpec, make_plan
+from rlvr.recipe.plan import PLAN_GPUS_ENV, TRAINER_RESTART_ENV, LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import clear_servers
-from rlvr.rundir import RunDir
+from rlvr.rundir import RunDir, latest_checkpoint
 
 DRAIN_TIMEOUT_S = 300.0  # a trainer told to stop after a child died: its step and checkpoint
 
@@ -84,9 +87,20 @@ class LocalLauncher:
         self.paths = RunDir(run_dir)
         self.paths.logs.mkdir(parents=True, exist_ok=True)
         self.trainer: Child | None = None
-        restarts = Restarts() if recipe.sync.on_engine_failure == "continue" else None
-        servers = Children(env=self.children.env, death_signal=signal.SIGTERM)
-        self.servers = ServerSupervisor(servers, log=self.paths.log, restarts=restarts)
+        self.trainer_restarts = Restarts(max_restarts=recipe.experiment.trainer_restarts)
+        self._trainer_steps = 0  # steps logged when the current trainer started
+        rollout = recipe.rollout
+        restarts = (
+            Restarts(max_restarts=rollout.server_restarts) if recipe.sync.on_engine_failure == "continue" else None
+        )
+        self.servers = ServerSupervisor(
+            Children(env=self.children.env, death_signal=signal.SIGTERM),
+            log=self.paths.log,
+            restarts=restarts,
+            judge_restarts=Restarts(max_restarts=rollout.server_restarts),
+            run_dir=run_dir,
+            health=HealthWatch(deadline_s=rollout.health_deadline_s),
+        )
 
     def start(self, *, server_timeout_s: float = 300.0) -> None:
         """Start every child at once, then register each server as it turns healthy.
@@ -101,10 +115,14 @@ class LocalLauncher:
             self.servers.start(judge_launch(self.recipe, port=free_port()))
         for spec in self.plan.servers:
             self.servers.start(self._server(spec))
-        command = trainer_command(self.plan, run_dir=self.run_dir, resume=self.resume)
-        env = visible_devices(self.plan.trainer_gpus)
-        self.trainer = self.children.start("trainer", command, env=env, log=self.paths.log("trainer"))
+        self._start_trainer(resume=self.resume)
         self.servers.wait_healthy(timeout_s=server_timeout_s, on_healthy=functools.partial(register, self.run_dir))
+
+    def _start_trainer(self, *, resume: str, attempt: int = 0) -> None:
+        command = trainer_command(self.plan, run_dir=self.run_dir, resume=resume)
+        env = {**visible_devices(self.plan.trainer_gpus), TRAINER_RESTART_ENV: str(attempt)}
+        self._trainer_steps = logged_steps(self.run_dir)
+        self.trainer = self.children.start("trainer", command, env=env, log=self.paths.log("trainer"))
 
     def _server(self, spec: ServerSpec) -> ServerLaunch:
         """Local servers take free ports: two runs on one machine must not collide. A restart
@@ -114,35 +132,57 @@ class LocalLauncher:
 
     def check(self) -> int | None:
         """None while running; the trainer's exit code when done; raises when the run must stop
-        (see the module docstring: a dead server is restarted or lost in "continue" mode)."""
+        (see the module docstring: what dies is restarted where it can be)."""
+        self.servers.kill_hung()
         for fresh in self.servers.restart_due():
             self._say(f"{fresh.name} restarted (pid {fresh.pid})", level="warning")
         for child in self.servers.dead():
             self._server_died(child)
+        for _ in self.trainer_restarts.due():
+            self._start_trainer(resume="auto", attempt=self.trainer_restarts.attempts["trainer"])
         trainer = self.trainer
         if trainer is None or (code := trainer.proc.poll()) is None:
             return None
-        if code != 0:
-            stated = stated_error(self.run_dir)
-            raise LaunchError(stated) if stated else failure(trainer, f"exited with code {code}")
-        return 0
+        if code == 0:
+            return 0
+        stated = stated_error(self.run_dir)
+        if stated:
+            raise LaunchError(stated)
+        if self._restart_trainer(trainer):
+            return None
+        raise failure(trainer, f"exited with code {code}")
+
+    def _restart_trainer(self, trainer: Child) -> bool:
+        """Restart a crashed trainer (`trainer_crashed`) from the newest checkpoint, within its
+        budget; True when a restart is scheduled."""
+        code = trainer.proc.returncode
+        if not trainer_crashed(code, trainer.log_path, progressed=logged_steps(self.run_dir) > self._trainer_steps):
+            return False
+        saved = latest_checkpoint(self.paths.checkpoints)
+        start = f"checkpoint {saved.name}" if saved else "the start (no checkpoint yet)"
+        plan = self.trainer_restarts.died("trainer", then=f"it resumes from {start}")
+        if plan is None:
+            return False
+        self.trainer = None
+        self._say(f"{failure(trainer, f'died with code {code}')}; {plan}")
+        return True
 
     def _server_died(self, child: Child) -> None:
-        """Restart a dead rollout server, or go on without it, or stop the run (the judge, "fail"
-        mode, or no server left)."""
-        code = child.proc.returncode
+        """Restart a dead server, or go on without it, or stop the run ("fail" mode, the judge out
+        of restarts, or no rollout server left)."""
+        why = self.servers.why(child)
         plan = self.servers.died(child)
         if plan is not None:
-            self._say(f"{failure(child, f'died with code {code}')}; {plan}")
+            self._say(f"{failure(child, why)}; {plan}")
             return
         if (
             self.servers.rollout(child.name)
             and self.recipe.sync.on_engine_failure == "continue"
             and (up := self.servers.up())
         ):
-            self._say(f"{failure(child, f'died with code {code}')}; the run goes on with {up} rollout server(s)")
+            self._say(f"{failure(child, why)}; the run goes on with {up} rollout server(s)")
             return
-        raise self._drained(failure(child, f"died with code {code}"))
+        raise self._drained(failure(child, why))
 
     def _drained(self, error: LaunchError) -> LaunchError:
         """Before the run stops for `error`: the trainer finishes its step (or fails on the dead
@@ -153,8 +193,7 @@ class LocalLauncher:
 
     def _say(self, message: str, *, level: str = "error") -> None:
         print(message, file=sys.stderr, flush=True)
-        with open(self.paths.events, "a") as events:
-            events.write(event_line(message, level=level))
+        append_event(self.run_dir, message, level=level)
 
     def wait(self, *, poll_s: float = 0.5) -> int:
         while True:

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.launch.argv import prepare_servers, trainer_command
-from rlvr.launch.failure import LaunchError, failure
+from rlvr.launch.failure import LaunchError, failure, stated_error, trainer_crashed
+from rlvr.launch.health import HealthWatch
 from rlvr.launch.restarts import Restarts
 from rlvr.launch.supervisor import ServerLaunch, ServerSupervisor, judge_launch, register, rollout_launch
-from rlvr.monitor.metrics import mark_stopped
-from rlvr.process import Children
-from rlvr.recipe.plan import LaunchPlan, ServerSpec
+from rlvr.monitor.metrics import append_event, logged_steps, mark_stopped
+from rlvr.process import Child, Children
+from rlvr.recipe.plan import TRAINER_RESTART_ENV, LaunchPlan, ServerSpec
 from rlvr.rendezvous import clear_servers
 from rlvr.rundir import DONE_STATES, RunDir, read_json, read_status, write_json_atomic
 
@@ -200,8 +201,19 @@ class Node:
         # without a handler) would die of the time-limit warning instead of letting the worker
         # checkpoint; rlvr.worker installs its own handler and still gets it.
         self.children = Children(death_signal=signal.SIGKILL, ignore=(signal.SIGUSR1, signal.SIGUSR2))
-        restarts = Restarts() if self.recipe.sync.on_engine_failure == "continue" else None
-        self.servers = ServerSupervisor(self.children, log=self.paths.log, restarts=restarts)
+        rollout = self.recipe.rollout
+        restarts = (
+            Restarts(max_restarts=rollout.server_restarts) if self.recipe.sync.on_engine_failure == "continue" else None
+        )
+        self.servers = ServerSupervisor(
+            self.children,
+            log=self.paths.log,
+            restarts=restarts,
+            judge_restarts=Restarts(max_restarts=rollout.server_restarts),
+            run_dir=run_dir,
+            host=self.role.name,
+            health=HealthWatch(deadline_s=rollout.health_deadline_s),
+        )
         self.signals: list[int] = []
         self.grace_s = float(os.environ.get(STOP_GRACE_ENV, "20"))
 
@@ -257,27 +269,55 @@ class Node:
             self.plan, run_dir=self.run_dir, node_rank=role.node_rank, master_addr=resolve_address(role.master_node)
         )
         _log(role, " ".join(argv))
-        env = dict(os.environ, RLVR_NODE_ROLE=TRAINER, RLVR_ATTEMPT=role.attempt)
-        trainer = self.children.start("trainer", argv, env=env)
-        preempted = False
+        restarts = Restarts(max_restarts=self.recipe.experiment.trainer_restarts)
+        restart = 0
         while True:
-            running = trainer.running()
-            for sig in self._pending():  # drained once more after the exit: a signal may race it
-                if sig in (signal.SIGTERM, signal.SIGINT):
-                    self._stop()
-                _log(role, f"{signal.Signals(sig).name}: asking the trainer to checkpoint and exit")
-                preempted = True
-                self.children.signal_workers(sig)
-            if not running:
+            env = dict(
+                os.environ, RLVR_NODE_ROLE=TRAINER, RLVR_ATTEMPT=role.attempt, **{TRAINER_RESTART_ENV: str(restart)}
+            )
+            steps = logged_steps(self.run_dir)
+            trainer = self.children.start("trainer", argv, env=env, log=self.paths.log("trainer"))
+            rc, preempted = self._watch_trainer(trainer)
+            if preempted or not self._restartable(trainer, progressed=logged_steps(self.run_dir) > steps):
                 break
-            time.sleep(0.1)
-        rc = trainer.proc.returncode
+            plan = restarts.died("trainer", then="it resumes from the newest checkpoint")
+            if plan is None:
+                break
+            _log(role, f"{failure(trainer, f'died with code {rc}')}; {plan}")
+            append_event(self.run_dir, f"{failure(trainer, f'died with code {rc}')}; {plan}")
+            while not restarts.due():
+                time.sleep(0.2)
+            restart += 1
         _log(role, f"trainer exited with {rc}")
         if role.is_first_trainer:
             self._write_trainer_exit(rc)
         if preempted and self.self_requeue and role.is_first_trainer and not self._finished():
             self._requeue()
         return rc
+
+    def _watch_trainer(self, trainer: Child) -> tuple[int, bool]:
+        """Wait for the trainer, passing on the signals this node gets; its exit code, and whether
+        it was asked to stop."""
+        preempted = False
+        while True:
+            running = trainer.running()
+            for sig in self._pending():  # drained once more after the exit: a signal may race it
+                if sig in (signal.SIGTERM, signal.SIGINT):
+                    self._stop()
+                _log(self.role, f"{signal.Signals(sig).name}: asking the trainer to checkpoint and exit")
+                preempted = True
+                self.children.signal_workers(sig)
+            if not running:
+                return int(trainer.proc.returncode), preempted
+            time.sleep(0.1)
+
+    def _restartable(self, trainer: Child, *, progressed: bool) -> bool:
+        """A crashed trainer (`trainer_crashed`) of a one-trainer-node job, not one that stated its
+        own failure. Several trainer nodes would have to restart together: there the job ends and
+        a requeue resumes it."""
+        if len(self.plan.trainer_nodes) != 1 or stated_error(self.run_dir) is not None:
+            return False
+        return trainer_crashed(int(trainer.proc.returncode), trainer.log_path, progressed=progressed)
 
     def _finished(self) -> bool:
         return (read_status(self.run_dir) or {}).get("state") == "finished"
@@ -348,9 +388,10 @@ class Node:
     def _supervise(self) -> None:
         """Say each death once and restart what is due ("continue"); in "fail" mode the trainer's
         weight sync stops the run, naming the dead server."""
+        self.servers.kill_hung()
         for child in self.servers.dead():
             plan = self.servers.died(child)
-            _log(self.role, f"{failure(child, f'died with code {child.proc.returncode}')}{f'; {plan}' if plan else ''}")
+            _log(self.role, f"{failure(child, self.servers.why(child))}{f'; {plan}' if plan else ''}")
         for fresh in self.servers.restart_due():
             _log(self.role, f"{fresh.name} restarted (pid {fresh.pid})")
 

@@ -1,9 +1,11 @@
-"""Bounded restarts of dead rollout servers: the budget `ServerSupervisor` (supervisor.py) keeps.
+"""Bounded restarts of a dead child (a rollout server, the judge, the trainer): one budget each.
 
-A server that dies (an OOM kill, a driver fault, a node hiccup) is restarted on its own port,
-so its registered URL stays valid; the weight sync holds it until a full push has given it the
-current weights (`rlvr/sync/engine_calls.py`), then it serves again. Restarts are bounded and spaced
-(2, 4, 8 s by default): a server that dies at start-up every time must not spin forever.
+A server that dies (an OOM kill, a driver fault, a node hiccup) is restarted on its own port, so
+its URL stays valid; it is registered again with a new instance first, and the weight sync holds
+it until a full push has given it the current weights (`rlvr/sync/engine_calls.py`). A trainer is
+restarted from the newest checkpoint. Restarts are spaced (2, 4, 8 s by default) and bounded in a
+row: a child that dies at start-up every time must not spin forever, while one that then ran for
+`stable_s` earns its budget back (a long run survives a fault a day).
 """
 
 from __future__ import annotations
@@ -13,30 +15,34 @@ from dataclasses import dataclass, field
 
 MAX_RESTARTS = 3
 BACKOFF_S = 2.0
+STABLE_S = 60.0
 
 
 @dataclass
 class Restarts:
     max_restarts: int = MAX_RESTARTS
     backoff_s: float = BACKOFF_S
+    stable_s: float = STABLE_S
     attempts: dict[str, int] = field(default_factory=dict)
     _due: dict[str, float] = field(default_factory=dict)
+    _last: dict[str, float] = field(default_factory=dict)  # name -> when its last restart was due
 
-    def died(self, name: str) -> str | None:
-        """Schedule a restart of `name`; what to tell the user, or None when it is out of restarts."""
+    def died(self, name: str, *, then: str = "it serves again after the next full weight push") -> str | None:
+        """Schedule a restart of `name`; what to tell the user (ending with `then`), or None when it
+        is out of restarts."""
+        now = time.monotonic()
+        if now - self._last.get(name, -float("inf")) > self.stable_s:
+            self.attempts[name] = 0  # it ran long enough since its last restart: a fresh budget
         attempt = self.attempts.get(name, 0) + 1
         if attempt > self.max_restarts:
             return None
         self.attempts[name] = attempt
         delay = self.backoff_s * 2 ** (attempt - 1)
-        self._due[name] = time.monotonic() + delay
-        return (
-            f"restarting it in {delay:g} s (attempt {attempt} of {self.max_restarts}); it serves again after the "
-            "next full weight push"
-        )
+        self._due[name] = self._last[name] = now + delay
+        return f"restarting it in {delay:g} s (attempt {attempt} of {self.max_restarts}); {then}"
 
     def due(self) -> list[str]:
-        """The servers whose restart time has come (each returned once)."""
+        """The children whose restart time has come (each returned once)."""
         now = time.monotonic()
         ready = [name for name, when in self._due.items() if when <= now]
         for name in ready:

@@ -3,15 +3,17 @@
 A `ServerLaunch` is everything a server is started (and restarted) with: its argv
 (`rlvr.launch.argv`), its env (the plan's GPUs mapped through the parent's CUDA_VISIBLE_DEVICES),
 its name `rollout-<index>` (its log `logs/rollout-<index>.log`, as docs/running.md names it) and
-the URL it registers; the recipe's judge is launched beside them, never restarted.
-`ServerSupervisor` starts them, probes /health, reports each death once and restarts a dead
-server on its own port with the same argv and env, bounded and spaced (`rlvr/launch/restarts.py`),
-so its registered URL stays valid. What a death means for the run is the launcher's call.
+the URL it registers; the recipe's judge is launched beside them. `ServerSupervisor` starts them,
+probes /health, kills a hung one (`rlvr/launch/health.py`), reports each death once and restarts a
+dead server on its own port with the same argv and env, bounded and spaced (`restarts.py`): its URL
+stays valid, and a rollout server is registered again with a new instance before it starts, so the
+trainer knows it for a new process. What a death means for the run is the launcher's call.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,8 +22,9 @@ from pathlib import Path
 
 from rlvr.launch.argv import SERVER_MODULE_ENV, judge_command, server_command
 from rlvr.launch.failure import LaunchError, failure
+from rlvr.launch.health import HealthWatch
 from rlvr.launch.restarts import Restarts
-from rlvr.process import Child, Children, is_healthy
+from rlvr.process import Child, Children, is_healthy, send_group
 from rlvr.recipe.plan import ServerSpec
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import ServerAddress, register_judge, register_server
@@ -64,7 +67,7 @@ class ServerLaunch:
     argv: list[str]
     env: dict[str, str]
     url: str
-    spec: ServerSpec | None = None  # None: the judge (not a rollout server, never restarted)
+    spec: ServerSpec | None = None  # None: the judge (not a rollout server)
 
 
 def rollout_launch(
@@ -99,16 +102,19 @@ def judge_launch(
     )
 
 
-def register(run_dir: str | Path, launch: ServerLaunch, *, host: str | None = None) -> None:
+def register(run_dir: str | Path, launch: ServerLaunch, *, host: str | None = None, instance: int = 0) -> None:
     """Announce healthy `launch` in the run directory (`rlvr.rendezvous`), the judge as the judge;
-    `host`: the node's name (default this machine's)."""
+    `host`: the node's name (default this machine's); `instance`: which start of it this is."""
     spec = launch.spec
     if spec is None:
         register_judge(run_dir, launch.url)  # the worker exports it as RLVR_JUDGE_URL
         return
     host = host or socket.gethostname()
     register_server(
-        run_dir, ServerAddress(index=spec.index, url=launch.url, engine=spec.engine, host=host, gpus=spec.gpus)
+        run_dir,
+        ServerAddress(
+            index=spec.index, url=launch.url, engine=spec.engine, host=host, gpus=spec.gpus, instance=instance
+        ),
     )
 
 
@@ -117,19 +123,30 @@ class ServerSupervisor:
     """The servers one launcher started: start, health, deaths, restarts, stop.
 
     `children`: the set they are started in, which `stop` takes down whole. `log`: a server's
-    name -> its log file. `restarts`: None where a dead server stays dead."""
+    name -> its log file. `restarts`: rollout servers' budget (None: a dead one stays dead);
+    `judge_restarts`: the judge's. `run_dir`/`host`: where a restarted rollout server is registered
+    again. `health`: hung-server detection (None: off)."""
 
     children: Children
     log: Callable[[str], Path]
     restarts: Restarts | None = None
+    judge_restarts: Restarts | None = None
+    run_dir: Path | None = None
+    host: str | None = None
+    health: HealthWatch | None = None
     launches: dict[str, ServerLaunch] = field(default_factory=dict)
     current: dict[str, Child] = field(default_factory=dict)  # name -> its latest process
+    instances: dict[str, int] = field(default_factory=dict)  # name -> starts so far - 1
     _reported: set[int] = field(default_factory=set)  # ids of dead processes `dead` returned
+    _hung: set[int] = field(default_factory=set)  # ids of processes killed for not answering
 
     def start(self, launch: ServerLaunch) -> Child:
         self.launches[launch.name] = launch
         child = self.children.start(launch.name, launch.argv, env=launch.env, log=self.log(launch.name))
         self.current[launch.name] = child
+        self.instances.setdefault(launch.name, 0)
+        if self.health is not None:
+            self.health.watch(launch.name, launch.url)
         return child
 
     def rollout(self, name: str) -> bool:
@@ -171,26 +188,56 @@ class ServerSupervisor:
                 time.sleep(poll_s)
         return True
 
+    def kill_hung(self) -> None:
+        """SIGKILL each server `health` finds hung; `dead` then reports it, `why` says it hung."""
+        if self.health is None:
+            return
+        for name in self.health.hung():
+            child = self.current[name]
+            self.health.forget(name)
+            if child.running():
+                self._hung.add(id(child))
+                send_group(child.pid, signal.SIGKILL)
+
     def dead(self) -> list[Child]:
         """The supervised processes that died since the last call, each returned once."""
         out = [c for c in self.current.values() if id(c) not in self._reported and not c.running()]
         self._reported.update(id(c) for c in out)
+        for child in out:
+            if self.health is not None:
+                self.health.forget(child.name)
         return out
 
+    def why(self, child: Child) -> str:
+        """How dead `child` ended, for its one line."""
+        if id(child) in self._hung and self.health is not None:
+            return f"stopped answering /health for {self.health.deadline_s:g} s (hung)"
+        return f"died with code {child.proc.returncode}"
+
     def died(self, child: Child) -> str | None:
-        """Schedule a restart of dead rollout server `child`; what to tell the user, or None when it
-        is not restarted (no restarts here, the judge, or out of restarts)."""
-        if self.restarts is None or not self.rollout(child.name):
-            return None
-        return self.restarts.died(child.name)
+        """Schedule a restart of dead server `child`; what to tell the user, or None when it is not
+        restarted (no restarts for its kind, or out of restarts)."""
+        if not self.rollout(child.name):
+            if self.judge_restarts is None:
+                return None
+            return self.judge_restarts.died(child.name, then="what it was judging is judged again")
+        return self.restarts.died(child.name) if self.restarts is not None else None
 
     def restart(self, name: str) -> Child:
-        """Start server `name` again with its argv, env and port: its registered URL stays valid."""
-        return self.start(self.launches[name])
+        """Start server `name` again with its argv, env and port: its URL stays valid. A rollout
+        server is registered again first, one instance on: the trainer sees a new process there."""
+        launch = self.launches[name]
+        self.instances[name] = self.instances.get(name, 0) + 1
+        if self.run_dir is not None and launch.spec is not None:
+            register(self.run_dir, launch, host=self.host, instance=self.instances[name])
+        return self.start(launch)
 
     def restart_due(self) -> list[Child]:
         """`restart` each server whose restart time has come."""
-        due = self.restarts.due() if self.restarts is not None else []
+        due = [
+            *(self.restarts.due() if self.restarts else []),
+            *(self.judge_restarts.due() if self.judge_restarts else []),
+        ]
         return [self.restart(name) for name in due]
 
     def up(self) -> int:

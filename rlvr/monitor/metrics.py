@@ -160,6 +160,21 @@ def mark_stopped(run_dir: str | Path) -> None:
         write_json_atomic(paths.status, status)
 
 
+def append_event(run_dir: str | Path, message: str, *, level: str = "error") -> None:
+    """A launcher's line in events.jsonl (a death, a restart), beside the trainer's own."""
+    with open(RunDir(run_dir).events, "a") as events:
+        events.write(event_line(message, level=level))
+
+
+def logged_steps(run_dir: str | Path) -> int:
+    """How many steps metrics.jsonl holds: whether a trainer trained a step before it died."""
+    try:
+        with open(RunDir(run_dir).metrics) as rows:
+            return sum(1 for line in rows if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
 class JsonlTail:
     """Incrementally reads new complete lines of a growing JSONL file (the dashboard's feed).
 

@@ -102,6 +102,9 @@ def make_plan(recipe: Recipe, *, master_port: int = 29500) -> LaunchPlan:
 
 
 PLAN_GPUS_ENV = "RLVR_PLAN_GPUS"
+TRAINER_RESTART_ENV = "RLVR_TRAINER_RESTART"
+"""How many times the launcher restarted the trainer (0: its first start): a restarted trainer pushes
+its weights before the first wave even without a checkpoint, since the servers kept the dead one's."""
 """Set by the local launcher for its children: the GPU count it divided. A trainer rank sees only
 its own GPUs (CUDA_VISIBLE_DEVICES), yet recomputes the launcher's plan (how many servers to wait for)."""
 

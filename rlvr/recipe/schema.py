@@ -46,6 +46,10 @@ class ExperimentConfig(Section):
     curve, without a separate `rlvr eval`. A resumed run has it already and skips it. Needs eval rows."""
     keep_last: int = Field(default=3, ge=1)
     """How many checkpoints to keep; older ones are deleted after a save succeeds."""
+    trainer_restarts: int = Field(default=3, ge=0)
+    """A trainer that dies (killed, a segfault, not a stop the run declared) is restarted by the
+    launcher from the newest checkpoint, this many times in a row at most (2, 4, 8 s apart; a
+    trainer that then trains for a while earns its budget back). 0: a dead trainer ends the run."""
 
 
 class ModelConfig(Section):
@@ -326,6 +330,16 @@ class RolloutConfig(Section):
     """Extra stop token ids besides the tokenizer's EOS."""
     timeout_s: float = Field(default=600.0, gt=0)
     """HTTP timeout of one generate request."""
+    server_wait_s: float = Field(default=300.0, ge=0)
+    """With `sync.on_engine_failure = "continue"`: how long a group waits for a live server with the
+    current weights when every server is down (a restarted one serves after a full push); past it
+    the step fails with its checkpoint saved. 0: fail after the request's retries."""
+    health_deadline_s: float = Field(default=60.0, gt=0)
+    """A server (rollout or judge) whose /health has not answered for this long, after it was
+    healthy once, is hung (SIGSTOP, a deadlock): the launcher kills it, and it dies as any other."""
+    server_restarts: int = Field(default=3, ge=0)
+    """Restarts in a row of a dead rollout server ("continue") or judge, 2, 4, 8 s apart; a server
+    that then serves for a while earns its budget back."""
     servers: int = Field(default=1, ge=1)
     """Rollout servers on a local run (on SLURM, one per rollout node / tp group)."""
     max_batch: int = Field(default=64, ge=1)
@@ -621,8 +635,8 @@ class SyncConfig(Section):
     weights: `rlvr serve` and vLLM), or the merged full weights by `method` (any engine, SGLang's only
     way). Written to `shared_dir` (default: the run directory), which every rollout node must see."""
     verify: Literal["auto", "on", "off"] = "auto"
-    """After every push each engine fingerprints the weights it serves (per tensor: sum and sum of
-    squares) and the trainer compares them with what it sent; a mismatch is a failed push
+    """After every push each engine fingerprints the weights it serves (per tensor: an exact 64-bit
+    checksum of its bytes) and the trainer compares them with what it sent; a mismatch is a failed push
     (`on_engine_failure`), named by engine and first differing tensor. auto: on for `rlvr serve`
     and the in-process engine, off for vLLM and SGLang (no such route yet). An adapter push is verified
     by the adapter tensors each engine merged."""

@@ -218,6 +218,8 @@ async def _run_local(job: Job, limits: Limits, reward_args: dict[str, Any]) -> V
         finally:
             stop.set()
         solution_run = await solution
+        if solution_run.info.get("sandbox_restarted"):  # whichever of the two runs brought the server back
+            judge_run.info["sandbox_restarted"] = True
         if solution_run.killed in SANDBOX_FAILURES:  # the solution's sandbox never ran it: not its 0
             return 0, job.total, "sandbox failure", solution_run
         return (*judge_events(job, judge_run, solution_run, limits), judge_run)
@@ -303,6 +305,8 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     info: dict[str, Any] = {"passed": passed, "total": total, "backend": backend, "blocks": list(program.blocks)}
     if reruns:
         info["sandbox_reruns"] = reruns
+    if restarts := sum(bool(r.info.get("sandbox_restarted")) for r in runs):
+        info["sandbox_restarts"] = restarts  # the fork server had died (idle or under a run) and came back
     if any(r.killed == "timeout" for r in runs):
         info["timeout"] = True
     if total == 0:

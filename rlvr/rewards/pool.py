@@ -123,6 +123,8 @@ class RewardPool:
                 metrics[prefix + "accuracy"] = sum(s >= self.threshold for s in scores) / len(scores)
             metrics[prefix + "timeouts"] = float(sum(bool(r.info.get("timeout")) for r, _ in outcomes))
             metrics[prefix + "errors"] = float(sum(bool(r.info.get("error")) for r, _ in outcomes))
+            for key in ("sandbox_reruns", "sandbox_restarts"):  # the sandbox's fork server died and came back
+                metrics[prefix + key] = float(sum(int(r.info.get(key, 0)) for r, _ in outcomes))
             metrics[prefix + "latency_p50_s"] = _percentile(latencies, 0.5)
             metrics[prefix + "latency_p95_s"] = _percentile(latencies, 0.95)
         return metrics

@@ -8,7 +8,7 @@ this picks routes. `rlvr serve` gets `ServeClient`: SGLang's client plus the LoR
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlvr.recipe.schema import RolloutConfig
@@ -49,14 +49,31 @@ class ServeClient(SGLangClient):
         await self._broadcast("/merge_lora_adapter", payload)
 
 
-def make_client(rollout: RolloutConfig, urls: Sequence[str]) -> SGLangClient | VLLMClient:
-    inflight = max_inflight_per_server(rollout)
+def make_client(
+    rollout: RolloutConfig,
+    urls: Sequence[str],
+    *,
+    rejoin: bool = False,
+    instances: Callable[[], Mapping[str, int]] | None = None,
+) -> SGLangClient | VLLMClient:
+    """The client for `urls`. `rejoin`: the weight sync re-admits dead servers after a full push
+    (`sync.on_engine_failure = "continue"`), so a dead or restarted server is held until then and
+    a group waits up to `rollout.server_wait_s` for a live one; `instances`: the servers' start
+    counts (`rlvr.rendezvous.server_instances`), how a restart on the same URL is told apart."""
+    common: dict[str, Any] = {
+        "api_key": rollout.api_key,
+        "timeout_s": rollout.timeout_s,
+        "max_inflight_per_server": max_inflight_per_server(rollout),
+        "hold_dead": rejoin,
+        "wait_s": rollout.server_wait_s if rejoin else 0.0,
+        "instances": instances,
+    }
     if rollout.engine == "vllm":
         from rlvr.rollout.vllm import VLLMClient
 
-        return VLLMClient(urls, api_key=rollout.api_key, timeout_s=rollout.timeout_s, max_inflight_per_server=inflight)
+        return VLLMClient(urls, **common)
     kind = ServeClient if rollout.engine == "embedded" else SGLangClient
-    return kind(urls, api_key=rollout.api_key, timeout_s=rollout.timeout_s, max_inflight_per_server=inflight)
+    return kind(urls, **common)
 
 
 def sync_pause_mode(rollout: RolloutConfig) -> str:

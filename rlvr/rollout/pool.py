@@ -5,7 +5,10 @@ server, so a group's n-sample request and every continuation share that server's
 new key goes to the live server with the fewest outstanding samples. Failed requests retry with
 backoff on another server (the group moves with them), a server that also fails /health is skipped
 until it answers again, and one the weight sync dropped (`hold`) stays out until `admit`: a
-crashed server slows a step instead of killing the run. At most `max_inflight_per_server` samples
+crashed server slows a step instead of killing the run. Under a weight sync that re-admits them
+(`hold_dead`), a server seen dead, or restarted (its `instance` in the run directory moved on), is
+held too: it serves again only after a full push, never on the weights it booted with; and a group
+with no live server waits up to `wait_s` for one instead of failing its step. At most `max_inflight_per_server` samples
 go to a server at once, over a pool of that many connections; control calls have their own session,
 so a pause never queues behind generation. `SGLangClient` and `VLLMClient` add the routes.
 docs/engines.md ("Groups, not samples") has the details and the measurement.
@@ -20,7 +23,7 @@ import random
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -34,6 +37,12 @@ log = logging.getLogger(__name__)
 # token ids and logprobs, and parsing it on the manager's event loop would hold every other episode,
 # reward and weight-push call behind it.
 OFF_LOOP_JSON_CHARS = 64 * 1024
+
+IDENTITY_POLL_S = 1.0
+"""How often `pick` re-reads the servers' instances: a restart is seen within a second."""
+
+WAIT_POLL_S = 1.0
+"""How often a group waiting for a live server looks again (`wait_s`)."""
 
 AFFINITY_KEYS = 65536
 """Affinity keys remembered per client: far more than the groups in flight at once (waves of
@@ -98,6 +107,7 @@ class _Server:
     failures: int = 0
     held: bool = False  # dropped by the weight sync: stale weights, never revived by /health
     slots: _Slots | None = None  # None: unbounded
+    instance: int | None = None  # which start of the process at `url` this is (None: not known yet)
 
 
 class ServerPool:
@@ -105,7 +115,9 @@ class ServerPool:
     bound on samples in flight per server, fan-out control calls (see the module docstring).
 
     `max_inflight_per_server`: samples sent at once per server (None: unbounded; `make_client`
-    derives the recipe's default, `rollout.max_inflight_per_server`)."""
+    derives the recipe's default, `rollout.max_inflight_per_server`). `hold_dead`, `wait_s` and
+    `instances` (url -> start count, read from the run directory) are for a run whose weight sync
+    re-admits servers (`sync.on_engine_failure = "continue"`): see the module docstring."""
 
     def __init__(
         self,
@@ -119,6 +131,9 @@ class ServerPool:
         revive_after_s: float = 30.0,
         ranks_per_server: int = 1,
         max_inflight_per_server: int | None = None,
+        hold_dead: bool = False,
+        wait_s: float = 0.0,
+        instances: Callable[[], Mapping[str, int]] | None = None,
     ):
         if not urls:
             raise ValueError("at least one server URL is needed")
@@ -136,6 +151,10 @@ class ServerPool:
         self.backoff_s = backoff_s
         self.revive_after_s = revive_after_s
         self.ranks_per_server = ranks_per_server
+        self.hold_dead = hold_dead
+        self.wait_s = wait_s
+        self._instances = instances
+        self._identity_at = 0.0
         self._session: aiohttp.ClientSession | None = None  # control calls and probes
         self._generation: aiohttp.ClientSession | None = None  # /generate: a bounded pool per server
         self._affinity: OrderedDict[str, str] = OrderedDict()  # affinity key -> server url, LRU order
@@ -222,6 +241,7 @@ class ServerPool:
         """The server for a request: its group's server while that one is live and not excluded,
         else the candidate with the fewest outstanding samples (and the group moves there)."""
         now = time.monotonic()
+        self.refresh_identity(now=now)
         with self._lock:
             candidates = [
                 s
@@ -244,6 +264,29 @@ class ServerPool:
                     self._affinity.popitem(last=False)
             return server
 
+    def refresh_identity(self, *, now: float | None = None, force: bool = False) -> None:
+        """Hold each server whose process was restarted since it was last seen (`instances`): it
+        booted with the base weights. Reads the run directory at most once per `IDENTITY_POLL_S`."""
+        now = time.monotonic() if now is None else now
+        if self._instances is None or (not force and now - self._identity_at < IDENTITY_POLL_S):
+            return
+        self._identity_at = now
+        current = self._instances()
+        with self._lock:
+            for server in self.servers:
+                instance = current.get(server.url)
+                if instance is None:
+                    continue
+                if server.instance is not None and instance != server.instance and self.hold_dead:
+                    log.warning("rollout server %s was restarted: held until a full weight push", server.url)
+                    server.held, server.alive, server.dead_since = True, False, now
+                server.instance = instance
+
+    def instance_of(self, url: str) -> int | None:
+        """The start count of the process at `url` as last read (None: not known)."""
+        self.refresh_identity(force=True)
+        return next((s.instance for s in self.servers if s.url == url.rstrip("/")), None)
+
     async def _mark_failed(self, server: _Server, error: Exception) -> None:
         server.failures += 1
         if not await self._probe(server):
@@ -252,18 +295,27 @@ class ServerPool:
                     log.warning("rollout server %s is dead: %s", server.url, error)
                 server.alive = False
                 server.dead_since = time.monotonic()
+                if self.hold_dead:  # whatever comes back at this URL has lost its weights
+                    server.held = True
 
     async def _call_balanced(
         self, path: str, payload: dict[str, Any], *, samples: int = 1, affinity: str | None = None
     ) -> Any:
         """POST `samples` samples' request to its group's server (`affinity`), else the least-loaded
-        live one, once that server has free slots; retry elsewhere with backoff (the group follows)."""
+        live one, once that server has free slots; retry elsewhere with backoff (the group follows).
+        With no server to take it, or its retries spent, it waits up to `wait_s` for a live one."""
         tried: set[str] = set()
         last_error: Exception | None = None
-        for attempt in range(self.max_retries + 1):
+        failures = 0
+        trouble_since: float | None = None  # the first failure, or the first time no server could take it
+        while True:
             server = self.pick(tried, affinity=affinity) or self.pick(set(), affinity=affinity)
             if server is None:
-                break
+                trouble_since = trouble_since or time.monotonic()
+                if time.monotonic() - trouble_since >= self.wait_s:
+                    break
+                await asyncio.sleep(WAIT_POLL_S)
+                continue
             server.outstanding += samples
             try:
                 taken = await server.slots.acquire(samples) if server.slots is not None else 0
@@ -279,12 +331,18 @@ class ServerPool:
                 return result
             except _RetryableError as exc:
                 last_error = exc
+                failures += 1
+                trouble_since = trouble_since or time.monotonic()
                 tried.add(server.url)
                 await self._mark_failed(server, exc)
             finally:
                 server.outstanding -= samples
-            await asyncio.sleep(self.backoff_s * (2**attempt))
-        raise RolloutError(f"{path} failed on every server after {self.max_retries + 1} tries: {last_error}")
+            if failures > self.max_retries and time.monotonic() - (trouble_since or 0.0) >= self.wait_s:
+                break
+            await asyncio.sleep(min(self.backoff_s * (2 ** (failures - 1)), WAIT_POLL_S * 2))
+        waited = f" and {self.wait_s:g} s of waiting for a live server" if self.wait_s else ""
+        tries = f"{failures} {'try' if failures == 1 else 'tries'}"
+        raise RolloutError(f"{path} failed on every server after {tries}{waited}: {last_error}")
 
     async def _broadcast(self, path: str, payload: dict[str, Any] | None = None, *, method: str = "POST") -> list[Any]:
         """Call every live server concurrently; any failure raises."""
@@ -335,6 +393,15 @@ class ServerPool:
                 if server.url == url.rstrip("/"):
                     server.held = False
                     server.alive = True
+
+    async def stranded(self) -> bool:
+        """No server in rotation while one that is held answers /health: generation can only go on
+        after a push gives it the current weights (one server, restarted under a waiting step)."""
+        self.refresh_identity(force=True)
+        held = [s for s in self.servers if s.held]
+        if not self.hold_dead or self.live_servers or not held:
+            return False
+        return any(await asyncio.gather(*(self._probe(s) for s in held)))
 
     @property
     def held_servers(self) -> list[str]:

@@ -38,10 +38,12 @@ class ForkServer:
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.pending: dict[str, asyncio.Future] = {}
+        self.starts = 0  # zygotes started: a start after the first means the last one died
         self.lock = threading.Lock()
         self.spool = ""
 
     def _start(self) -> None:
+        self.starts += 1
         if not self.spool or not os.path.isdir(self.spool):  # a restart keeps it: runs may have written there
             self.spool = tempfile.mkdtemp(prefix="rlvr-spool-")
         zygote = Path(self.spool).with_name(Path(self.spool).name + "-zygote.py")
@@ -85,13 +87,17 @@ class ForkServer:
         for future in pending.values():
             future.get_loop().call_soon_threadsafe(_settle, future, LOST)
 
-    def _send(self, message: dict, fds: list[int]) -> None:
+    def _send(self, message: dict, fds: list[int]) -> bool:
+        """Hand `message` (and `fds`) to the zygote; True when it had died and was started again."""
+        restarted = False
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
+                restarted = self.starts > 0
                 self._start()
             assert self.sock is not None
             ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
             self.sock.sendmsg([json.dumps(message).encode()], ancillary)
+        return restarted
 
     async def run(
         self,
@@ -130,7 +136,7 @@ class ForkServer:
                        "precompile": [n for n in files if n.startswith("_rlvr_") and n.endswith(".py")], "share_net": share_net,
                        "limits": {"memory_mb": limits.memory_mb, "cpu_s": max(1, cpu), "max_file_mb": limits.max_file_mb,
                                   "max_procs": limits.max_procs, "max_scratch_mb": limits.max_scratch_mb}}  # fmt: skip
-            self._send(request, theirs)
+            restarted = self._send(request, theirs)
         finally:
             for fd in set(theirs) | ({stdin, stdout, *pass_fds} - {None}):
                 with contextlib.suppress(OSError):
@@ -157,7 +163,7 @@ class ForkServer:
             said = _last_line(result.stderr)
             result.info["cause"] = "the sandbox could not set up the run" + (f": {said}" if said else "")
         result.run_id = run_id
-        result.info.update({"mode": "bwrap-forkserver"})
+        result.info.update({"mode": "bwrap-forkserver", **({"sandbox_restarted": True} if restarted else {})})
         return result
 
     def _ensure_spool(self) -> str:

@@ -164,13 +164,14 @@ class BroadcastSync:
                 calls.recover()
             for _ in range(len(calls.live()) + 2):
                 members = calls.live()
-                if not members:
+                if not members and not (calls.on_failure == "continue" and calls.await_rejoin()):
                     raise SyncError(f"weight sync to version {version}: no live rollout engine")
+                members = calls.live()
                 failures = calls.unhealthy(members)
                 if failures:
                     calls.handle(failures, version=version)
                     continue
-                if not membership.serves(members):
+                if not membership.serves(members, calls):
                     failures = self._rebuild(members)
                     if failures:
                         calls.handle(failures, version=version)

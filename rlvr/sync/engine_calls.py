@@ -80,6 +80,7 @@ class EngineCalls:
         self.ranks_per_server = int(getattr(client, "ranks_per_server", 1))
         self.dropped: dict[str, EngineFailure] = {}
         self.rejoining: list[str] = []  # dropped engines that answer /health again: synced, then admitted
+        self._dropped_instance: dict[str, int | None] = {}  # a dropped engine's instance when dropped
         self._factory = factory or _default_factory(client, timeout_s)
         self._clients: dict[str, object] = {}
         self._loop = LoopThread(name="rlvr-sync-http")
@@ -88,20 +89,41 @@ class EngineCalls:
 
     def live(self) -> list[str]:
         """The engines this sync updates: the client's servers in rotation plus those rejoining."""
-        urls = list(getattr(self.client, "live_servers", None) or getattr(self.client, "urls", []))
+        listed = getattr(self.client, "live_servers", None)
+        urls = list(listed if listed is not None else getattr(self.client, "urls", []))
         live = [u for u in urls if u not in self.dropped]
         return live + [u for u in self.rejoining if u not in live]
 
-    def recover(self, *, stages: Sequence[str] | None = None) -> None:
-        """Dropped engines that answer /health again rejoin at this sync (they stay held, out of
-        rotation, until `admit_rejoined` after a sync that gave them the current weights).
-        `stages`: only engines dropped at one of these stages (e.g. "health": the dead ones)."""
-        candidates = [u for u, f in self.dropped.items() if stages is None or f.stage in stages]
+    def instance(self, url: str) -> int | None:
+        """Which start of the server at `url` the client knows of (None: not known): a restarted
+        server is a new engine, with no update group and the base weights."""
+        instance_of = getattr(self.client, "instance_of", None)
+        return cast("int | None", instance_of(url)) if callable(instance_of) else None
+
+    def _restarted(self, url: str) -> bool:
+        return url in self._dropped_instance and self.instance(url) != self._dropped_instance[url]
+
+    def _held(self) -> list[str]:
+        """Servers the client holds on its own (seen dead, or restarted) that this sync has not dropped."""
+        held = cast("list[str]", getattr(self.client, "held_servers", None) or [])
+        return [u for u in held if u not in self.dropped and u not in self.rejoining]
+
+    def recover(self, *, waiting: bool = False) -> None:
+        """Engines out of rotation that answer /health again rejoin at this sync: those this sync
+        dropped, and those the client held (seen dead, or restarted). They stay held until
+        `admit_rejoined` after a sync that gave them the current weights. `waiting` (no engine
+        left): only engines that were dead or restarted, never one that answered with an error."""
+        refresh = getattr(self.client, "refresh_identity", None)
+        if callable(refresh):
+            refresh(force=True)
+        dropped = [u for u, f in self.dropped.items() if not waiting or f.stage == "health" or self._restarted(u)]
+        candidates = dropped + self._held()
         if not candidates:
             return
         for url in sorted(self.healthy(candidates)):
             log.info("weight sync: engine %s answers again; it rejoins the update group", url)
-            del self.dropped[url]
+            self.dropped.pop(url, None)
+            self._dropped_instance.pop(url, None)
             self.rejoining.append(url)
 
     def admit_rejoined(self, updated: Sequence[str] | None = None) -> None:
@@ -207,22 +229,24 @@ class EngineCalls:
             if failure.url not in self.dropped:
                 log.warning("weight sync: dropping engine %s", failure)
                 self.dropped[failure.url] = failure
+                self._dropped_instance[failure.url] = self.instance(failure.url)
                 if failure.url in self.rejoining:
                     self.rejoining.remove(failure.url)
                 self._mark_dead(failure.url)
-        if not self.live() and not self._await_rejoin():
+        if not self.live() and not self.await_rejoin():
             raise SyncError(f"weight sync to version {version}: no engine left ({detail})", failures)
 
-    def _await_rejoin(self, *, poll_s: float = 2.0) -> bool:
-        """Continue mode with every engine dropped: wait up to `timeout_s` for a dead one (dropped
-        at the health check) to answer again: the launcher restarts dead servers, and it rejoins
-        this sync. An engine dropped for an error it answered with is not waited for. False if
-        none comes back."""
-        if not any(f.stage == "health" for f in self.dropped.values()):
+    def await_rejoin(self, *, poll_s: float = 2.0) -> bool:
+        """Continue mode with no engine left: wait up to `timeout_s` for a dead one to answer again
+        (the launcher restarts dead servers, and a restarted one rejoins this sync). Engines that
+        answered with an error are not waited for. False if none comes back."""
+        dead = [u for u, f in self.dropped.items() if f.stage == "health" or self._restarted(u)]
+        dead += [u for u in [*self.dropped, *self._held()] if u not in dead and u not in self.healthy([u])]
+        if not dead:
             return False
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            self.recover(stages=("health",))
+            self.recover(waiting=True)
             if self.live():
                 return True
             time.sleep(poll_s)

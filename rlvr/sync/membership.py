@@ -162,13 +162,17 @@ class GroupMembership:
         self.group: BroadcastGroup | None = None
         self.label = ""
         self.members: list[str] = []
+        self.instances: dict[str, int | None] = {}  # each member's instance when it joined
         self._stale: tuple[list[str], str] = ([], "")  # the last group's engines and name, to destroy
         self._generation = 0
         self._instance = secrets.token_hex(4)
 
-    def serves(self, members: list[str]) -> bool:
-        """Whether the current group is exactly `members`."""
-        return self.group is not None and members == self.members
+    def serves(self, members: list[str], calls: EngineCalls | None = None) -> bool:
+        """Whether the current group is exactly `members`, each the same process that joined it
+        (`calls.instance`): a server restarted on its URL has no member of the group."""
+        if self.group is None or members != self.members:
+            return False
+        return calls is None or all(calls.instance(u) == self.instances.get(u) for u in members)
 
     def drop(self) -> None:
         """Tear the group down on rank 0's side; the engines keep their member until `free_stale`."""
@@ -227,6 +231,7 @@ class GroupMembership:
             failures = self.calls.collect(futures, JOIN_STAGE)
             if not failures:
                 self.group, self.label, self.members = host.group, label, list(members)
+                self.instances = {url: self.calls.instance(url) for url in members}
                 log.info("weight sync group %s: %d engines, world %d, %s:%d", label, len(members), world, address, port)
                 return []
             abort(host.group)

@@ -57,7 +57,7 @@ class FakeManager:
     def start(self, *, version: int) -> None:
         pass
 
-    def take(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+    def take(self, step: int, **_: object) -> tuple[RolloutBatch, dict[str, float]]:
         self.log.append(f"generate {step}")
         return RolloutBatch(rewards=[1.0]), {}
 

@@ -4,6 +4,8 @@ a SLURM node, health, deaths reported once, and the bounded restart budget, with
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import textwrap
 import time
@@ -12,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from rlvr.launch.argv import SERVER_MODULE_ENV, judge_command, server_command
-from rlvr.launch.failure import LaunchError
+from rlvr.launch.failure import LaunchError, failure
+from rlvr.launch.health import HealthWatch
 from rlvr.launch.restarts import Restarts
 from rlvr.launch.supervisor import (
     ServerLaunch,
@@ -27,7 +30,7 @@ from rlvr.launch.supervisor import (
 from rlvr.process import Children, free_port
 from rlvr.recipe.load import load_recipe
 from rlvr.recipe.plan import ServerSpec, make_plan
-from rlvr.rendezvous import read_servers
+from rlvr.rendezvous import read_servers, server_instances
 from rlvr.rundir import RunDir
 from tests.conftest import ROOT
 
@@ -139,15 +142,83 @@ def test_a_dead_server_is_restarted_on_its_port_within_its_budget(tmp_path: Path
         servers.stop(grace_s=2)
 
 
-def test_without_restarts_and_for_the_judge_nothing_is_restarted(tmp_path: Path) -> None:
-    for restarts, launch in [
-        (None, server(0, "pass")),
-        (Restarts(backoff_s=0.01), ServerLaunch("judge", [sys.executable, "-c", "pass"], {}, "http://127.0.0.1:9")),
+def test_without_restarts_nothing_is_restarted_and_the_judge_has_its_own_budget(tmp_path: Path) -> None:
+    judge = ServerLaunch("judge", [sys.executable, "-c", "pass"], {}, "http://127.0.0.1:9")
+    for restarts, judge_restarts, launch, restarted in [
+        (None, None, server(0, "pass"), False),
+        (Restarts(backoff_s=0.01), None, judge, False),  # rollout servers' budget is not the judge's
+        (None, Restarts(backoff_s=0.01), judge, True),
     ]:
-        servers = supervisor(tmp_path, restarts)
-        child = servers.start(launch)
-        assert wait_dead(servers) == [child]
-        assert servers.died(child) is None and servers.restart_due() == []
+        servers = ServerSupervisor(
+            Children(), log=RunDir(tmp_path).log, restarts=restarts, judge_restarts=judge_restarts
+        )
+        try:
+            child = servers.start(launch)
+            assert wait_dead(servers) == [child]
+            plan = servers.died(child)
+            assert (plan is not None) == restarted
+            if restarted:
+                assert plan == "restarting it in 0.01 s (attempt 1 of 3); what it was judging is judged again"
+                time.sleep(0.02)
+                assert [c.name for c in servers.restart_due()] == ["judge"]
+        finally:
+            servers.stop(grace_s=2)
+
+
+def test_a_restarted_server_is_registered_again_one_instance_on_before_it_starts(tmp_path: Path) -> None:
+    servers = ServerSupervisor(
+        Children(), log=RunDir(tmp_path).log, restarts=Restarts(backoff_s=0.01), run_dir=tmp_path, host="node7"
+    )
+    try:
+        launch = server(0, "import time; time.sleep(0.2)")
+        register(tmp_path, launch)  # as the launcher does once it is healthy
+        first = servers.start(launch)
+        assert [a.instance for a in read_servers(tmp_path)] == [0]
+        assert wait_dead(servers) == [first] and servers.died(first) is not None
+        time.sleep(0.02)
+        [fresh] = servers.restart_due()
+        [address] = read_servers(tmp_path)
+        assert (address.url, address.instance, address.host) == (launch.url, 1, "node7")
+        assert fresh.pid != first.pid and server_instances(tmp_path) == {launch.url: 1}
+    finally:
+        servers.stop(grace_s=2)
+
+
+def test_a_hung_server_is_killed_and_said_so_while_a_slow_one_is_left_alone(tmp_path: Path) -> None:
+    watch = HealthWatch(deadline_s=1.0, interval_s=0.1)
+    servers = ServerSupervisor(Children(), log=RunDir(tmp_path).log, health=watch)
+    try:
+        hung, slow = servers.start(server(0, HEALTHY)), servers.start(server(1, HEALTHY))
+        assert servers.wait_healthy(timeout_s=60, poll_s=0.05)
+        time.sleep(0.3)  # both answered the watch once
+        os.kill(hung.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 20
+        dead: list = []
+        while not dead and time.monotonic() < deadline:
+            servers.kill_hung()
+            dead = servers.dead()
+            time.sleep(0.1)
+        assert dead == [hung] and slow.running()
+        assert servers.why(hung) == "stopped answering /health for 1 s (hung)"
+        assert str(failure(hung, servers.why(hung))).startswith(
+            "rollout-0 stopped answering /health for 1 s (hung): killed by SIGKILL (log: "
+        )
+        assert servers.why(slow) == f"died with code {slow.proc.returncode}"
+    finally:
+        servers.stop(grace_s=2)
+
+
+def test_a_server_still_starting_is_not_hung(tmp_path: Path) -> None:
+    """Only a server that answered once since its (re)start can hang: loading a model is not hanging."""
+    watch = HealthWatch(deadline_s=0.3, interval_s=0.1)
+    servers = ServerSupervisor(Children(), log=RunDir(tmp_path).log, health=watch)
+    try:
+        child = servers.start(server(0, "import time; time.sleep(30)"))
+        time.sleep(1.0)
+        servers.kill_hung()
+        assert child.running() and watch.hung() == []
+    finally:
+        servers.stop(grace_s=2)
 
 
 def test_wait_healthy_reports_each_healthy_server_and_the_root_cause_of_one_that_exits(tmp_path: Path) -> None:

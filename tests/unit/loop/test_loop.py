@@ -330,8 +330,8 @@ def test_async_loop_takes_pi_old_from_the_training_forward_and_corrects_stale_sa
     rollouts: list[Any] = []
     take, update_policy = loop.manager.take, step_module.update_policy
 
-    def _take(step: int) -> Any:
-        batch, metrics = take(step)
+    def _take(step: int, **kw: Any) -> Any:
+        batch, metrics = take(step, **kw)
         rollouts.append(batch)
         return batch, metrics
 

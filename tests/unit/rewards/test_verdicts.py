@@ -90,6 +90,7 @@ async def test_a_job_the_fork_server_died_under_is_run_again_and_scored(kind):
     result = await asyncio.wait_for(scoring, timeout=30)
     assert result.judged, result.failed
     assert result.score == 1.0 and result.info["sandbox_reruns"] == 1, result.info
+    assert result.info["sandbox_restarts"] == 1  # the re-run brought the fork server back
 
 
 @pytest.mark.skipif(not forkserver_in_use(), reason="the fork server runs as root")

@@ -1,0 +1,105 @@
+"""Chaos: the quickstart in `continue` mode while a seeded killer SIGKILLs the rollout server, the
+judge, a trainer rank and the sandbox's fork server at random moments, and SIGSTOPs the server
+(hung: the launcher's health deadline must find it). The run must reach max_steps with exit 0,
+log every step once, leave every checkpoint loadable, say each fault in one events.jsonl line,
+and (slow) end within noise of an undisturbed run with the same seed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+from safetensors import safe_open
+
+from tests.integration.chaos import Killer
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "recipes" / "quickstart.toml"
+
+# what each fault must have said in events.jsonl (one line each)
+SAID = {
+    "server": "rollout-0 died with code -9: killed by SIGKILL",
+    "hang": "rollout-0 stopped answering /health for 6 s (hung): killed by SIGKILL",
+    "judge": "judge died with code -9: killed by SIGKILL",
+    "trainer": "trainer died with code 1: a rank (pid {pid}) was killed by SIGKILL",
+    "sandbox": "reward code: the sandbox's fork server had died and was restarted in step",
+}
+
+
+def launch(
+    out: Path, *, steps: int, seed_faults: list[tuple[str, int]] | None, seed: int = 7
+) -> tuple[int, str, Killer]:
+    sets = [
+        f"experiment.output_dir={json.dumps(str(out))}", f"experiment.max_steps={steps}", "experiment.save_steps=3",
+        "experiment.eval_steps=0", "sync.on_engine_failure=continue", "rollout.health_deadline_s=6",
+        "rollout.server_restarts=8",
+    ]  # fmt: skip
+    argv = [sys.executable, "-m", "rlvr.cli", "launch", str(QUICKSTART), "--no-dashboard"]
+    proc = subprocess.Popen(
+        argv + [x for s in sets for x in ("--set", s)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    killer = Killer(out / "quickstart", psutil.Process(proc.pid), seed=seed)
+    thread = threading.Thread(
+        target=killer.run, args=(seed_faults or [],), kwargs={"alive": lambda: proc.poll() is None}, daemon=True
+    )
+    thread.start()
+    try:
+        _, stderr = proc.communicate(timeout=1500)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    thread.join(timeout=5)
+    return proc.returncode, stderr, killer
+
+
+def check_run(
+    run_dir: Path, *, steps: int, rc: int, stderr: str, killer: Killer, faults: list[tuple[str, int]]
+) -> list[dict]:
+    assert rc == 0, stderr[-4000:]
+    assert [(kind, step) for kind, step, _ in killer.done] == faults, killer.done  # every fault was delivered
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # every step logged exactly once
+    for meta in sorted((run_dir / "checkpoints").glob("step_*/meta.json")):  # every checkpoint loads
+        for weights in meta.parent.rglob("*.safetensors"):
+            with safe_open(str(weights), framework="pt") as f:
+                assert list(f.keys())
+        json.loads(meta.read_text())
+    events = [json.loads(x)["message"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    for kind, _, pid in killer.done:
+        said = [e for e in events if e.startswith(SAID[kind].format(pid=pid))]
+        assert len(said) == 1, (kind, events)
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+    return rows
+
+
+def final_reward(rows: list[dict]) -> float:
+    return sum(r["reward/mean"] for r in rows[-5:]) / 5
+
+
+def test_a_run_survives_its_server_judge_sandbox_and_trainer_killed(tmp_path: Path) -> None:
+    faults = [("server", 2), ("judge", 4), ("sandbox", 5), ("trainer", 7)]
+    rc, stderr, killer = launch(tmp_path, steps=10, seed_faults=faults)
+    check_run(tmp_path / "quickstart", steps=10, rc=rc, stderr=stderr, killer=killer, faults=faults)
+
+
+@pytest.mark.slow
+def test_thirty_steps_of_chaos_end_where_an_undisturbed_run_ends(tmp_path: Path) -> None:
+    faults = [
+        ("server", 2), ("judge", 5), ("sandbox", 7), ("hang", 9), ("trainer", 12), ("server", 15),
+        ("sandbox", 17), ("judge", 19), ("trainer", 22), ("hang", 25), ("server", 28),
+    ]  # fmt: skip
+    rc, stderr, killer = launch(tmp_path / "chaos", steps=32, seed_faults=faults)
+    rows = check_run(tmp_path / "chaos" / "quickstart", steps=32, rc=rc, stderr=stderr, killer=killer, faults=faults)
+    rc, stderr, _ = launch(tmp_path / "calm", steps=32, seed_faults=None)
+    assert rc == 0, stderr[-3000:]
+    calm = [json.loads(x) for x in (tmp_path / "calm" / "quickstart" / "metrics.jsonl").read_text().splitlines()]
+    assert abs(final_reward(rows) - final_reward(calm)) < 0.1, (final_reward(rows), final_reward(calm))
