@@ -7,6 +7,7 @@ and (slow) end within noise of an undisturbed run with the same seed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -32,7 +33,12 @@ SAID = {
 
 
 def launch(
-    out: Path, *, steps: int, seed_faults: list[tuple[str, int]] | None, seed: int = 7
+    out: Path,
+    *,
+    steps: int,
+    seed_faults: list[tuple[str, int]] | None,
+    seed: int = 7,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str, Killer]:
     sets = [
         f"experiment.output_dir={json.dumps(str(out))}", f"experiment.max_steps={steps}", "experiment.save_steps=3",
@@ -46,6 +52,7 @@ def launch(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **(env or {})},
     )
     killer = Killer(out / "quickstart", psutil.Process(proc.pid), seed=seed)
     thread = threading.Thread(
@@ -89,6 +96,28 @@ def test_a_run_survives_its_server_judge_sandbox_and_trainer_killed(tmp_path: Pa
     faults = [("server", 2), ("judge", 4), ("sandbox", 5), ("trainer", 7)]
     rc, stderr, killer = launch(tmp_path, steps=10, seed_faults=faults)
     check_run(tmp_path / "quickstart", steps=10, rc=rc, stderr=stderr, killer=killer, faults=faults)
+
+
+def test_a_server_killed_in_the_middle_of_a_push_rejoins_and_the_run_finishes(tmp_path: Path) -> None:
+    """The one server dies on the first bucket of push 3 (`dying_server`): the push waits for its
+    restart, rebuilds the group for the new process and gives it every weight; nothing is lost."""
+    mark = tmp_path / "died"
+    env = {
+        "RLVR_SERVER_MODULE": "tests.integration.dying_server",
+        "RLVR_DYING_MODEL": str(QUICKSTART.parent / "quickstart" / "policy"),
+        "RLVR_DYING_MARK": str(mark),
+        "RLVR_DYING_AT_PUSH": "3",
+    }
+    rc, stderr, _ = launch(tmp_path, steps=6, seed_faults=None, env=env)
+    assert rc == 0, stderr[-4000:]
+    assert mark.exists()  # it did die mid-push
+    run_dir = tmp_path / "quickstart"
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert rows[2]["sync/attempts"] >= 2 and rows[-1]["sync/engines"] == 1.0  # push 3 retried on the new process
+    events = [json.loads(x)["message"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    died = [e for e in events if e.startswith("rollout-0 died with code -9: killed by SIGKILL")]
+    assert len(died) == 1, events
 
 
 @pytest.mark.slow
