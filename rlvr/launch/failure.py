@@ -34,7 +34,8 @@ def failure(child: Child, what: str) -> LaunchError:
     except FileNotFoundError:
         text = ""
     text = text[text.rfind("\n$ ") + 1 :]  # a restarted child appends to its log: its own run is the last
-    rank = _KILLED_RANK.search(text)  # torchrun's report of a worker killed from outside
+    root = text.rfind("Root Cause")  # torchrun's summary: the first rank to fail (the others it killed itself)
+    rank = _KILLED_RANK.search(text, root if root >= 0 else 0)  # a worker killed from outside
     if rank is not None:
         signal_name = _signal_name(-int(rank.group(1)))
         return LaunchError(
