@@ -39,11 +39,12 @@ def launch(
     seed_faults: list[tuple[str, int]] | None,
     seed: int = 7,
     env: dict[str, str] | None = None,
+    sets: list[str] | None = None,
 ) -> tuple[int, str, Killer]:
     sets = [
         f"experiment.output_dir={json.dumps(str(out))}", f"experiment.max_steps={steps}", "experiment.save_steps=3",
         "experiment.eval_steps=0", "sync.on_engine_failure=continue", "rollout.health_deadline_s=6",
-        "rollout.server_restarts=8",
+        "rollout.server_restarts=8", *(sets or []),
     ]  # fmt: skip
     argv = [sys.executable, "-m", "rlvr.cli", "launch", str(QUICKSTART), "--no-dashboard"]
     proc = subprocess.Popen(
@@ -99,19 +100,22 @@ def test_a_run_survives_its_server_judge_sandbox_and_trainer_killed(tmp_path: Pa
     check_run(tmp_path / "quickstart", steps=10, rc=rc, stderr=stderr, killer=killer, faults=faults)
 
 
+def dying(tmp_path: Path, **when: str) -> dict[str, str]:
+    """The env that starts `dying_server` in place of each rollout server (`RLVR_DYING_*` = `when`)."""
+    return {
+        "RLVR_SERVER_MODULE": "tests.integration.dying_server",
+        "RLVR_DYING_MODEL": str(QUICKSTART.parent / "quickstart" / "policy"),
+        "RLVR_DYING_MARK": str(tmp_path / "died"),
+        **{f"RLVR_DYING_{key.upper()}": value for key, value in when.items()},
+    }
+
+
 def test_a_server_killed_in_the_middle_of_a_push_rejoins_and_the_run_finishes(tmp_path: Path) -> None:
     """The one server dies on the first bucket of push 3 (`dying_server`): the push waits for its
     restart, rebuilds the group for the new process and gives it every weight; nothing is lost."""
-    mark = tmp_path / "died"
-    env = {
-        "RLVR_SERVER_MODULE": "tests.integration.dying_server",
-        "RLVR_DYING_MODEL": str(QUICKSTART.parent / "quickstart" / "policy"),
-        "RLVR_DYING_MARK": str(mark),
-        "RLVR_DYING_AT_PUSH": "3",
-    }
-    rc, stderr, _ = launch(tmp_path, steps=6, seed_faults=None, env=env)
+    rc, stderr, _ = launch(tmp_path, steps=6, seed_faults=None, env=dying(tmp_path, at_push="3"))
     assert rc == 0, stderr[-4000:]
-    assert mark.exists()  # it did die mid-push
+    assert (tmp_path / "died").exists()  # it did die mid-push
     run_dir = tmp_path / "quickstart"
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7))
@@ -119,6 +123,21 @@ def test_a_server_killed_in_the_middle_of_a_push_rejoins_and_the_run_finishes(tm
     events = [json.loads(x)["message"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
     died = [e for e in events if e.startswith("rollout-0 died with code -9: killed by SIGKILL")]
     assert len(died) == 1, events
+
+
+def test_two_trainer_ranks_push_together_to_the_server_that_came_back_mid_wave(tmp_path: Path) -> None:
+    """The one server dies while it generates wave 2 (`dying_server`) under two trainer ranks: the
+    wave waits, the restarted server gets the current weights from a push both ranks join while the
+    wave is collected (`RLLoop.rejoin_together`), and the wave finishes on it."""
+    env = dying(tmp_path, at_generate="30")  # mid-wave: a wave of the quickstart is 16 group requests
+    rc, stderr, _ = launch(tmp_path, steps=5, seed_faults=None, env=env, sets=["trainer.ranks=2"])
+    assert rc == 0, stderr[-4000:]
+    assert (tmp_path / "died").exists()
+    run_dir = tmp_path / "quickstart"
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 6))
+    trainer_log = (run_dir / "logs" / "trainer.log").read_text()
+    assert "a rollout server is back after every server was lost: it gets version 1" in trainer_log
 
 
 @pytest.mark.slow
