@@ -7,8 +7,8 @@
     recorder.log(step, m); maybe_eval(); maybe_save()
 
 The manager generates up to `rollout.max_staleness` steps ahead (0: synchronous). Signals and
-failures stop at a step boundary with a checkpoint and one line (docs/running.md, "When something
-fails"); `experiment.eval_at_start` logs an eval as step 0 on a fresh run.
+failures stop at a step boundary with a checkpoint and one line (a stop while a wave is collected
+gives that wave up; docs/running.md, "When something fails"); `experiment.eval_at_start` logs an eval as step 0 on a fresh run.
 """
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ log = logging.getLogger(__name__)
 
 PREEMPTED_EXIT = 3
 REJOIN_PUSH, REJOIN_DONE = "push", "done"  # rank 0's words to the other ranks while a wave is collected
+STOPPED_COLLECTING = "stopped while the step's rollouts were collected"  # not a failure: a stop
+
+
+class _GiveUpWave(Exception):
+    """Raised into `RolloutManager.take` by a stop while rank 0 waits for the wave."""
+
+
 FAILED_EXIT = 4
 
 
@@ -102,6 +109,10 @@ class RLLoop:
         while self.step < exp.max_steps:
             start = time.perf_counter()
             metrics = self.train_one_step()
+            if self.failure == STOPPED_COLLECTING:  # a stop while the wave was not in: the last step is kept
+                self.failure = None
+                self.save()
+                return PREEMPTED_EXIT
             if self.failure is not None:  # the step's rollouts are not fit to train on: keep what is sound
                 return self.stop_failed()
             self.step += 1
@@ -150,10 +161,12 @@ class RLLoop:
         rollout, failure = None, None
         if self.manager is not None:
             try:
-                rollout, metrics = self.manager.take(self.step, while_waiting=self.rejoin_stranded)
+                rollout, metrics = self.manager.take(self.step, while_waiting=self.while_collecting)
                 failure = self.manager.stop_reason
             except RolloutError as exc:  # every server dead, retries spent: no batch for this step
                 failure = f"rollout failed in step {self.step + 1}: {exc}"
+            except _GiveUpWave:
+                failure = STOPPED_COLLECTING
         if self.rejoins:
             self.rejoin_together(None if self.manager is None else REJOIN_DONE)
         if self.colocation is not None:  # the engines free the shared GPUs for this step
@@ -173,6 +186,15 @@ class RLLoop:
     def rejoins(self) -> bool:
         """Whether a waiting wave may push to a server that came back ("continue"; see `rejoin_stranded`)."""
         return self.sync is not None and self.recipe.sync.on_engine_failure == "continue"
+
+    def while_collecting(self) -> None:
+        """Rank 0, every few seconds while wave `step` is not in: a stop (SIGTERM, preemption) gives
+        the wave up, since what it waits for (servers, a judge) may be going down with the job and
+        would hold the checkpoint past the grace period; otherwise a server that came back may need
+        the current weights (`rejoin_stranded`)."""
+        if self.stop.raised:
+            raise _GiveUpWave
+        self.rejoin_stranded()
 
     def rejoin_stranded(self) -> None:
         """While rank 0 waits for a wave: if every server was lost and one is back (restarted, so on

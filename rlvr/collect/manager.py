@@ -111,7 +111,8 @@ class RolloutManager:
         self, step: int, *, while_waiting: Callable[[], None] | None = None, poll_s: float = 2.0
     ) -> tuple[RolloutBatch, dict[str, float]]:
         """Block until wave `step` is complete; its batch and metrics (the trainer is at `step`).
-        `while_waiting()` runs on the caller's thread every `poll_s` until then."""
+        `while_waiting()` runs on the caller's thread every `poll_s` until then; what it raises
+        gives the wave up."""
         if while_waiting is None or not self.bridge.started:
             return self.bridge.call(self._take(step))
         future = self.bridge.submit(self._take(step))
@@ -119,7 +120,11 @@ class RolloutManager:
             try:
                 return future.result(timeout=poll_s)
             except cf.TimeoutError:
-                while_waiting()
+                try:
+                    while_waiting()
+                except BaseException:  # the caller gives the wave up (a stop): stop waiting for it
+                    future.cancel()
+                    raise
 
     def stranded(self) -> bool:
         """Every server is held and one answers again: the wave waits for a push (`ServerPool.stranded`)."""

@@ -276,7 +276,7 @@ class Node:
                 os.environ, RLVR_NODE_ROLE=TRAINER, RLVR_ATTEMPT=role.attempt, **{TRAINER_RESTART_ENV: str(restart)}
             )
             steps = logged_steps(self.run_dir)
-            trainer = self.children.start("trainer", argv, env=env, log=self.paths.log("trainer"))
+            trainer = self.children.start("trainer", argv, env=env, log=self.paths.log(self._trainer_log))
             rc, preempted = self._watch_trainer(trainer)
             if preempted or not self._restartable(trainer, progressed=logged_steps(self.run_dir) > steps):
                 break
@@ -294,6 +294,11 @@ class Node:
         if preempted and self.self_requeue and role.is_first_trainer and not self._finished():
             self._requeue()
         return rc
+
+    @property
+    def _trainer_log(self) -> str:
+        """logs/trainer.log, as on one machine; one per node when several run trainer ranks."""
+        return "trainer" if len(self.plan.trainer_nodes) == 1 else f"trainer-node{self.role.node_rank}"
 
     def _watch_trainer(self, trainer: Child) -> tuple[int, bool]:
         """Wait for the trainer, passing on the signals this node gets; its exit code, and whether

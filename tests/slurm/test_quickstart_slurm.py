@@ -104,3 +104,48 @@ def test_the_real_worker_requeued_mid_run_resumes_once_per_step_with_its_weights
     assert 2 <= at < steps
     assert all(r.get("groups/stale", 0) == 0 for r in rows)  # no wave ran on weights older than its step
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+
+
+def test_a_trainer_rank_killed_on_its_node_is_restarted_there_from_its_checkpoint(tmp_path: Path) -> None:
+    """SIGKILL the real worker on node1 mid-run: the node script restarts the trainer (one trainer
+    node) from its newest checkpoint, the servers on node2 keep running and get its weights, the
+    job finishes, every step is logged once, and the death is one line in events.jsonl."""
+    import signal
+    import time
+
+    import psutil
+
+    steps = 7
+    out = tmp_path / "restart"
+    sets = [f"experiment.output_dir={json.dumps(str(out))}", f"experiment.max_steps={steps}",
+            "experiment.eval_steps=0", "experiment.save_steps=2", "cluster.kind=slurm", "cluster.nodes=2",
+            'cluster.time="00:14:00"', f"rollout.sglang.port={free_port()}"]  # fmt: skip
+    command = [sys.executable, "-m", "rlvr.cli", "launch", "recipes/quickstart.toml", "--no-dashboard"]
+    command += [x for s in sets for x in ("--set", s)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RLVR_MASTER_PORT": str(free_port())}
+    env.pop("RLVR_WORKER_MODULE", None)
+    env.pop("RLVR_SERVER_MODULE", None)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = out / "quickstart"
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the job never reached step 3"
+        time.sleep(0.2)
+    workers = [
+        p for p in psutil.process_iter(["cmdline"])
+        if "rlvr.worker" in " ".join(p.info["cmdline"] or []) and str(run_dir) in " ".join(p.info["cmdline"] or [])
+        and "rlvr.trainer.torchrun" not in " ".join(p.info["cmdline"] or [])
+    ]  # fmt: skip
+    assert len(workers) == 1, workers
+    os.kill(workers[0].pid, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=800)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    events = [json.loads(line)["message"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    died = [m for m in events if m.startswith(f"trainer died with code 1: a rank (pid {workers[0].pid}) was killed")]
+    assert len(died) == 1 and "; restarting it in 2 s (attempt 1 of 3)" in died[0], events
+    assert len([m for m in events if m.startswith("resumed from ")]) == 1, events
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
