@@ -9,6 +9,8 @@
 2. Sync: a vLLM server on a bigger random Qwen3 (`--hidden`, `--layers`, fp32); one
    `BroadcastSync` push (gloo, flattened buckets) against a raw gloo broadcast of the same bytes
    to a bare subprocess of this interpreter (the ceiling), alternating; GB/s of the transfer.
+3. Verify (`--only verify`): the same push with `sync.verify` off and on, alternating on one
+   server; what verification adds to a push (`sync/verify_s` and the push's seconds).
 
 Ratios are against baselines measured in the same run: the CPU is shared and timings move.
 """
@@ -156,6 +158,71 @@ def bench_sync(args, tmp: Path) -> None:
         stop_server(server)
 
 
+def bench_verify(args, tmp: Path) -> None:
+    import statistics
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.rollout.vllm import VLLMClient
+    from rlvr.sync.broadcast import BroadcastSync
+    from rlvr.sync.verify import PushVerifier
+    from rlvr.tiny import build_tiny_model_dir
+
+    folder = build_tiny_model_dir(tmp / "model", hidden_size=args.hidden, layers=args.layers, heads=8, kv_heads=4)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    server, _ = vllm_server(args.python, folder, free_port(), tmp / "vllm-verify.log", max_model_len=256)
+    sync = BroadcastSync(
+        model, client=VLLMClient([server_url(server)], timeout_s=300), timeout_s=300, bucket_mb=args.bucket_mb
+    )
+
+    verifiers = {"off": PushVerifier(model, mode="off"), "on": sync.verifier}  # auto: it asks vLLM once what it is
+
+    def push(mode: str, version: int) -> dict[str, float]:  # one sync (one group), verification switched
+        sync.verifier = verifiers[mode]
+        sync.plan.observe = sync.verifier.add if sync.verifier.enabled else None
+        return sync.push(version=version)
+
+    seconds: dict[str, list[float]] = {"off": [], "on": []}
+    verify_s: list[float] = []
+    try:
+        push("on", 1)  # warm-up: the group, the first reload
+        for r in range(args.repeats):
+            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                metrics = push(mode, 2 + 2 * r + (mode == "on"))
+                seconds[mode].append(metrics["sync/seconds"])
+                if mode == "on":
+                    verify_s.append(metrics["sync/verify_s"])
+        import asyncio
+
+        async def ask() -> float:
+            async with VLLMClient([server_url(server)], timeout_s=60) as client:
+                start = time.perf_counter()
+                await client.weights_fingerprint()
+                return time.perf_counter() - start
+
+        after = []
+        for r in range(3):
+            push("off", 100 + r)
+            after.append(asyncio.run(ask()))
+        print("  the workers' fingerprint asked right after a push:", " ".join(f"{a:.3f}" for a in after), "s")
+        gb = sync.plan.total_bytes / 1e9
+        off, on = statistics.median(seconds["off"]), statistics.median(seconds["on"])
+        shares = [v / s for v, s in zip(verify_s, seconds["on"], strict=True)]
+        print(
+            f"verify on vLLM, {gb:.2f} GB fp32, {len(sync.buckets)} bucket(s), {args.repeats} rounds alternated: push "
+            f"{off:.3f} s off, {on:.3f} s on (median; on / off = {on / off:.2f}); verify_s "
+            f"{min(verify_s):.3f}-{max(verify_s):.3f} s = {min(shares):.0%}-{max(shares):.0%} of the push"
+        )
+        lines = [line for line in (tmp / "vllm-verify.log").read_text().splitlines() if "rlvr weights" in line]
+        print("  inside vLLM, the last push:", *(line.split("rlvr weights: ")[-1] for line in lines[-3:]), sep="\n    ")
+        print("  per round (off, on, verify_s):", *(f"{a:.3f}/{b:.3f}/{v:.3f}" for a, b, v in
+                                                  zip(seconds["off"], seconds["on"], verify_s, strict=True)))  # fmt: skip
+    finally:
+        sync.close()
+        stop_server(server)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", required=True, help="the vLLM env's python (bash scripts/install-vllm.sh DIR)")
@@ -163,13 +230,15 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--bucket-mb", type=float, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=["startup", "sync"], default=None)
+    parser.add_argument("--only", choices=["startup", "sync", "verify"], default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "startup"):
             bench_startup(args, Path(tmp))
         if args.only in (None, "sync"):
             bench_sync(args, Path(tmp))
+        if args.only in (None, "verify"):
+            bench_verify(args, Path(tmp))
 
 
 if __name__ == "__main__":

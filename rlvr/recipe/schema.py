@@ -637,9 +637,9 @@ class SyncConfig(Section):
     verify: Literal["auto", "on", "off"] = "auto"
     """After every push each engine fingerprints the weights it serves (per tensor: an exact 64-bit
     checksum of its bytes) and the trainer compares them with what it sent; a mismatch is a failed push
-    (`on_engine_failure`), named by engine and first differing tensor. auto: on for `rlvr serve`
-    and the in-process engine, off for vLLM and SGLang (no such route yet). An adapter push is verified
-    by the adapter tensors each engine merged."""
+    (`on_engine_failure`), named by engine and first differing tensor. auto: on for `rlvr serve`,
+    the in-process engine and vLLM (what each worker received: docs/weight-sync.md), off for SGLang
+    (no such route). An adapter push is verified by the adapter tensors each engine merged."""
 
 
 class ClusterConfig(Section):

@@ -35,6 +35,10 @@ BACKEND_CONFIG = '{"backend": "rlvr"}'
 PAUSE_MODES = {"abort": "abort", "in_place": "keep", "retract": "keep"}
 
 
+VLLM_ENGINE = "vllm-rlvr"
+"""`server_info()["engine"]` of a vLLM server with rlvr's weight-transfer backend (`sync.verify` auto)."""
+
+
 def parse_vllm_version(value: Any) -> int:
     """vLLM's weight version is a string; "default" (never updated) is the base weights, 0."""
     if value in (None, "", "default"):
@@ -258,7 +262,23 @@ class VLLMClient(ServerPool):
         config = info.get("vllm_config", "") if isinstance(info, dict) else str(info)
         found = re.search(r"\bdtype=(?:torch\.)?(\w+)", config if isinstance(config, str) else json.dumps(config))
         size = sizes[0] if sizes and isinstance(sizes[0], dict) else {}
-        return {"tp_size": int(size.get("world_size") or 1), "dp_size": 1, "dtype": found.group(1) if found else ""}
+        return {
+            "tp_size": int(size.get("world_size") or 1),
+            "dp_size": 1,
+            "dtype": found.group(1) if found else "",
+            "engine": VLLM_ENGINE,
+        }
+
+    async def weights_fingerprint(self, *, adapter: bool = False) -> dict[str, Any]:
+        """The last push as every worker received it (`rlvr.sync.fingerprint`), through vLLM's
+        `/collective_rpc` and rlvr's backend; `adapter`: the last LoRA adapter merged. Workers that
+        disagree (tensor parallel) are a failed push: no single answer is returned then."""
+        payload = {"method": "rlvr_weights_fingerprint", "kwargs": {"adapter": "1" if adapter else ""}}
+        answers = await self._broadcast("/collective_rpc", payload)
+        workers = answers[0].get("results", []) if answers and isinstance(answers[0], dict) else []
+        if not workers or any(w != workers[0] for w in workers):
+            raise RolloutError(f"vLLM workers gave {len(workers)} different weight fingerprints")
+        return dict(workers[0] or {})
 
 
 def _load_failure(what: str, exc: BaseException) -> str:

@@ -101,7 +101,7 @@ class WeightReceiver:
             self._set_version(version)
 
     def fingerprint(self) -> dict[str, tuple[float, float]]:
-        """Every served weight's (sum, sum of squares) under its HF names (`rlvr.sync.fingerprint`).
+        """Every served weight's exact checksum (high, low) under its HF names (`rlvr.sync.fingerprint`).
 
         A tied alias is the tensor the model uses under that name (`lm_head.weight` is the output
         embedding's weight), so a head that stopped following its embedding shows up as itself."""

@@ -8,7 +8,9 @@ this one joins the group SGLang and `rlvr serve` join, so `BroadcastSync` is one
 Each bucket is checked against the served model before it loads (a failed reload cannot be undone)
 and loads on a thread while the next one arrives; the last bucket raises the push's first failure
 after closing vLLM's layerwise reload (where vLLM drops the version and the session), and the finish
-re-packs the tied LM head the CPU reload leaves stale. A LoRA push merges the adapter here.
+re-packs the tied LM head the CPU reload leaves stale. A LoRA push merges the adapter here. Each
+received tensor is fingerprinted on the load thread (`rlvr.sync.fingerprint`) for `sync.verify`;
+vLLM's workers answer it over `/collective_rpc` (`rlvr_weights_fingerprint`, added to the worker).
 docs/engines.md (vLLM) and docs/weight-sync.md say why each step is needed.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -99,6 +102,11 @@ class RlvrWeightTransfer(_engine_base()):
         # trainer's gloo send of that bucket would wait for a receive that never comes.
         self._refusal: str | None = None
         self._session = False  # between start_weight_update and the reload's finalize
+        self._fingerprint: Any = None  # this push's Fingerprinter, fed as each bucket loads
+        self._fingerprint_lock = threading.Lock()  # loads run on the load thread, or inline
+        self.served_fingerprint: dict[str, tuple[float, float]] = {}  # the last push's, as received
+        self.adapter_fingerprint: dict[str, tuple[float, float]] = {}  # the last adapter merged, by peft key
+        _add_worker_route()
 
     def init_transfer_engine(self, init_info: RlvrInitInfo) -> None:
         from rlvr.sync.group import join_group_like_sglang
@@ -121,8 +129,11 @@ class RlvrWeightTransfer(_engine_base()):
 
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        from rlvr.sync.fingerprint import Fingerprinter
+
         self._wait_loads()  # a session left open by a failed push
         self._refusal = None
+        self._fingerprint, self.served_fingerprint = Fingerprinter(), {}
         initialize_layerwise_reload(self.model)
         self._session = True
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-weight-load")
@@ -134,7 +145,7 @@ class RlvrWeightTransfer(_engine_base()):
             try:
                 self._check_folder(update_info.path)
                 with torch.no_grad():
-                    self.model.load_weights(_folder_weights(update_info.path))
+                    self.model.load_weights(self._fingerprinted(_folder_weights(update_info.path)))
             except BaseException:
                 # start_weight_update made every parameter a placeholder, and vLLM ends a session whose
                 # update raised without finalizing it: put the untouched weights back.
@@ -218,6 +229,7 @@ class RlvrWeightTransfer(_engine_base()):
             self._close_failed_session()
             raise
         self._adapter_weights = merge.merged
+        self.adapter_fingerprint = dict(merge.fingerprint)
         log.info(
             "rlvr LoRA adapter %s: %d weights merged, %d back to the base, %d fused siblings in %.3f s",
             path, len(merge.merged), len(merge.restored), len(merge.siblings), time.perf_counter() - start,
@@ -270,15 +282,29 @@ class RlvrWeightTransfer(_engine_base()):
             if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
                 module.quant_method.process_weights_after_loading(module)
 
+    def _fingerprinted(self, weights: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
+        """`weights` as they go into vLLM's loader, each fingerprinted on the way (a disk push)."""
+        for name, tensor in weights:
+            if self._fingerprint is not None:
+                with self._fingerprint_lock:
+                    self._fingerprint.add(name, tensor)
+            yield name, tensor
+
     def _load(self, weights: list[tuple[str, Any]], receive_s: float) -> None:
         import torch
 
         start = time.perf_counter()
+        if self._fingerprint is not None:  # on the load thread: hidden behind the next bucket's receive
+            with self._fingerprint_lock:
+                for name, tensor in weights:
+                    self._fingerprint.add(name, tensor)
+        summed = time.perf_counter()
         with torch.no_grad():
             self.model.load_weights(weights)
         log.info(
-            "rlvr weights: %d tensors, %.1f MB: received in %.3f s, loaded in %.3f s", len(weights),
-            sum(w.numel() * w.element_size() for _, w in weights) / 1e6, receive_s, time.perf_counter() - start,
+            "rlvr weights: %d tensors, %.1f MB: received in %.3f s, fingerprinted in %.3f s, loaded in %.3f s",
+            len(weights), sum(w.numel() * w.element_size() for _, w in weights) / 1e6, receive_s, summed - start,
+            time.perf_counter() - summed,
         )  # fmt: skip
 
     def _wait_loads(self) -> None:
@@ -299,6 +325,13 @@ class RlvrWeightTransfer(_engine_base()):
             log.warning("rlvr weights: a push ended before its last bucket; its weight version is not set")
             return
         self._finalize()
+        if self._fingerprint is not None:
+            with self._fingerprint_lock:
+                self.served_fingerprint, self._fingerprint = self._fingerprint.result(), None
+            if getattr(self.model_config.hf_config, "tie_word_embeddings", False):  # vLLM serves one tensor
+                embedding = self.served_fingerprint.get("model.embed_tokens.weight")
+                if embedding is not None:
+                    self.served_fingerprint.setdefault("lm_head.weight", embedding)
         log.info("rlvr weights: reload finished in %.3f s", time.perf_counter() - start)
 
     def shutdown(self) -> None:
@@ -307,6 +340,25 @@ class RlvrWeightTransfer(_engine_base()):
         if self.group is not None:
             self.group.shutdown()
             self.group = None
+
+
+def _add_worker_route() -> None:
+    """`collective_rpc("rlvr_weights_fingerprint", kwargs={"adapter": ""|"1"})` on vLLM's workers: the
+    fingerprint of the last push as this worker received it (or of the last adapter it merged, as
+    "adapter:" + peft key). Added once the worker has this backend, so only vLLM's workers carry it."""
+    from vllm.v1.worker.gpu_worker import Worker
+
+    if not hasattr(Worker, "rlvr_weights_fingerprint"):
+        Worker.rlvr_weights_fingerprint = _worker_fingerprint
+
+
+def _worker_fingerprint(worker: Any, adapter: str = "") -> dict[str, list[float]]:
+    engine = getattr(worker, "weight_transfer_engine", None)
+    if not isinstance(engine, RlvrWeightTransfer):
+        return {}
+    if adapter:
+        return {f"adapter:{key}": list(pair) for key, pair in engine.adapter_fingerprint.items()}
+    return {name: list(pair) for name, pair in engine.served_fingerprint.items()}
 
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"

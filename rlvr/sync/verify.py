@@ -3,7 +3,8 @@ it serves is compared with the trainer's fingerprint of what it sent.
 
 A mismatch is a failed push like any other engine failure (`on_engine_failure`), reported in one
 line with the engine's URL and the first tensor that differs. "auto" verifies the engines that
-have the route (`rlvr serve`, the in-process engine); vLLM and SGLang have none yet.
+have the route: `rlvr serve` and the in-process engine (what they serve), vLLM through rlvr's
+backend (what each worker received and loaded); SGLang has none.
 docs/weight-sync.md ("Verified pushes").
 """
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 VERIFY_MODES = ("auto", "on", "off")
 EMBEDDED = "rlvr-embedded"  # `server_info()["engine"]` of `rlvr serve`
+VLLM = "vllm-rlvr"  # of a vLLM server with rlvr's weight-transfer backend (`rlvr.rollout.vllm.VLLM_ENGINE`)
 STAGE = "verify"
 ADAPTER_PREFIX = "adapter:"  # an adapter tensor's name in a fingerprint: "adapter:" + its peft key
 
@@ -114,7 +116,8 @@ class PushVerifier:
 
     def _verifiable(self, calls: EngineCalls, url: str) -> bool:
         """On: every engine. Auto: an embedded engine, its own object or a server whose /server_info
-        says it is `rlvr serve` (SGLang's client has the call, SGLang not the route)."""
+        says it is `rlvr serve` or vLLM with rlvr's backend (SGLang's client has the call, SGLang not
+        the route)."""
         if self.mode == "on":
             return True
         if url not in self._kinds:
@@ -126,5 +129,5 @@ class PushVerifier:
             else:
                 info = calls.results([url], "server_info").get(url)
                 engine = cast("dict[str, object]", info).get("engine") if isinstance(info, dict) else None
-                self._kinds[url] = engine == EMBEDDED
+                self._kinds[url] = engine in (EMBEDDED, VLLM)
         return self._kinds[url]

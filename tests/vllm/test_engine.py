@@ -87,6 +87,49 @@ def test_a_push_serves_the_pushed_weights_and_version(vllm_server, base, method:
     ]  # the perturbation is large enough to change greedy output: the check above had something to see
 
 
+def test_every_push_is_verified_against_what_each_worker_received(vllm_server, base) -> None:
+    """`sync.verify` auto on vLLM: the workers' fingerprint of the push (rlvr's backend, over
+    /collective_rpc) equals the trainer's, tied head included; and a push whose bytes change on the
+    way (one bit of the first tensor of the bucket, after the trainer fingerprinted it) fails in one
+    line naming the engine and that tensor, and the engine is not resumed on it."""
+    from rlvr.sync.base import SyncError
+    from rlvr.sync.broadcast import BroadcastSync
+    from rlvr.sync.buckets import BucketPlan
+
+    perturbed = reference_model(perturb_seed=5)
+    metrics = push(vllm_server.url, perturbed, version=4)
+    assert metrics["sync/verify_s"] > 0  # auto: vLLM with rlvr's backend is verified
+    served = asyncio.run(_fingerprint(vllm_server.url))
+    assert "lm_head.weight" in served and served["lm_head.weight"] == served["model.embed_tokens.weight"]
+
+    sync = BroadcastSync(perturbed, client=VLLMClient([vllm_server.url], timeout_s=120), timeout_s=120,
+                         pause_mode="in_place")  # fmt: skip
+    real_pack = BucketPlan.pack
+
+    def flipped(self: BucketPlan, *args: object, **kwargs: object) -> object:
+        flat = real_pack(self, *args, **kwargs)  # type: ignore[arg-type]
+        flat[0] ^= 1  # on the wire, after the trainer's fingerprint of that tensor
+        return flat
+
+    first = sync.plan.buckets[0][0].name
+    try:
+        BucketPlan.pack = flipped  # type: ignore[method-assign]
+        with pytest.raises(SyncError) as caught:
+            sync.push(version=5)
+    finally:
+        BucketPlan.pack = real_pack  # type: ignore[method-assign]
+        sync.close()
+    assert str(caught.value) == (
+        f"weight sync to version 5 failed: {vllm_server.url} (verify): served weights differ from those sent, "
+        f"first at {first}"
+    )
+
+
+async def _fingerprint(url: str) -> dict:
+    async with VLLMClient([url], timeout_s=60) as client:
+        return await client.weights_fingerprint()
+
+
 def test_pushing_identical_weights_changes_nothing(vllm_server, base) -> None:
     before = generate(vllm_server.url, [greedy(p) for p in PROMPTS])
     push(vllm_server.url, base, version=1)
