@@ -160,7 +160,9 @@ def measure(args: argparse.Namespace) -> dict:
         cfg = SyncConfig(bucket_mb=int(args.bucket_mb), timeout_s=120, wire_format=args.wire_format)
         sync = make_weight_sync(cfg, model=model, client=client)
         nbytes = sync.plan.total_bytes  # type: ignore[attr-defined]
-        times: dict[str, list[float]] = {"sync": [], "transfer": [], "raw": [], "fresh": [], "floor": [], "verify": []}
+        times: dict[str, list[float]] = {
+            "sync": [], "transfer": [], "raw": [], "fresh": [], "floor": [], "verify": [], "verify_engine": []
+        }  # fmt: skip
         # The same bytes: the weights themselves, flat. (A never-written `torch.empty` buffer
         # would send the kernel's shared zero page from cache and flatter the baseline.)
         # The arena is those bytes in that order already: no second host copy at large sizes.
@@ -207,6 +209,7 @@ def measure(args: argparse.Namespace) -> dict:
                 times["sync"].append(metrics["sync/seconds"])
                 times["transfer"].append(metrics["sync/transfer_seconds"])
                 times["verify"].append(metrics["sync/verify_s"])
+                times["verify_engine"].append(sync.verifier.engine_seconds)  # rank 0's: this process
                 times["raw"].append(asyncio.run(raw_once()))
                 if not args.raw_only:
                     times["fresh"].append(asyncio.run(raw_once(per_tensor=True)))
@@ -257,7 +260,8 @@ def report(args: argparse.Namespace, result: dict, label: str = "") -> None:
     share = sorted(v / s for v, s in zip(result["verify"], result["sync"], strict=True))  # within each push
     print(
         f"verify (fingerprints both sides + compare, sync.verify): {min(result['verify']) * 1e3:.0f} ms best, "
-        f"{share[0]:.1%}..{share[-1]:.1%} of the push (same pushes)"
+        f"{share[0]:.1%}..{share[-1]:.1%} of the push (same pushes); of it, the engine's answer "
+        f"{min(result['verify_engine']) * 1e3:.0f}-{max(result['verify_engine']) * 1e3:.0f} ms"
     )
     if "floor" in best:
         print(

@@ -70,6 +70,7 @@ class PushVerifier:
         self.aliases = tied_aliases(model) if mode != "off" and not adapter else {}
         self.recorder = Fingerprinter()
         self.seconds = 0.0
+        self.engine_seconds = 0.0  # of `seconds`: waiting for the engines' fingerprints
         self._kinds: dict[str, bool] = {}  # url -> has the route (auto)
 
     @property
@@ -80,7 +81,7 @@ class PushVerifier:
         self.recorder = Fingerprinter()
         for name, source in self.aliases.items():
             self.recorder.alias(name, of=source)
-        self.seconds = 0.0
+        self.seconds = self.engine_seconds = 0.0
 
     def add(self, name: str, tensor: Tensor) -> None:
         if self.mode == "off":
@@ -103,7 +104,9 @@ class PushVerifier:
         sent = self.sent()
         begin = time.monotonic()
         targets = [u for u in urls if self._verifiable(calls, u)]
+        asked = time.monotonic()
         answers = calls.results(targets, "weights_fingerprint", **({"adapter": True} if self.adapter else {}))
+        self.engine_seconds = time.monotonic() - asked
         failures = [
             EngineFailure(u, STAGE, "the engine has no weights fingerprint") for u in targets if u not in answers
         ]
