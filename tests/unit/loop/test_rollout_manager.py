@@ -542,12 +542,24 @@ def test_k_ahead_draws_the_same_prompts_whatever_the_timing_and_across_a_resume(
 @pytest.mark.parametrize("partial", [True, False])
 def test_every_token_is_sampled_by_weights_the_bound_allows_not_only_those_take_returns(k, partial) -> None:
     """The bound on what was generated: each wave's admission version, and every reply the engine
-    sent for it (aborted, dropped, filtered or trained); a trained token's version, end to end."""
-    engine = FakeEngine(3, delay=0.001, jitter=0.004, seed=k)
+    sent for it (aborted, dropped, filtered or trained); a trained token's version, end to end.
+    Whether a push lands inside a sample that then trains is timing: with `partial`, up to three
+    runs (other seeds) must show one; without, none may ever."""
+    spanned = False
+    for attempt in range(3 if partial else 1):
+        spanned = max(_bounded_run(k, partial, seed=k + 10 * attempt)) > 1
+        if spanned:
+            break
+    assert spanned == partial  # a trained rollout spanned a push exactly when partial
+
+
+def _bounded_run(k: int, partial: bool, *, seed: int) -> list[int]:
+    """One run of the test above, every bound asserted; each trained rollout's count of versions."""
+    engine = FakeEngine(3, delay=0.001, jitter=0.004, seed=seed)
     manager, _ = make(engine, k=k, steps=12, dynamic_sampling=True, max_refill_rounds=1)
     manager.recipe.rollout.partial = partial
     seen = track(manager)
-    results = drive(manager, engine, steps=range(10), train_s=0.004, seed=k)
+    results = drive(manager, engine, steps=range(10), train_s=0.004, seed=seed)
     manager.close()
     # The gate: wave s is admitted the moment the engines serve s - k (the run starts at 0), not before.
     assert seen.admitted == {s: max(s - k, 0) for s in seen.admitted}, seen.admitted
@@ -562,7 +574,7 @@ def test_every_token_is_sampled_by_weights_the_bound_allows_not_only_those_take_
         assert batch.versions == [min(t) for t in truth]  # partial tokens keep their version, end to end
         assert metrics["rollout/staleness_max"] == max(step - min(t) for t in truth) <= k
         spans += [len(set(t)) for t in truth]
-    assert (max(spans) > 1) == partial  # a trained rollout spanned a push exactly when partial
+    return spans
 
 
 class LaggingEngine(FakeEngine):
