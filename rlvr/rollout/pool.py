@@ -283,8 +283,8 @@ class ServerPool:
                 server.instance = instance
 
     def instance_of(self, url: str) -> int | None:
-        """The start count of the process at `url` as last read (None: not known)."""
-        self.refresh_identity(force=True)
+        """The start count of the process at `url` as last read (None: not known); `refresh_identity`
+        reads again (the weight sync does, once per push)."""
         return next((s.instance for s in self.servers if s.url == url.rstrip("/")), None)
 
     async def _mark_failed(self, server: _Server, error: Exception) -> None:

@@ -241,7 +241,9 @@ class EngineCalls:
         (the launcher restarts dead servers, and a restarted one rejoins this sync). Engines that
         answered with an error are not waited for. False if none comes back."""
         dead = [u for u, f in self.dropped.items() if f.stage == "health" or self._restarted(u)]
-        dead += [u for u in [*self.dropped, *self._held()] if u not in dead and u not in self.healthy([u])]
+        others = [u for u in [*self.dropped, *self._held()] if u not in dead]
+        answering: set[str] = self.healthy(others) if others else set()  # one concurrent probe round
+        dead += [u for u in others if u not in answering]
         if not dead:
             return False
         deadline = time.monotonic() + self.timeout_s

@@ -22,10 +22,12 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 STEPS = 2
 
 
-def launch(out: Path, *overrides: str) -> subprocess.CompletedProcess:
+def command_and_env(out: Path, *overrides: str, steps: int = STEPS) -> tuple[list[str], dict[str, str]]:
+    """`rlvr launch` of the real quickstart into `out` (no eval; `overrides` after the defaults), and
+    its env: the repo on the path, a free master port, no stand-in worker or server."""
     sets = [
         f"experiment.output_dir={json.dumps(str(out))}",
-        f"experiment.max_steps={STEPS}",
+        f"experiment.max_steps={steps}",
         "experiment.eval_steps=0",
         "experiment.save_steps=0",
         *overrides,
@@ -35,7 +37,32 @@ def launch(out: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RLVR_MASTER_PORT": str(free_port())}
     env.pop("RLVR_WORKER_MODULE", None)
     env.pop("RLVR_SERVER_MODULE", None)
+    return command, env
+
+
+def launch(out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    command, env = command_and_env(out, *overrides)
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=850)
+
+
+SLURM_TWO_NODES = ("cluster.kind=slurm", "cluster.nodes=2", 'cluster.time="00:14:00"')
+
+
+def start_on_two_nodes(out: Path, *, steps: int, save_steps: int) -> subprocess.Popen:
+    """The real quickstart submitted to the two-node test cluster, running in the background."""
+    overrides = (f"experiment.save_steps={save_steps}", *SLURM_TWO_NODES, f"rollout.sglang.port={free_port()}")
+    command, env = command_and_env(out, *overrides, steps=steps)
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(proc: subprocess.Popen, metrics: Path, step: int) -> None:
+    import time
+
+    deadline = time.monotonic() + 600
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < step:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"the job never reached step {step}"
+        time.sleep(0.2)
 
 
 def last_metrics(run_dir: Path) -> dict:
@@ -46,13 +73,7 @@ def last_metrics(run_dir: Path) -> dict:
 
 def test_quickstart_on_two_slurm_nodes_matches_a_local_run(tmp_path: Path) -> None:
     port = free_port()
-    slurm = launch(
-        tmp_path / "slurm",
-        "cluster.kind=slurm",
-        "cluster.nodes=2",
-        'cluster.time="00:14:00"',
-        f"rollout.sglang.port={port}",
-    )
+    slurm = launch(tmp_path / "slurm", *SLURM_TWO_NODES, f"rollout.sglang.port={port}")
     assert slurm.returncode == 0, slurm.stdout[-3000:] + slurm.stderr[-3000:]
     local = launch(tmp_path / "local")
     assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
@@ -71,26 +92,12 @@ def test_the_real_worker_requeued_mid_run_resumes_once_per_step_with_its_weights
     of its step and the job comes back (SLURM_RESTART_COUNT 1); it resumes from that checkpoint,
     logs every step exactly once, and its fresh rollout servers get the checkpoint's weights before
     the first wave (k = 0 drops any group sampled by older weights as stale: there is none)."""
-    import time
-
     steps = 6
     out = tmp_path / "requeue"
-    sets = [f"experiment.output_dir={json.dumps(str(out))}", f"experiment.max_steps={steps}",
-            "experiment.eval_steps=0", "experiment.save_steps=0", "cluster.kind=slurm", "cluster.nodes=2",
-            'cluster.time="00:14:00"', f"rollout.sglang.port={free_port()}"]  # fmt: skip
-    command = [sys.executable, "-m", "rlvr.cli", "launch", "recipes/quickstart.toml", "--no-dashboard"]
-    command += [x for s in sets for x in ("--set", s)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RLVR_MASTER_PORT": str(free_port())}
-    env.pop("RLVR_WORKER_MODULE", None)
-    env.pop("RLVR_SERVER_MODULE", None)
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_on_two_nodes(out, steps=steps, save_steps=0)
     run_dir = out / "quickstart"
     metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 600
-    while not metrics.exists() or len(metrics.read_text().splitlines()) < 2:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the job never reached step 2"
-        time.sleep(0.5)
+    wait_for_step(proc, metrics, 2)
     job_id = json.loads((run_dir / "slurm" / "attempt.json").read_text())["attempt"].split(".")[0]
     subprocess.run(["scontrol", "requeue", str(job_id)], check=True, timeout=30)
     stdout, stderr = proc.communicate(timeout=800)
@@ -111,28 +118,15 @@ def test_a_trainer_rank_killed_on_its_node_is_restarted_there_from_its_checkpoin
     node) from its newest checkpoint, the servers on node2 keep running and get its weights, the
     job finishes, every step is logged once, and the death is one line in events.jsonl."""
     import signal
-    import time
 
     import psutil
 
     steps = 7
     out = tmp_path / "restart"
-    sets = [f"experiment.output_dir={json.dumps(str(out))}", f"experiment.max_steps={steps}",
-            "experiment.eval_steps=0", "experiment.save_steps=2", "cluster.kind=slurm", "cluster.nodes=2",
-            'cluster.time="00:14:00"', f"rollout.sglang.port={free_port()}"]  # fmt: skip
-    command = [sys.executable, "-m", "rlvr.cli", "launch", "recipes/quickstart.toml", "--no-dashboard"]
-    command += [x for s in sets for x in ("--set", s)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RLVR_MASTER_PORT": str(free_port())}
-    env.pop("RLVR_WORKER_MODULE", None)
-    env.pop("RLVR_SERVER_MODULE", None)
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_on_two_nodes(out, steps=steps, save_steps=2)
     run_dir = out / "quickstart"
     metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 600
-    while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the job never reached step 3"
-        time.sleep(0.2)
+    wait_for_step(proc, metrics, 3)
     workers = [
         p for p in psutil.process_iter(["cmdline"])
         if "rlvr.worker" in " ".join(p.info["cmdline"] or []) and str(run_dir) in " ".join(p.info["cmdline"] or [])

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,8 +108,9 @@ def server(index: int, script: str) -> ServerLaunch:
     return ServerLaunch(server_name(index), argv, {}, f"http://127.0.0.1:{spec.port}", spec)
 
 
-def supervisor(tmp_path: Path, restarts: Restarts | None = None) -> ServerSupervisor:
-    return ServerSupervisor(Children(), log=RunDir(tmp_path).log, restarts=restarts)
+def supervisor(tmp_path: Path, restarts: Restarts | None = None, **options: Any) -> ServerSupervisor:
+    """A supervisor whose logs go under `tmp_path` (`options`: its other fields)."""
+    return ServerSupervisor(Children(), log=RunDir(tmp_path).log, restarts=restarts, **options)
 
 
 def wait_dead(servers: ServerSupervisor, timeout_s: float = 30.0) -> list:
@@ -149,9 +151,7 @@ def test_without_restarts_nothing_is_restarted_and_the_judge_has_its_own_budget(
         (Restarts(backoff_s=0.01), None, judge, False),  # rollout servers' budget is not the judge's
         (None, Restarts(backoff_s=0.01), judge, True),
     ]:
-        servers = ServerSupervisor(
-            Children(), log=RunDir(tmp_path).log, restarts=restarts, judge_restarts=judge_restarts
-        )
+        servers = supervisor(tmp_path, restarts, judge_restarts=judge_restarts)
         try:
             child = servers.start(launch)
             assert wait_dead(servers) == [child]
@@ -166,9 +166,7 @@ def test_without_restarts_nothing_is_restarted_and_the_judge_has_its_own_budget(
 
 
 def test_a_restarted_server_is_registered_again_one_instance_on_before_it_starts(tmp_path: Path) -> None:
-    servers = ServerSupervisor(
-        Children(), log=RunDir(tmp_path).log, restarts=Restarts(backoff_s=0.01), run_dir=tmp_path, host="node7"
-    )
+    servers = supervisor(tmp_path, Restarts(backoff_s=0.01), run_dir=tmp_path, host="node7")
     try:
         launch = server(0, "import time; time.sleep(0.2)")
         register(tmp_path, launch)  # as the launcher does once it is healthy
@@ -186,7 +184,7 @@ def test_a_restarted_server_is_registered_again_one_instance_on_before_it_starts
 
 def test_a_hung_server_is_killed_and_said_so_while_a_slow_one_is_left_alone(tmp_path: Path) -> None:
     watch = HealthWatch(deadline_s=1.0, interval_s=0.1)
-    servers = ServerSupervisor(Children(), log=RunDir(tmp_path).log, health=watch)
+    servers = supervisor(tmp_path, health=watch)
     try:
         hung, slow = servers.start(server(0, HEALTHY)), servers.start(server(1, HEALTHY))
         assert servers.wait_healthy(timeout_s=60, poll_s=0.05)
@@ -211,7 +209,7 @@ def test_a_hung_server_is_killed_and_said_so_while_a_slow_one_is_left_alone(tmp_
 def test_a_server_still_starting_is_not_hung(tmp_path: Path) -> None:
     """Only a server that answered once since its (re)start can hang: loading a model is not hanging."""
     watch = HealthWatch(deadline_s=0.3, interval_s=0.1)
-    servers = ServerSupervisor(Children(), log=RunDir(tmp_path).log, health=watch)
+    servers = supervisor(tmp_path, health=watch)
     try:
         child = servers.start(server(0, "import time; time.sleep(30)"))
         time.sleep(1.0)
