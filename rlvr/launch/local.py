@@ -26,7 +26,6 @@ from pathlib import Path
 
 from rlvr.launch.argv import prepare_servers, trainer_command
 from rlvr.launch.failure import LaunchError, checkpoint_note, failure, stated_error, trainer_crashed
-from rlvr.launch.health import HealthWatch
 from rlvr.launch.restarts import Restarts
 from rlvr.launch.supervisor import (
     ServerLaunch,
@@ -89,18 +88,8 @@ class LocalLauncher:
         self.trainer: Child | None = None
         self.trainer_restarts = Restarts(max_restarts=recipe.experiment.trainer_restarts)
         self._trainer_steps = 0  # steps logged when the current trainer started
-        rollout = recipe.rollout
-        restarts = (
-            Restarts(max_restarts=rollout.server_restarts) if recipe.sync.on_engine_failure == "continue" else None
-        )
-        self.servers = ServerSupervisor(
-            Children(env=self.children.env, death_signal=signal.SIGTERM),
-            log=self.paths.log,
-            restarts=restarts,
-            judge_restarts=Restarts(max_restarts=rollout.server_restarts),
-            run_dir=run_dir,
-            health=HealthWatch(deadline_s=rollout.health_deadline_s),
-        )
+        servers = Children(env=self.children.env, death_signal=signal.SIGTERM)
+        self.servers = ServerSupervisor.for_recipe(recipe, servers, log=self.paths.log, run_dir=run_dir)
 
     def start(self, *, server_timeout_s: float = 300.0) -> None:
         """Start every child at once, then register each server as it turns healthy.

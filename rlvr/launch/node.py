@@ -27,7 +27,6 @@ from typing import Any
 
 from rlvr.launch.argv import prepare_servers, trainer_command
 from rlvr.launch.failure import LaunchError, failure, stated_error, trainer_crashed
-from rlvr.launch.health import HealthWatch
 from rlvr.launch.restarts import Restarts
 from rlvr.launch.supervisor import ServerLaunch, ServerSupervisor, judge_launch, register, rollout_launch
 from rlvr.monitor.metrics import append_event, logged_steps, mark_stopped
@@ -201,18 +200,8 @@ class Node:
         # without a handler) would die of the time-limit warning instead of letting the worker
         # checkpoint; rlvr.worker installs its own handler and still gets it.
         self.children = Children(death_signal=signal.SIGKILL, ignore=(signal.SIGUSR1, signal.SIGUSR2))
-        rollout = self.recipe.rollout
-        restarts = (
-            Restarts(max_restarts=rollout.server_restarts) if self.recipe.sync.on_engine_failure == "continue" else None
-        )
-        self.servers = ServerSupervisor(
-            self.children,
-            log=self.paths.log,
-            restarts=restarts,
-            judge_restarts=Restarts(max_restarts=rollout.server_restarts),
-            run_dir=run_dir,
-            host=self.role.name,
-            health=HealthWatch(deadline_s=rollout.health_deadline_s),
+        self.servers = ServerSupervisor.for_recipe(
+            self.recipe, self.children, log=self.paths.log, run_dir=run_dir, host=self.role.name
         )
         self.signals: list[int] = []
         self.grace_s = float(os.environ.get(STOP_GRACE_ENV, "20"))

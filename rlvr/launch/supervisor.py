@@ -140,6 +140,24 @@ class ServerSupervisor:
     _reported: set[int] = field(default_factory=set)  # ids of dead processes `dead` returned
     _hung: set[int] = field(default_factory=set)  # ids of processes killed for not answering
 
+    @classmethod
+    def for_recipe(
+        cls, recipe: Recipe, children: Children, *, log: Callable[[str], Path], run_dir: Path, host: str | None = None
+    ) -> ServerSupervisor:
+        """What a recipe asks of supervision, the same on every launcher: rollout servers restarted in
+        "continue" mode only (in "fail" a death stops the run), the judge always, hung ones killed."""
+        rollout = recipe.rollout
+        continues = recipe.sync.on_engine_failure == "continue"
+        return cls(
+            children,
+            log=log,
+            restarts=Restarts(max_restarts=rollout.server_restarts) if continues else None,
+            judge_restarts=Restarts(max_restarts=rollout.server_restarts),
+            run_dir=run_dir,
+            host=host,
+            health=HealthWatch(deadline_s=rollout.health_deadline_s),
+        )
+
     def start(self, launch: ServerLaunch) -> Child:
         self.launches[launch.name] = launch
         child = self.children.start(launch.name, launch.argv, env=launch.env, log=self.log(launch.name))
