@@ -8,6 +8,11 @@ share of judged groups with no reward spread per step (`groups/zero_spread_frac`
 generated tokens per step, wall clock, each domain's final eval, and the ratios to static.
 
     python bench/mix.py --recipe recipes/smollm2_mix.toml --steps 8
+    python bench/mix.py --steps 12 --rows 8 --retire-after 1 --revisit-after 6   # prompts recur
+
+`--rows N` trains every setting on the first N rows of each domain (written to --out; a gym
+domain generates N): prompts then come back every few steps, as over many epochs of a real data
+set, which is where a difficulty pool acts; the eval sets stay whole.
 """
 
 from __future__ import annotations
@@ -32,6 +37,23 @@ def pools(recipe: Path, *, retire_after: int, revisit_after: int) -> list[str]:
 
     names = load_recipe(recipe, []).domains
     return [f"domains.{n}.pool={{retire_after={retire_after},revisit_after={revisit_after}}}" for n in names]
+
+
+def first_rows(recipe: Path, rows: int, out: Path) -> list[str]:
+    """Overrides that train each domain of `recipe` on its first `rows` rows (copies under `out`)."""
+    from rlvr.recipe.load import load_recipe
+
+    overrides: list[str] = []
+    out.mkdir(parents=True, exist_ok=True)
+    for name, domain in load_recipe(recipe, []).domains.items():
+        if domain.gym is not None:
+            overrides.append(f"domains.{name}.gym.size={rows}")
+            continue
+        lines = [line for file in domain.files for line in Path(file).read_text().splitlines() if line.strip()]
+        path = out / f"{name}_first{rows}.jsonl"
+        path.write_text("\n".join(lines[:rows]) + "\n")
+        overrides.append(f'domains.{name}.files=["{path.resolve()}"]')
+    return overrides
 
 
 def run(recipe: Path, out: Path, overrides: list[str]) -> float:
@@ -60,6 +82,7 @@ def main() -> None:
     parser.add_argument("--smoothing", type=float, default=0.5, help="data.mix_smoothing")
     parser.add_argument("--retire-after", type=int, default=2)
     parser.add_argument("--revisit-after", type=int, default=4)
+    parser.add_argument("--rows", type=int, help="train on each domain's first ROWS rows (prompts recur)")
     parser.add_argument("--only", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--out", type=Path, default=Path("runs/bench_mix"))
     parser.add_argument("--reuse", action="store_true", help="report the runs already in --out, run none")
@@ -67,6 +90,8 @@ def main() -> None:
     args = parser.parse_args()
     common = [f"experiment.max_steps={args.steps}", f"experiment.eval_steps={args.steps}", "experiment.save_steps=0",
               "experiment.eval_at_start=false"] + ([f"experiment.seed={args.seed}"] if args.seed is not None else [])  # fmt: skip
+    if args.rows:
+        common += first_rows(args.recipe, args.rows, args.out / "data")
     adaptive = [f"data.mix_floor={args.floor}", f"data.mix_smoothing={args.smoothing}"]
     extra = {"static": [], "adaptive": adaptive,
              "adaptive+pools": adaptive + pools(args.recipe, retire_after=args.retire_after,

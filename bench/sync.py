@@ -161,7 +161,8 @@ def measure(args: argparse.Namespace) -> dict:
         sync = make_weight_sync(cfg, model=model, client=client)
         nbytes = sync.plan.total_bytes  # type: ignore[attr-defined]
         times: dict[str, list[float]] = {
-            "sync": [], "transfer": [], "raw": [], "fresh": [], "floor": [], "verify": [], "verify_engine": []
+            "sync": [], "transfer": [], "raw": [], "fresh": [], "floor": [], "verify": [], "verify_engine": [],
+            "unverified": [],
         }  # fmt: skip
         # The same bytes: the weights themselves, flat. (A never-written `torch.empty` buffer
         # would send the kernel's shared zero page from cache and flatter the baseline.)
@@ -203,8 +204,21 @@ def measure(args: argparse.Namespace) -> dict:
                 assert response.status == 200, await response.text()
                 return time.perf_counter() - start
 
+        def unverified_push(version: int) -> float:
+            """The same push with `sync.verify = "off"`: the baseline of what verifying costs."""
+            mode, observe = sync.verifier.mode, sync.plan.observe
+            sync.verifier.mode, sync.plan.observe = "off", None
+            try:
+                return sync.push(version=version)["sync/seconds"]
+            finally:
+                sync.verifier.mode, sync.plan.observe = mode, observe
+
         for version in range(args.repeats + 1):  # the first push builds the group: a warm-up
+            if version and version % 2:  # alternate which of the pair goes first
+                times["unverified"].append(unverified_push(1000 + version))
             metrics = sync.push(version=version)
+            if version and not version % 2:
+                times["unverified"].append(unverified_push(1000 + version))
             if version:
                 times["sync"].append(metrics["sync/seconds"])
                 times["transfer"].append(metrics["sync/transfer_seconds"])
@@ -258,10 +272,16 @@ def report(args: argparse.Namespace, result: dict, label: str = "") -> None:
     )  # each repeat with its own baseline
     print(f"ratio end to end / raw per repeat: {paired[0]:.0%}..{paired[-1]:.0%} over {len(paired)}")
     share = sorted(v / s for v, s in zip(result["verify"], result["sync"], strict=True))  # within each push
+    added = sorted(s / u - 1 for s, u in zip(result["sync"], result["unverified"], strict=True))
     print(
-        f"verify (fingerprints both sides + compare, sync.verify): {min(result['verify']) * 1e3:.0f} ms best, "
-        f"{share[0]:.1%}..{share[-1]:.1%} of the push (same pushes); of it, the engine's answer "
-        f"{min(result['verify_engine']) * 1e3:.0f}-{max(result['verify_engine']) * 1e3:.0f} ms"
+        f"push verified / unverified (sync.verify auto / off, alternated): {min(result['sync']) * 1e3:.0f} / "
+        f"{min(result['unverified']) * 1e3:.0f} ms best, verifying adds {min(result['sync']) / min(result['unverified']) - 1:+.1%} "
+        f"best vs best; per pair {added[0]:+.1%}..{added[-1]:+.1%}, median {added[len(added) // 2]:+.1%}"
+    )
+    print(
+        f"verify's own time (sync/verify_s: the trainer's sums, mostly while buckets travel, + the engines' "
+        f"answer + compare): {min(result['verify']) * 1e3:.0f} ms best, {share[0]:.1%}..{share[-1]:.1%} of the push; "
+        f"of it, the engine's answer {min(result['verify_engine']) * 1e3:.0f}-{max(result['verify_engine']) * 1e3:.0f} ms"
     )
     if "floor" in best:
         print(

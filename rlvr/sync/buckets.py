@@ -87,8 +87,6 @@ class BucketPlan:
             tensor = next_weight(weights, spec)
             target = dtype_of(spec.dtype)
             tensors.append(tensor if tensor.dtype == target else tensor.to(target))
-            if self.observe is not None:
-                self.observe(spec.name, tensors[-1])
         view: Tensor | None = back_to_back_bytes(tensors)
         if view is not None:
             return view
@@ -105,6 +103,16 @@ class BucketPlan:
             buffer[offset : offset + spec.nbytes].view(tensor.dtype).view(tensor.shape).copy_(tensor)
             offset += spec.nbytes
         return buffer[:total]
+
+    def observe_flat(self, bucket: list[TensorSpec], flat: Tensor) -> None:
+        """Show `observe` each tensor of a packed bucket as the bytes on the wire: called once its
+        broadcast has started, so the trainer's fingerprint reads them while they travel."""
+        if self.observe is None:
+            return
+        offset = 0
+        for spec in bucket:
+            self.observe(spec.name, flat[offset : offset + spec.nbytes].view(dtype_of(spec.dtype)).view(spec.shape))
+            offset += spec.nbytes
 
     def stage(self, tensor: Tensor, spec: TensorSpec, offsets: dict[str, int]) -> Tensor:
         """The tensor to send: itself when it already has the wire dtype and layout, else a

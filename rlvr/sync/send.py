@@ -95,7 +95,7 @@ class BucketSender:
 
         Per bucket i: pack it (bucket i-1 is on the wire meanwhile), wait until bucket i-1's
         broadcast is done, collect the answers up to bucket i-2 (gloo; up to i-1 on NCCL),
-        then send bucket i's request and start its broadcast.
+        then send bucket i's request, start its broadcast and fingerprint it (verify) while it travels.
         """
         group, members, options, wait = self._wire()
         ahead = 1 if self.backend == "gloo" else 0  # requests left unanswered when the next one leaves
@@ -139,6 +139,7 @@ class BucketSender:
                 work = group.broadcast([flat], options)
             except BaseException as exc:  # noqa: BLE001 - attributed like a broken broadcast
                 return fail([], exc)
+            self.plan.observe_flat(bucket, flat)  # the verify fingerprint, while the bucket travels
         return landed(0)
 
     def _send_per_tensor(self, weights: Weights, version: int) -> list[EngineFailure]:

@@ -115,3 +115,33 @@ def test_nccl_weight_group_between_two_processes(tmp_path: Path) -> None:
     assert proc.returncode == 0 and f"sum {int(flat.to(torch.int64).sum())}" in out, out
     print(f"nccl weight group: 256 MB in {seconds:.3f}s ({0.268 / seconds:.1f} GB/s, first broadcast incl. setup)")
     group.shutdown()
+
+
+def test_verify_fingerprint_on_cuda_is_exact_and_its_cost_printed() -> None:
+    """`sync.verify`'s checksum on CUDA equals the CPU's for the same bytes (bf16 and fp32, a
+    tensor at an odd offset), and its time for 1.4 GB is printed: the verify cost on a GPU is
+    this per side, against a push over NCCL (on the 2-core CPU it is ~57 ms per side, 22-28%
+    of the push: docs/weight-sync.md)."""
+    import time
+
+    import torch
+
+    from rlvr.sync.fingerprint import fingerprint
+
+    torch.manual_seed(0)
+    small = [("w", torch.randn(1001, 17)), ("h", torch.randn(33, dtype=torch.bfloat16))]
+    packed = torch.empty(1 + 1001 * 17, dtype=torch.float32)
+    packed[1:] = small[0][1].reshape(-1)
+    on_cpu = fingerprint(small + [("odd", packed[1:])])
+    on_gpu = fingerprint([(n, t.cuda()) for n, t in small] + [("odd", packed.cuda()[1:])])
+    assert on_gpu == on_cpu and on_gpu["odd"] == on_gpu["w"]
+    weights = [(f"layer{i}", torch.randn(4096, 4096, device="cuda")) for i in range(21)]  # 21 x 64 MB = 1.4 GB
+    fingerprint(weights)  # warm-up
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        fingerprint(weights)  # one host sync, at the end
+        times.append(time.perf_counter() - start)
+    best = min(times)
+    print(f"verify fingerprint on CUDA: 1.41 GB in {best * 1e3:.2f} ms best of 5 ({1.41 / best:.0f} GB/s)")
