@@ -3,7 +3,8 @@ groups that teach nothing, and each domain's eval at the end.
 
 Runs one recipe through `rlvr launch` once per setting, one after another, same seed and steps:
 `static` (the recipe as written, the baseline of this invocation), `adaptive` (data.mix =
-"adaptive") and `adaptive+pools` (plus a difficulty pool on every domain). Prints per setting the
+"adaptive"), `adaptive+pools` (plus a difficulty pool on every domain) and `static+pools` (the
+pools alone; `--only` picks settings). Prints per setting the
 share of judged groups with no reward spread per step (`groups/zero_spread_frac`) and its mean,
 generated tokens per step, wall clock, each domain's final eval, and the ratios to static.
 
@@ -28,6 +29,7 @@ SETTINGS: dict[str, list[str]] = {
     "static": [],
     "adaptive": ["data.mix=adaptive"],
     "adaptive+pools": ["data.mix=adaptive"],
+    "static+pools": [],
 }
 
 
@@ -83,7 +85,7 @@ def main() -> None:
     parser.add_argument("--retire-after", type=int, default=2)
     parser.add_argument("--revisit-after", type=int, default=4)
     parser.add_argument("--rows", type=int, help="train on each domain's first ROWS rows (prompts recur)")
-    parser.add_argument("--only", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    parser.add_argument("--only", nargs="+", choices=list(SETTINGS), default=list(SETTINGS)[:3])
     parser.add_argument("--out", type=Path, default=Path("runs/bench_mix"))
     parser.add_argument("--reuse", action="store_true", help="report the runs already in --out, run none")
     parser.add_argument("--plot", type=Path, help="also draw the zero-spread share per step into this PNG")
@@ -95,7 +97,8 @@ def main() -> None:
     adaptive = [f"data.mix_floor={args.floor}", f"data.mix_smoothing={args.smoothing}"]
     extra = {"static": [], "adaptive": adaptive,
              "adaptive+pools": adaptive + pools(args.recipe, retire_after=args.retire_after,
-                                                revisit_after=args.revisit_after)}  # fmt: skip
+                                                revisit_after=args.revisit_after),
+             "static+pools": pools(args.recipe, retire_after=args.retire_after, revisit_after=args.revisit_after)}  # fmt: skip
     results: dict[str, tuple[float, list[dict[str, float]]]] = {}
     for name in args.only:
         out = args.out / name

@@ -19,7 +19,8 @@ the weights themselves (a never-written buffer would send the kernel's zero page
 cache and flatter it). `/bench_raw` also times one broadcast per tensor into fresh and
 into preallocated tensors (the floor of the `per_tensor` wire, `--wire-format per_tensor`
 to sync with it). Each number is the best of `--repeats` (the CPU is shared). Prints
-GB/s for each and the ratios.
+GB/s for each and the ratios. Each repeat also pushes with `sync.verify = "off"` (before or after
+the verified push, alternating): what verification adds to a push is the difference.
 
 `--baseline-src OLD_TREE` (e.g. `git worktree add /tmp/before HEAD` before a change) runs
 `--rounds` rounds of the same measurement, before (`PYTHONPATH=OLD_TREE`) then after (this
@@ -122,6 +123,7 @@ def measure(args: argparse.Namespace) -> dict:
     from rlvr.recipe.schema import SyncConfig
     from rlvr.rollout.sglang import SGLangClient
     from rlvr.sync import make_weight_sync
+    from rlvr.sync.broadcast import BroadcastSync
     from rlvr.tiny import build_tiny_model_dir
     from rlvr.trainer.weights import iter_full_weights
     from rlvr.weight_arena import build_weight_arena
@@ -159,6 +161,7 @@ def measure(args: argparse.Namespace) -> dict:
         asyncio.run(client.wait_ready(timeout_s=180))
         cfg = SyncConfig(bucket_mb=int(args.bucket_mb), timeout_s=120, wire_format=args.wire_format)
         sync = make_weight_sync(cfg, model=model, client=client)
+        assert isinstance(sync, BroadcastSync)
         nbytes = sync.plan.total_bytes  # type: ignore[attr-defined]
         times: dict[str, list[float]] = {
             "sync": [], "transfer": [], "raw": [], "fresh": [], "floor": [], "verify": [], "verify_engine": [],
