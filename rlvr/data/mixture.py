@@ -38,12 +38,17 @@ class DomainStream:
             random.Random(f"{self.seed}:{epoch}").shuffle(order)
         return order
 
-    def take(self, count: int, *, pool: DifficultyPool | None = None, step: int = 0) -> list[Sample]:
-        """The next `count` rows of the walk; with a `pool`, resting rows are passed over (after a
-        whole pass of resting rows the next row is drawn anyway: a domain always serves)."""
+    def take(
+        self, count: int, *, pool: DifficultyPool | None = None, step: int = 0, active_only: bool = False
+    ) -> list[Sample]:
+        """The next `count` rows of the walk; with a `pool`, resting rows are passed over. After a
+        whole pass of resting rows the next row is drawn anyway, or, `active_only`, the walk stops
+        there and returns fewer (the mixture lends the rest of the quota to another domain)."""
         out: list[Sample] = []
         passed = 0
         while len(out) < count:
+            if active_only and passed >= len(self.samples):
+                break
             if self.position == len(self._order):
                 self.epoch += 1
                 self.position = 0
@@ -120,9 +125,34 @@ class MixtureSampler:
         return self.shares is not None or bool(self.pools)
 
     def next_batch(self) -> list[Sample]:
+        """The step's prompts: each domain's quota of active rows. A domain whose every row rests in
+        its difficulty pool lends the rest of its quota to the domains that still have active rows,
+        the largest share first; when none has, resting rows are drawn after all (a step is full)."""
         quota = self.quotas.next()
         self.step += 1
-        return [sample for name in self.names for sample in self.take(name, quota[name])]
+        drawn = {name: self._active(name, quota[name]) for name in self.names}
+        short = sum(quota.values()) - sum(len(rows) for rows in drawn.values())
+        lenders = sorted(self.names, key=lambda n: -self.quotas.probs[n])  # stable: ties in domain order
+        open_ = [name for name in lenders if len(drawn[name]) == quota[name]]
+        turn = 0
+        while short and open_:  # one prompt at a time, round the domains with active rows
+            name = open_[turn % len(open_)]
+            more = self._active(name, 1)
+            if more:
+                drawn[name] += more
+                short -= 1
+                turn += 1
+            else:
+                open_.remove(name)
+        for name in self.names:  # no active row anywhere: the lenders serve their resting rows
+            gap = quota[name] - len(drawn[name])
+            if short and gap > 0:
+                drawn[name] += self.take(name, min(gap, short))
+                short -= min(gap, short)
+        return [sample for name in self.names for sample in drawn[name]]
+
+    def _active(self, domain: str, count: int) -> list[Sample]:
+        return self.streams[domain].take(count, pool=self.pools.get(domain), step=self.step, active_only=True)
 
     def take(self, domain: str, count: int) -> list[Sample]:
         """Prompts from one domain: its quota's, or extra ones (dynamic sampling's refill)."""

@@ -113,6 +113,28 @@ def test_the_walk_passes_resting_rows_and_still_serves_when_all_rest() -> None:
     for sid in order[3:]:
         pool.observe(outcome("a", [0, 0], sid), step=0)
     assert len(stream.take(4, pool=pool)) == 4  # every row rests: the walk serves anyway
+    assert stream.take(4, pool=pool, active_only=True) == []  # or stops after one whole pass
+
+
+def test_a_domain_whose_rows_all_rest_lends_its_quota_and_a_step_stays_full() -> None:
+    domains = make_domains({"a": 4, "b": 20, "c": 20})
+    pools = {n: DifficultyPool(retire_after=1, revisit_after=None, revisit_rate=None, seed=0) for n in "abc"}
+    mixture = MixtureSampler(domains, probs={"a": 0.5, "b": 0.2, "c": 0.3}, prompts_per_step=10, seed=5, pools=pools)
+
+    def rest(domain: str) -> None:
+        for sample in domains[domain]:
+            pools[domain].observe(outcome(domain, [1, 1], sample.id), step=0)
+
+    def tags() -> list[str]:
+        return [s.tag for s in mixture.next_batch()]
+
+    assert sorted(tags()) == ["a"] * 5 + ["b"] * 2 + ["c"] * 3  # the quota: 5 / 2 / 3
+    rest("a")
+    assert sorted(tags()) == ["b"] * 4 + ["c"] * 6  # a's 5 lent one at a time, the larger share first
+    rest("b")
+    assert tags() == ["c"] * 10  # only c has active rows left
+    rest("c")
+    assert sorted(tags()) == ["a"] * 5 + ["b"] * 2 + ["c"] * 3  # none has: resting rows, by the quota
 
 
 def observing_mixture(domains, *, adaptive: bool, pools: bool) -> MixtureSampler:
