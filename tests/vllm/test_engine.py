@@ -92,6 +92,8 @@ def test_every_push_is_verified_against_what_each_worker_received(vllm_server, b
     /collective_rpc) equals the trainer's, tied head included; and a push whose bytes change on the
     way (one bit of the first tensor of the bucket, after the trainer fingerprinted it) fails in one
     line naming the engine and that tensor, and the engine is not resumed on it."""
+    import torch
+
     from rlvr.sync.base import SyncError
     from rlvr.sync.broadcast import BroadcastSync
     from rlvr.sync.buckets import BucketPlan
@@ -104,20 +106,25 @@ def test_every_push_is_verified_against_what_each_worker_received(vllm_server, b
 
     sync = BroadcastSync(perturbed, client=VLLMClient([vllm_server.url], timeout_s=120), timeout_s=120,
                          pause_mode="in_place")  # fmt: skip
-    real_pack = BucketPlan.pack
+    real_pack, real_observe = BucketPlan.pack, BucketPlan.observe_flat
 
     def flipped(self: BucketPlan, *args: object, **kwargs: object) -> object:
         flat = real_pack(self, *args, **kwargs)  # type: ignore[arg-type]
-        flat[0] ^= 1  # on the wire, after the trainer's fingerprint of that tensor
+        flat[0] ^= 1  # what goes on the wire
         return flat
+
+    def as_sent(self: BucketPlan, bucket: object, flat: torch.Tensor) -> None:
+        clean = flat.clone()
+        clean[0] ^= 1  # the trainer fingerprints the bytes as they were before the flip
+        real_observe(self, bucket, clean)  # type: ignore[arg-type]
 
     first = sync.plan.buckets[0][0].name
     try:
-        BucketPlan.pack = flipped  # type: ignore[method-assign]
+        BucketPlan.pack, BucketPlan.observe_flat = flipped, as_sent  # type: ignore[method-assign]
         with pytest.raises(SyncError) as caught:
             sync.push(version=5)
     finally:
-        BucketPlan.pack = real_pack  # type: ignore[method-assign]
+        BucketPlan.pack, BucketPlan.observe_flat = real_pack, real_observe  # type: ignore[method-assign]
         sync.close()
     assert str(caught.value) == (
         f"weight sync to version 5 failed: {vllm_server.url} (verify): served weights differ from those sent, "
