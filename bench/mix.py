@@ -95,10 +95,8 @@ def main() -> None:
     if args.rows:
         common += first_rows(args.recipe, args.rows, args.out / "data")
     adaptive = [f"data.mix_floor={args.floor}", f"data.mix_smoothing={args.smoothing}"]
-    extra = {"static": [], "adaptive": adaptive,
-             "adaptive+pools": adaptive + pools(args.recipe, retire_after=args.retire_after,
-                                                revisit_after=args.revisit_after),
-             "static+pools": pools(args.recipe, retire_after=args.retire_after, revisit_after=args.revisit_after)}  # fmt: skip
+    pooled = pools(args.recipe, retire_after=args.retire_after, revisit_after=args.revisit_after)
+    extra = {"static": [], "adaptive": adaptive, "adaptive+pools": adaptive + pooled, "static+pools": pooled}
     results: dict[str, tuple[float, list[dict[str, float]]]] = {}
     for name in args.only:
         out = args.out / name

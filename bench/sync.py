@@ -162,7 +162,7 @@ def measure(args: argparse.Namespace) -> dict:
         cfg = SyncConfig(bucket_mb=int(args.bucket_mb), timeout_s=120, wire_format=args.wire_format)
         sync = make_weight_sync(cfg, model=model, client=client)
         assert isinstance(sync, BroadcastSync)
-        nbytes = sync.plan.total_bytes  # type: ignore[attr-defined]
+        nbytes = sync.plan.total_bytes
         times: dict[str, list[float]] = {
             "sync": [], "transfer": [], "raw": [], "fresh": [], "floor": [], "verify": [], "verify_engine": [],
             "unverified": [],
@@ -178,7 +178,7 @@ def measure(args: argparse.Namespace) -> dict:
         options.rootRank = 0
 
         tensors = [t for _, t in iter_full_weights(model)]
-        specs = [[s.name, s.dtype, list(s.shape)] for s in sync.plan.specs]  # type: ignore[attr-defined]
+        specs = [[s.name, s.dtype, list(s.shape)] for s in sync.plan.specs]
 
         chunk = int(args.raw_chunk_mb * 1e6)
 
@@ -189,10 +189,12 @@ def measure(args: argparse.Namespace) -> dict:
                 group.broadcast([part], options).wait()
 
         async def raw_once(per_tensor: bool = False, reuse: bool = False) -> float:
-            group = sync.membership.group  # type: ignore[attr-defined]
+            membership = sync.membership  # rank 0's: this process is the one trainer rank
+            assert membership is not None
+            group = membership.group
             payload = {
                 "nbytes": nbytes,
-                "group_name": sync.membership.label,  # type: ignore[attr-defined]
+                "group_name": membership.label,
                 "specs": specs if per_tensor else None,
                 "reuse": reuse,
                 "chunk": 0 if per_tensor else chunk,
@@ -220,13 +222,14 @@ def measure(args: argparse.Namespace) -> dict:
             if version and version % 2:  # alternate which of the pair goes first
                 times["unverified"].append(unverified_push(1000 + version))
             metrics = sync.push(version=version)
+            engine_s = sync.verifier.engine_seconds  # rank 0's (this process); the next push resets it
             if version and not version % 2:
                 times["unverified"].append(unverified_push(1000 + version))
             if version:
                 times["sync"].append(metrics["sync/seconds"])
                 times["transfer"].append(metrics["sync/transfer_seconds"])
                 times["verify"].append(metrics["sync/verify_s"])
-                times["verify_engine"].append(sync.verifier.engine_seconds)  # rank 0's: this process
+                times["verify_engine"].append(engine_s)
                 times["raw"].append(asyncio.run(raw_once()))
                 if not args.raw_only:
                     times["fresh"].append(asyncio.run(raw_once(per_tensor=True)))

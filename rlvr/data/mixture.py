@@ -132,8 +132,8 @@ class MixtureSampler:
         self.step += 1
         drawn = {name: self._active(name, quota[name]) for name in self.names}
         short = sum(quota.values()) - sum(len(rows) for rows in drawn.values())
-        lenders = sorted(self.names, key=lambda n: -self.quotas.probs[n])  # stable: ties in domain order
-        open_ = [name for name in lenders if len(drawn[name]) == quota[name]]
+        by_share = sorted(self.names, key=lambda n: -self.quotas.probs[n])  # stable: ties in domain order
+        open_ = [name for name in by_share if len(drawn[name]) == quota[name]]  # still have active rows
         turn = 0
         while short and open_:  # one prompt at a time, round the domains with active rows
             name = open_[turn % len(open_)]

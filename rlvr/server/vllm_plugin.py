@@ -285,19 +285,21 @@ class RlvrWeightTransfer(_engine_base()):
     def _fingerprinted(self, weights: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
         """`weights` as they go into vLLM's loader, each fingerprinted on the way (a disk push)."""
         for name, tensor in weights:
-            if self._fingerprint is not None:
-                with self._fingerprint_lock:
-                    self._fingerprint.add(name, tensor)
+            self._record([(name, tensor)])
             yield name, tensor
+
+    def _record(self, weights: list[tuple[str, Any]]) -> None:
+        """Add `weights` to this push's fingerprint (none outside a session)."""
+        if self._fingerprint is not None:
+            with self._fingerprint_lock:
+                for name, tensor in weights:
+                    self._fingerprint.add(name, tensor)
 
     def _load(self, weights: list[tuple[str, Any]], receive_s: float) -> None:
         import torch
 
         start = time.perf_counter()
-        if self._fingerprint is not None:  # on the load thread: hidden behind the next bucket's receive
-            with self._fingerprint_lock:
-                for name, tensor in weights:
-                    self._fingerprint.add(name, tensor)
+        self._record(weights)  # on the load thread: hidden behind the next bucket's receive
         summed = time.perf_counter()
         with torch.no_grad():
             self.model.load_weights(weights)
