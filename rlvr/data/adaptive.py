@@ -132,6 +132,15 @@ class DifficultyPool:
         rate = self.revisit_rate or 0.0
         return rate > 0 and random.Random(f"{self.seed}:{sample_id}:{visit}").random() < rate
 
+    def rested_since(self, sample_id: str) -> int:
+        """The step a row started resting (an active row: never, so it sorts last)."""
+        rest = self.resting.get(sample_id)
+        return rest[1] if rest is not None else 1 << 62
+
+    def wake(self, sample_id: str) -> None:
+        """Back in the pool before its time (the domain has nothing else to draw)."""
+        self.resting.pop(sample_id, None)
+
     def counts(self) -> dict[str, int]:
         verdicts = [v for v, _ in self.resting.values()]
         return {"resting_solved": verdicts.count("solved"), "resting_failed": verdicts.count("failed")}

@@ -42,12 +42,15 @@ class DomainStream:
         self, count: int, *, pool: DifficultyPool | None = None, step: int = 0, active_only: bool = False
     ) -> list[Sample]:
         """The next `count` rows of the walk; with a `pool`, resting rows are passed over. After a
-        whole pass of resting rows the next row is drawn anyway, or, `active_only`, the walk stops
-        there and returns fewer (the mixture lends the rest of the quota to another domain)."""
+        whole pass of resting rows the row that has rested longest is woken and drawn, or, with
+        `active_only`, the walk stops there and returns fewer (the mixture lends the rest of the
+        quota to another domain)."""
         out: list[Sample] = []
         passed = 0
         while len(out) < count:
-            if active_only and passed >= len(self.samples):
+            if pool is not None and passed >= len(self.samples):
+                if not active_only:
+                    out += self._wake_longest_resting(pool, count - len(out))
                 break
             if self.position == len(self._order):
                 self.epoch += 1
@@ -55,12 +58,22 @@ class DomainStream:
                 self._order = self._permutation(self.epoch)
             sample = self.samples[self._order[self.position]]
             self.position += 1
-            if pool is None or passed >= len(self.samples) or pool.active(sample.id, step=step, visit=self.epoch):
+            if pool is None or pool.active(sample.id, step=step, visit=self.epoch):
                 out.append(sample)
                 passed = 0
             else:
                 passed += 1
         return out
+
+    def _wake_longest_resting(self, pool: DifficultyPool, count: int) -> list[Sample]:
+        """Every row rests: those that have rested longest are the likeliest to have changed (ties
+        go to the next in the walk), so they are drawn, and are back in the pool, streaks anew."""
+        ahead = self._order[self.position :] + self._order[: self.position]
+        ranked = sorted(ahead, key=lambda i: pool.rested_since(self.samples[i].id))
+        rows = [self.samples[ranked[k % len(ranked)]] for k in range(count)]
+        for sample in rows:
+            pool.wake(sample.id)
+        return rows
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}

@@ -102,7 +102,7 @@ def test_resting_prompts_are_revisited_at_the_set_rate() -> None:
     assert drawn == [pool.active(f"p{i}", step=100, visit=1) for i in range(400)]  # seeded
 
 
-def test_the_walk_passes_resting_rows_and_still_serves_when_all_rest() -> None:
+def test_the_walk_passes_resting_rows_and_wakes_the_longest_resting_when_all_rest() -> None:
     samples = make_domains({"a": 6})["a"]
     pool = DifficultyPool(retire_after=1, revisit_after=None, revisit_rate=None, seed=0)
     stream = DomainStream(samples, seed=1)
@@ -111,9 +111,14 @@ def test_the_walk_passes_resting_rows_and_still_serves_when_all_rest() -> None:
         pool.observe(outcome("a", [1, 1], sid), step=0)
     assert [s.id for s in stream.take(3, pool=pool)] == order[3:]
     for sid in order[3:]:
-        pool.observe(outcome("a", [0, 0], sid), step=0)
-    assert len(stream.take(4, pool=pool)) == 4  # every row rests: the walk serves anyway
-    assert stream.take(4, pool=pool, active_only=True) == []  # or stops after one whole pass
+        pool.observe(outcome("a", [0, 0], sid), step=2)
+    assert stream.take(4, pool=pool, active_only=True) == []  # every row rests: one whole pass, then stop
+    woken = [s.id for s in stream.take(4, pool=pool)]  # or the rows that rested longest are woken
+    assert set(woken[:3]) == set(order[:3]) and woken[3] in order[3:]  # those of step 0, then one of step 2
+    assert pool.counts() == {"resting_solved": 0, "resting_failed": 2}  # woken rows are back in the pool
+    for sid in woken:
+        pool.observe(outcome("a", [1, 1], sid), step=3)
+    assert {s.id for s in stream.take(2, pool=pool)} == set(order[3:]) - {woken[3]}  # now the oldest
 
 
 def test_a_domain_whose_rows_all_rest_lends_its_quota_and_a_step_stays_full() -> None:
