@@ -16,6 +16,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from rlvr.types import Completion
 
+EMBEDDED_ENGINE = "rlvr-embedded"
+"""`/server_info`'s "engine" for `rlvr serve` (`sync.verify` auto verifies the engines that say it)."""
+
 PauseMode = Literal["abort", "retract", "in_place"]
 
 

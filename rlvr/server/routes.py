@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rlvr.rollout.base import GenerateRequest, SamplingParams
+from rlvr.rollout.base import EMBEDDED_ENGINE, GenerateRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +336,7 @@ async def server_info(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "model_path": engine.model_path,
-            "engine": "rlvr-embedded",
+            "engine": EMBEDDED_ENGINE,
             "backend": type(engine.backend).__name__,
             "device": engine.device,
             "max_batch": engine.max_batch,

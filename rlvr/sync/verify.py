@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
+from rlvr.rollout.base import EMBEDDED_ENGINE
 from rlvr.rollout.vllm import VLLM_ENGINE
 from rlvr.sync.base import EngineFailure
 from rlvr.sync.fingerprint import Fingerprinter, Pair, first_difference
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from rlvr.sync.engine_calls import EngineCalls
 
 VERIFY_MODES = ("auto", "on", "off")
-EMBEDDED = "rlvr-embedded"  # `server_info()["engine"]` of `rlvr serve`
 STAGE = "verify"
 ADAPTER_PREFIX = "adapter:"  # an adapter tensor's name in a fingerprint: "adapter:" + its peft key
 
@@ -132,5 +132,5 @@ class PushVerifier:
             else:
                 info = calls.results([url], "server_info").get(url)
                 engine = cast("dict[str, object]", info).get("engine") if isinstance(info, dict) else None
-                self._kinds[url] = engine in (EMBEDDED, VLLM_ENGINE)
+                self._kinds[url] = engine in (EMBEDDED_ENGINE, VLLM_ENGINE)
         return self._kinds[url]
