@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from rlvr.rollout.base import EMBEDDED_ENGINE
 from rlvr.server.embedded import EmbeddedEngine
 from rlvr.sync import SyncError
 from rlvr.sync.broadcast import BroadcastSync
@@ -207,20 +208,21 @@ def test_rlvr_serve_answers_its_fingerprint_over_http(tiny_model_dir: Path) -> N
 
     engine = EmbeddedEngine(tiny_model_dir, max_batch=2, device="cpu", max_seq_len=32)
 
-    async def ask() -> dict[str, Any]:
+    async def ask() -> tuple[dict[str, Any], dict[str, Any]]:
         async with TestServer(create_app(engine)) as server:
             client = SGLangClient([str(server.make_url("")).rstrip("/")], max_retries=0)
             try:
-                return await client.weights_fingerprint()
+                return await client.weights_fingerprint(), await client.server_info()
             finally:
                 await client.close()
 
     try:
-        served = run_blocking(ask())
+        served, info = run_blocking(ask())
         direct = run_blocking(engine.weights_fingerprint())
     finally:
         engine.close()
     assert served == direct and "lm_head.weight" in served
+    assert info["engine"] == EMBEDDED_ENGINE  # what sync.verify = "auto" reads to verify rlvr serve
     assert first_difference(fingerprint(iter_full_weights(_trainer(tiny_model_dir))), served) is not None
 
 
