@@ -33,12 +33,13 @@ SETTINGS: dict[str, list[str]] = {
 }
 
 
-def pools(recipe: Path, *, retire_after: int, revisit_after: int) -> list[str]:
+def pools(recipe: Path, *, retire_after: int, retire_failed_after: int | None, revisit_after: int) -> list[str]:
     """A difficulty pool on each domain of `recipe` (read with the recipe loader)."""
     from rlvr.recipe.load import load_recipe
 
-    names = load_recipe(recipe, []).domains
-    return [f"domains.{n}.pool={{retire_after={retire_after},revisit_after={revisit_after}}}" for n in names]
+    failed = f"retire_failed_after={retire_failed_after}," if retire_failed_after else ""
+    table = f"{{retire_after={retire_after},{failed}revisit_after={revisit_after}}}"
+    return [f"domains.{n}.pool={table}" for n in load_recipe(recipe, []).domains]
 
 
 def first_rows(recipe: Path, rows: int, out: Path) -> list[str]:
@@ -83,6 +84,7 @@ def main() -> None:
     parser.add_argument("--floor", type=float, default=0.15, help="data.mix_floor for the adaptive settings")
     parser.add_argument("--smoothing", type=float, default=0.5, help="data.mix_smoothing")
     parser.add_argument("--retire-after", type=int, default=2)
+    parser.add_argument("--retire-failed-after", type=int, help="all-wrong groups before a prompt rests")
     parser.add_argument("--revisit-after", type=int, default=4)
     parser.add_argument("--rows", type=int, help="train on each domain's first ROWS rows (prompts recur)")
     parser.add_argument("--only", nargs="+", choices=list(SETTINGS), default=list(SETTINGS)[:3])
@@ -95,7 +97,8 @@ def main() -> None:
     if args.rows:
         common += first_rows(args.recipe, args.rows, args.out / "data")
     adaptive = [f"data.mix_floor={args.floor}", f"data.mix_smoothing={args.smoothing}"]
-    pooled = pools(args.recipe, retire_after=args.retire_after, revisit_after=args.revisit_after)
+    pooled = pools(args.recipe, retire_after=args.retire_after, retire_failed_after=args.retire_failed_after,
+                   revisit_after=args.revisit_after)  # fmt: skip
     extra = {"static": [], "adaptive": adaptive, "adaptive+pools": adaptive + pooled, "static+pools": pooled}
     results: dict[str, tuple[float, list[dict[str, float]]]] = {}
     for name in args.only:

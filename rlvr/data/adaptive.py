@@ -96,12 +96,22 @@ class AdaptiveShares:
 
 
 class DifficultyPool:
-    """One domain's active prompts: a prompt whose group came back all-correct (or all-wrong)
-    `retire_after` times in a row rests, and comes back after `revisit_after` steps, or is drawn
-    at `revisit_rate` each time the walk passes it (the recipe sets one of the two)."""
+    """One domain's active prompts: a prompt whose group came back all-correct `retire_after` times
+    in a row (all-wrong: `retire_failed_after`, by default the same) rests, and comes back after
+    `revisit_after` steps, or is drawn at `revisit_rate` each time the walk passes it (the recipe
+    sets one of the two)."""
 
-    def __init__(self, *, retire_after: int, revisit_after: int | None, revisit_rate: float | None, seed: int):
+    def __init__(
+        self,
+        *,
+        retire_after: int,
+        revisit_after: int | None,
+        revisit_rate: float | None,
+        seed: int,
+        retire_failed_after: int | None = None,
+    ):
         self.retire_after = retire_after
+        self.retire_failed_after = retire_failed_after or retire_after
         self.revisit_after = revisit_after
         self.revisit_rate = revisit_rate
         self.seed = seed
@@ -115,7 +125,7 @@ class DifficultyPool:
             return
         last, count = self.streaks.get(outcome.sample_id, (verdict, 0))
         count = count + 1 if last == verdict else 1
-        if count >= self.retire_after:
+        if count >= (self.retire_after if verdict == "solved" else self.retire_failed_after):
             self.resting[outcome.sample_id] = (verdict, step)
             self.streaks.pop(outcome.sample_id, None)
         else:

@@ -160,6 +160,9 @@ class DifficultyPoolConfig(Section):
     retire_after: int = Field(ge=1)
     """Groups in a row that came back all-correct (every score >= 1) or all-wrong (every score <= 0)
     before the prompt rests: it is passed over when the domain's walk reaches it."""
+    retire_failed_after: int | None = Field(default=None, ge=1)
+    """All-wrong groups in a row before a prompt rests, when that should differ from retire_after
+    (default: retire_after): a prompt the policy fails today may be one it is learning."""
     revisit_after: int | None = Field(default=None, ge=1)
     """Steps a resting prompt sits out; then it rejoins the pool with its streak reset."""
     revisit_rate: float | None = Field(default=None, gt=0, lt=1)

@@ -93,6 +93,16 @@ def test_a_prompt_rests_after_k_alike_groups_in_a_row_and_comes_back_after_the_s
     assert pool.counts() == {"resting_solved": 0, "resting_failed": 0}
 
 
+def test_all_wrong_prompts_can_be_given_longer_before_they_rest() -> None:
+    pool = DifficultyPool(retire_after=1, retire_failed_after=3, revisit_after=10, revisit_rate=None, seed=0)
+    pool.observe(outcome("a", [1, 1], "easy"), step=1)
+    for step in (1, 2):
+        pool.observe(outcome("a", [0, 0], "hard"), step=step)
+    assert not pool.active("easy", step=2, visit=0) and pool.active("hard", step=2, visit=0)
+    pool.observe(outcome("a", [0, 0], "hard"), step=3)  # the third all-wrong group in a row
+    assert pool.counts() == {"resting_solved": 1, "resting_failed": 1}
+
+
 def test_resting_prompts_are_revisited_at_the_set_rate() -> None:
     pool = DifficultyPool(retire_after=1, revisit_after=None, revisit_rate=0.25, seed=3)
     for i in range(400):

@@ -18,7 +18,7 @@ STEPS = 6
 def adaptive_recipe(k: int) -> Recipe:
     base = recipe(k=k, steps=STEPS).model_dump()
     base["data"].update(mix="adaptive", mix_floor=0.25, mix_smoothing=0.5)
-    base["domains"]["flat"]["pool"] = {"retire_after": 2, "revisit_after": 3}
+    base["domains"]["flat"]["pool"] = {"retire_after": 2, "retire_failed_after": 4, "revisit_after": 3}
     return Recipe.model_validate(base)
 
 

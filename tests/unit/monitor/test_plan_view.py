@@ -79,12 +79,14 @@ def test_plan_says_the_mix_is_adaptive_with_its_bounds_and_each_pool() -> None:
     from rlvr.recipe.load import load_recipe
 
     overrides = ["data.mix=adaptive", "data.mix_floor=0.1", "domains.code.mix_ceiling=0.5",
-                 "domains.math.pool={retire_after=3,revisit_rate=0.2}"]  # fmt: skip
+                 "domains.math.pool={retire_after=3,revisit_rate=0.2}",
+                 "domains.code.pool={retire_after=1,retire_failed_after=4,revisit_after=20}"]  # fmt: skip
     console = Console(record=True, width=300)
     console.print(domain_table(load_recipe(ROOT / "recipes" / "quickstart.toml", overrides), None))
     text = console.export_text()
     assert "mix adaptive" in text and "math 0.1-1, code 0.1-0.5, words 0.1-1" in text
     assert "pool math: a prompt all-correct or all-wrong 3x in a row rests, drawn at rate 0.2" in text
+    assert "pool code: a prompt all-correct 1x or all-wrong 4x in a row rests, back after 20 steps" in text
     console = Console(record=True, width=300)
     console.print(domain_table(load_recipe(ROOT / "recipes" / "quickstart.toml", []), None))
     assert "mix adaptive" not in console.export_text()
