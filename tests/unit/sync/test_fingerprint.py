@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -115,7 +115,7 @@ def test_a_tied_head_left_stale_is_caught(tiny_model_dir: Path) -> None:
     head = engine.model.get_output_embeddings()
     head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=False)  # no longer follows
     trainer = _trainer(tiny_model_dir)
-    assert trainer.config.tie_word_embeddings
+    assert cast(Any, trainer).config.tie_word_embeddings  # an HF model, typed as a Module
     sync = InProcessSync(trainer, engine=engine)
     try:
         with pytest.raises(SyncError, match=r"^weight sync to version 2 failed: in-process engine \(verify\): "
@@ -249,7 +249,7 @@ def test_an_adapter_push_is_verified_and_an_adapter_the_engine_did_not_load_is_c
     sync = AdapterSync(
         lora_model, shared_dir=tmp_path, client=ParentClient([A]), engine_factory=lambda u: Engine(engine)
     )
-    lora_b = lora_model.model.layers[0].self_attn.q_proj.lora_B["default"].weight
+    lora_b = cast(Any, lora_model).model.layers[0].self_attn.q_proj.lora_B["default"].weight
     try:
         with torch.no_grad():
             lora_b.add_(0.5)
