@@ -271,7 +271,7 @@ def adaptive_shares(recipe: Recipe) -> AdaptiveShares | None:
 def difficulty_pools(recipe: Recipe) -> dict[str, DifficultyPool]:
     """The domains with a `pool` table: prompts that keep coming back alike rest (data/adaptive.py)."""
     return {
-        name: DifficultyPool(retire_after=d.pool.retire_after, retire_failed_after=d.pool.retire_failed_after,
+        name: DifficultyPool(retire_after=d.pool.retire_after, retire_failed_after=d.pool.failed_after,
                              revisit_after=d.pool.revisit_after, revisit_rate=d.pool.revisit_rate,
                              seed=hash_seed(recipe.experiment.seed, f"pool:{name}"))
         for name, d in recipe.domains.items()

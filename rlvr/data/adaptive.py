@@ -142,14 +142,17 @@ class DifficultyPool:
         rate = self.revisit_rate or 0.0
         return rate > 0 and random.Random(f"{self.seed}:{sample_id}:{visit}").random() < rate
 
-    def rested_since(self, sample_id: str) -> int:
-        """The step a row started resting (an active row: never, so it sorts last)."""
-        rest = self.resting.get(sample_id)
-        return rest[1] if rest is not None else 1 << 62
-
-    def wake(self, sample_id: str) -> None:
-        """Back in the pool before its time (the domain has nothing else to draw)."""
-        self.resting.pop(sample_id, None)
+    def wake_longest_resting(self, rows: list[str], count: int) -> list[str]:
+        """`count` of `rows` (the domain's, in walk order) to draw when a whole walk found none
+        active: those that have rested longest are the likeliest to have changed (ties go to the
+        next in the walk; a row not resting, which a walk across an epoch's end can miss, goes
+        last). They are back in the pool before their time, streaks anew."""
+        never = float("inf")
+        ranked = sorted(rows, key=lambda sample_id: self.resting.get(sample_id, ("", never))[1])
+        woken = [ranked[k % len(ranked)] for k in range(count)]
+        for sample_id in woken:
+            self.resting.pop(sample_id, None)
+        return woken
 
     def counts(self) -> dict[str, int]:
         verdicts = [v for v, _ in self.resting.values()]

@@ -49,8 +49,10 @@ class DomainStream:
         passed = 0
         while len(out) < count:
             if pool is not None and passed >= len(self.samples):
-                if not active_only:
-                    out += self._wake_longest_resting(pool, count - len(out))
+                if not active_only:  # a whole walk found none active: wake the longest-resting
+                    ahead = self._order[self.position :] + self._order[: self.position]
+                    by_id = {self.samples[i].id: self.samples[i] for i in ahead}
+                    out += [by_id[i] for i in pool.wake_longest_resting(list(by_id), count - len(out))]
                 break
             if self.position == len(self._order):
                 self.epoch += 1
@@ -64,16 +66,6 @@ class DomainStream:
             else:
                 passed += 1
         return out
-
-    def _wake_longest_resting(self, pool: DifficultyPool, count: int) -> list[Sample]:
-        """Every row rests: those that have rested longest are the likeliest to have changed (ties
-        go to the next in the walk), so they are drawn, and are back in the pool, streaks anew."""
-        ahead = self._order[self.position :] + self._order[: self.position]
-        ranked = sorted(ahead, key=lambda i: pool.rested_since(self.samples[i].id))
-        rows = [self.samples[ranked[k % len(ranked)]] for k in range(count)]
-        for sample in rows:
-            pool.wake(sample.id)
-        return rows
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}

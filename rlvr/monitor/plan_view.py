@@ -125,11 +125,10 @@ def mix_caption(recipe: Recipe) -> str:
                 if pool.revisit_after
                 else f"drawn at rate {pool.revisit_rate:g}"
             )
-            failed = pool.retire_failed_after or pool.retire_after
             alike = (
                 f"all-correct or all-wrong {pool.retire_after}x"
-                if failed == pool.retire_after
-                else f"all-correct {pool.retire_after}x or all-wrong {failed}x"
+                if pool.failed_after == pool.retire_after
+                else f"all-correct {pool.retire_after}x or all-wrong {pool.failed_after}x"
             )
             lines.append(f"pool {name}: a prompt {alike} in a row rests, {back}")
     return "\n".join(lines)

@@ -168,6 +168,11 @@ class DifficultyPoolConfig(Section):
     revisit_rate: float | None = Field(default=None, gt=0, lt=1)
     """Instead of revisit_after: the chance a resting prompt is drawn each time the walk passes it."""
 
+    @property
+    def failed_after(self) -> int:
+        """All-wrong groups in a row before a prompt rests, the default resolved."""
+        return self.retire_failed_after or self.retire_after
+
     @model_validator(mode="after")
     def _one_revisit(self) -> DifficultyPoolConfig:
         if (self.revisit_after is None) == (self.revisit_rate is None):
