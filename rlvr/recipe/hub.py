@@ -8,7 +8,10 @@ folder that exists always wins; only an `org/name` that is no folder is a hub id
 fetched depends on the command (`HubMode`): `download` (launch, sbatch), `peek` (validate, plan:
 never the weights) or `cached`. The environment (HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE) is read at
 each call, not from huggingface_hub's import-time constants, and huggingface_hub is imported only
-when a hub id is met: no torch, no transformers (docs/recipes.md, "Hub ids").
+when a hub id is met: no torch, no transformers (docs/recipes.md, "Hub ids"). Before the first call
+that would go to the hub, one short probe of the endpoint (HF_ENDPOINT) says whether it answers at
+all: without a network the answer is one line at once, not huggingface_hub's retries (about 23 s);
+its logging and warnings are quiet while rlvr calls it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -27,6 +32,8 @@ Kind = Literal["model", "tokenizer"]
 DEFAULT_REVISION = "main"
 COMMIT = re.compile(r"[0-9a-f]{40}")
 TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's ENV_VARS_TRUE_VALUES
+DEFAULT_ENDPOINT = "https://huggingface.co"
+PROBE_TIMEOUT_S = 3.0  # the whole probe: name lookup, connect, TLS, the first response byte
 
 # Never what rlvr loads: other frameworks' weights, exports, and Meta's `original/` checkpoints
 # (a second copy of the weights in Llama repos).
@@ -100,6 +107,56 @@ def hub_offline() -> bool:
     return value.upper() in TRUE
 
 
+def hub_endpoint() -> str:
+    """The hub huggingface_hub talks to (HF_ENDPOINT, else huggingface.co), from the environment now."""
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def hub_reachable(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether `endpoint` answers one HEAD request within `timeout` seconds, through the proxies the
+    environment names, as huggingface_hub's client would. Any status is an answer (a 404, a 401)
+    but a gateway's 502/503/504: a proxy that cannot reach the hub, or a hub that is down, which
+    huggingface_hub would only retry. The request runs in a daemon thread waited on for `timeout`,
+    so a name lookup that hangs (which no socket timeout bounds) cannot hold the caller either. The
+    certificate is not checked (nothing is read from the answer) and no token is sent."""
+    import httpx
+
+    answered: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with httpx.Client(timeout=timeout, verify=False, follow_redirects=False) as client:
+                status = client.head(endpoint + "/").status_code
+        except Exception:  # noqa: BLE001 - no route, refused, timed out, no such name, a bad URL: no answer
+            status = None
+        answered.append(status is not None and status not in (502, 503, 504))
+
+    thread = threading.Thread(target=probe, name="rlvr-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return answered == [True]
+
+
+@contextmanager
+def quiet_hub() -> Iterator[None]:
+    """huggingface_hub's logger at ERROR (its `Retrying in 1s [Retry 1/5]` lines are warnings) and
+    Python warnings ignored, for the duration of a call; the error that ends it is rlvr's one line."""
+    import logging
+    import warnings
+
+    import huggingface_hub.utils.logging  # noqa: F401 - configures its logger on import: before the level is set
+
+    hub_logger = logging.getLogger("huggingface_hub")
+    level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hub_logger.setLevel(level)
+
+
 def download_command(repo_id: str, revision: str) -> str:
     """The shell line that fills the cache this process reads: the cache variables the
     environment sets (so it fills the same folder from any shell), and HF_HUB_OFFLINE=0, since
@@ -157,6 +214,13 @@ class HubIds:
         self.announce = announce or (lambda line: None)
         self.snapshots: list[Snapshot] = []
         self._seen: dict[tuple[str, str, Kind], Snapshot] = {}
+        self._reachable: dict[str, bool] = {}  # endpoint -> whether it answered: one probe per load
+
+    def _hub_answers(self) -> bool:
+        endpoint = hub_endpoint()
+        if endpoint not in self._reachable:
+            self._reachable[endpoint] = hub_reachable(endpoint)
+        return self._reachable[endpoint]
 
     def resolve(self, repo_id: str, *, key: tuple[str, ...], revision: str | None, kind: Kind) -> Snapshot | None:
         """The snapshot `repo_id` resolves to (None in `cached` mode when the cache lacks it).
@@ -232,16 +296,23 @@ class HubIds:
                 f"{repo_id} is neither a folder (a relative path starts at the recipe's folder) nor in the hub cache "
                 f"{cache}{at}, and HF_HUB_OFFLINE=1 forbids downloading it; {fill}",
             )
+        if self.mode == "peek" and kind == "tokenizer":  # no config.json to peek at; launch fetches the tokenizer
+            return Snapshot(label, repo_id, revision, cache, None, "not fetched")
+        if not self._hub_answers():  # what huggingface_hub falls back to after its retries, at once
+            if cached and folder is not None:
+                return Snapshot(label, repo_id, revision, cache, str(folder), "cached")
+            if self.mode == "peek" and folder is not None and (folder / "config.json").is_file():
+                return Snapshot(label, repo_id, revision, cache, str(folder), "config.json only")
+            raise HubError(key, unreachable(repo_id, revision, cache))
         try:
-            if self.mode == "peek":
-                if kind == "tokenizer":  # no config.json to peek at; launch fetches the tokenizer files
-                    return Snapshot(label, repo_id, revision, cache, None, "not fetched")
-                return self._config_only(repo_id, revision=revision, cache=cache, label=label)
-            if not cached:
-                self.announce(f"downloading {repo_id} @ {revision} into {cache} (once, before anything starts)")
-            fetched = self._download(
-                repo_id, revision=revision, cache=cache, kind=kind, local=folder if cached else None
-            )
+            with quiet_hub():
+                if self.mode == "peek":
+                    return self._config_only(repo_id, revision=revision, cache=cache, label=label)
+                if not cached:
+                    self.announce(f"downloading {repo_id} @ {revision} into {cache} (once, before anything starts)")
+                fetched = self._download(
+                    repo_id, revision=revision, cache=cache, kind=kind, local=folder if cached else None
+                )
         except Exception as exc:  # noqa: BLE001 - the hub's errors, the network's, the disk's: one line each
             raise HubError(*hub_problem(exc, repo_id=repo_id, revision=revision, key=key, cache=cache)) from None
         state = "cached" if cached and folder is not None and Path(fetched) == folder else "downloaded"
@@ -305,12 +376,17 @@ def hub_problem(
     if isinstance(exc, HFValidationError):
         return key, f"{repo_id!r} is neither a folder nor a valid hub id: {str(exc).splitlines()[0]}"
     if isinstance(exc, (LocalEntryNotFoundError, httpx.TransportError)):
-        return key, (
-            f"cannot reach the hub for {repo_id} and the hub cache {cache} does not hold it; check the network "
-            f"(or HF_ENDPOINT), or fill the cache where the hub is reachable: {download_command(repo_id, revision)}"
-        )
+        return key, unreachable(repo_id, revision, cache)
     first = (str(exc).strip().splitlines() or [""])[0]
     return key, f"fetching {repo_id} @ {revision} into {cache} failed: {type(exc).__name__}: {first}"
+
+
+def unreachable(repo_id: str, revision: str, cache: str) -> str:
+    """The one line for a hub that does not answer and a cache without the id."""
+    return (
+        f"cannot reach the hub for {repo_id} and the hub cache {cache} does not hold it; check the network "
+        f"(or HF_ENDPOINT), or fill the cache where the hub is reachable: {download_command(repo_id, revision)}"
+    )
 
 
 def pending_values(snapshots: list[Snapshot]) -> frozenset[str]:

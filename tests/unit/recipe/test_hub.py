@@ -3,19 +3,30 @@ folder of the hub cache, which the resolved recipe then holds for every process.
 
 No network: the cache is built under tmp in huggingface_hub's own layout
 (`models--org--name/refs/main` holding a commit, `snapshots/<commit>/` the files), holding a copy
-of the quickstart policy; the "online" cases replace huggingface_hub's download functions.
+of the quickstart policy; the "online" cases point HF_ENDPOINT at a local server that answers
+rlvr's reachability probe, and replace huggingface_hub's download functions. The "no network"
+cases point it at a closed port, or at a port that accepts and never answers.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from rlvr.cli import app
+from rlvr.recipe import hub
 from rlvr.recipe.load import RecipeError, load_recipe, load_recipe_with_hub
 
 from .helpers import one_error_line, write_recipe
@@ -61,6 +72,61 @@ def cache(tmp_path: Path, monkeypatch) -> Path:
     add_snapshot(hub, REPO, MAIN)
     add_snapshot(hub, REPO, V1, ref="v1")
     return hub
+
+
+PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+
+def serve(status: int, headers: dict[str, str] | None = None) -> Iterator[str]:
+    """A local "hub" answering every HEAD and GET with `status` (and `headers`): its endpoint."""
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD
+
+        def log_message(self, format, *args) -> None:  # noqa: A002 - the base class's name
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def online(cache: Path, monkeypatch) -> Iterator[str]:
+    """HF_HUB_OFFLINE=0 and HF_ENDPOINT at a local server that answers the probe."""
+    for name in PROXIES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    for endpoint in serve(200):
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+        yield endpoint
+
+
+def closed_port() -> int:
+    """A port nothing listens on: bound, read, closed."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def silent_endpoint() -> Iterator[str]:
+    """A blackhole: the kernel completes the TCP handshake (a backlog), nobody ever answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def snapshot(cache: Path, commit: str = MAIN, repo: str = REPO) -> Path:
@@ -209,14 +275,15 @@ def fake_config_download(cache: Path, calls: list):
     return download
 
 
-def test_online_validate_and_plan_fetch_config_json_alone(tmp_path: Path, cache: Path, monkeypatch) -> None:
+def test_online_validate_and_plan_fetch_config_json_alone(
+    tmp_path: Path, cache: Path, online: str, monkeypatch
+) -> None:
     import huggingface_hub
 
     def no_snapshot(*args, **kwargs):
         raise AssertionError("validate and plan never download the weights")
 
     calls: list = []
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_config_download(cache, calls))
     monkeypatch.setattr(huggingface_hub, "snapshot_download", no_snapshot)
     path = recipe_in(tmp_path, HUB.replace(REPO, "rlvr-test/remote"))
@@ -238,7 +305,9 @@ def test_online_validate_and_plan_fetch_config_json_alone(tmp_path: Path, cache:
     )
 
 
-def test_launch_downloads_the_snapshot_before_anything_starts(tmp_path: Path, cache: Path, monkeypatch) -> None:
+def test_launch_downloads_the_snapshot_before_anything_starts(
+    tmp_path: Path, cache: Path, online: str, monkeypatch
+) -> None:
     import huggingface_hub
 
     calls: list = []
@@ -247,7 +316,6 @@ def test_launch_downloads_the_snapshot_before_anything_starts(tmp_path: Path, ca
         calls.append((repo_id, revision, ignore_patterns))
         return str(add_snapshot(Path(cache_dir), repo_id, "f" * 40, ref=revision))
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo_id, revision: ["model.safetensors", "x.bin"])
     said: list[str] = []
@@ -260,7 +328,7 @@ def test_launch_downloads_the_snapshot_before_anything_starts(tmp_path: Path, ca
     assert calls[0][:2] == ("rlvr-test/remote", "main") and "*.bin" in calls[0][2]  # safetensors: no pickles too
 
 
-def test_a_hub_error_is_one_line(tmp_path: Path, cache: Path, monkeypatch) -> None:
+def test_a_hub_error_is_one_line(tmp_path: Path, cache: Path, online: str, monkeypatch) -> None:
     import httpx
     import huggingface_hub
     from huggingface_hub.errors import RepositoryNotFoundError
@@ -269,7 +337,6 @@ def test_a_hub_error_is_one_line(tmp_path: Path, cache: Path, monkeypatch) -> No
         response = httpx.Response(404, request=httpx.Request("GET", "https://huggingface.co/api/models/x"))
         raise RepositoryNotFoundError("404 Client Error\nRepository Not Found", response=response)
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", missing)
     path = recipe_in(tmp_path, HUB.replace(REPO, "rlvr-test/typo"))
     assert one_error_line(cli("validate", path)) == (
@@ -278,6 +345,159 @@ def test_a_hub_error_is_one_line(tmp_path: Path, cache: Path, monkeypatch) -> No
     )
     with pytest.raises(RecipeError, match="nor a hub repo"):
         load_recipe(path)
+
+
+def validate_without_network(tmp_path: Path, endpoint: str, repo: str = "Qwen/Qwen2.5-0.5B"):
+    """`rlvr validate recipes/quickstart.toml --set model.path=REPO` as a real process (so that
+    huggingface_hub's logging reaches its stderr), online as far as the environment says (no
+    HF_HUB_OFFLINE), with an empty hub cache and the hub at `endpoint`: (process, seconds)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", *PROXIES)}
+    env.update(HF_HOME=str(tmp_path / "empty-hf"), HF_HUB_OFFLINE="0", HF_ENDPOINT=endpoint, CUDA_VISIBLE_DEVICES="")
+    command = [sys.executable, "-m", "rlvr.cli", "validate", str(ROOT / "recipes" / "quickstart.toml")]
+    start = time.monotonic()
+    try:  # without the probe: huggingface_hub's 5 retries, 23 s of sleeps (or 6 x 10 s timeouts)
+        proc = subprocess.run(
+            [*command, "--set", f"model.path={repo}"], capture_output=True, text=True, timeout=40, cwd=ROOT, env=env
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"no answer in {exc.timeout} s: {exc.stderr!r}") from None
+    return proc, time.monotonic() - start
+
+
+def unreachable_line(tmp_path: Path, repo: str = "Qwen/Qwen2.5-0.5B") -> str:
+    hf = tmp_path / "empty-hf"
+    return (
+        f"error: --set model.path: cannot reach the hub for {repo} and the hub cache {hf / 'hub'} does not hold it; "
+        f"check the network (or HF_ENDPOINT), or fill the cache where the hub is reachable: HF_HUB_OFFLINE=0 "
+        f"HF_HOME={hf} hf download {repo}"
+    )
+
+
+def test_no_network_refused_is_one_line_at_once(tmp_path: Path) -> None:
+    """A hub whose port refuses: one probe, one line, no retries."""
+    proc, seconds = validate_without_network(tmp_path, f"http://127.0.0.1:{closed_port()}")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [unreachable_line(tmp_path)]  # no "Retrying in 1s [Retry 1/5]", no Traceback
+    assert proc.stdout == ""
+    assert seconds < 8, seconds  # the process's start-up; the probe itself is milliseconds
+
+
+def test_no_network_blackhole_is_one_line_after_the_probe_timeout(tmp_path: Path) -> None:
+    """A hub that accepts and never answers: the probe gives up after PROBE_TIMEOUT_S, not after
+    huggingface_hub's six 10 s timeouts and its 23 s of retry sleeps."""
+    for endpoint in silent_endpoint():
+        proc, seconds = validate_without_network(tmp_path, endpoint)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.splitlines() == [unreachable_line(tmp_path)]
+        assert hub.PROBE_TIMEOUT_S <= seconds < hub.PROBE_TIMEOUT_S + 8, seconds
+
+
+def test_a_hub_that_answers_is_asked(tmp_path: Path) -> None:
+    """The probe lets a hub that answers through: huggingface_hub asks the same endpoint
+    (HF_ENDPOINT), and its 404 for the repo is rlvr's one line."""
+    for endpoint in serve(404, {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"}):
+        proc, seconds = validate_without_network(tmp_path, endpoint, "rlvr-test/typo")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: --set model.path: rlvr-test/typo is neither a folder (a relative path starts at the recipe's "
+        "folder) nor a hub repo (a private one needs HF_TOKEN)"
+    ]
+    assert seconds < 8, seconds
+
+
+def test_the_probe(monkeypatch) -> None:
+    for name in PROXIES:
+        monkeypatch.delenv(name, raising=False)
+    for endpoint in serve(200):
+        assert hub.hub_reachable(endpoint)
+    for endpoint in serve(401):  # a hub that answers, whatever it says
+        assert hub.hub_reachable(endpoint + "/")
+    for endpoint in serve(502):  # a proxy that cannot reach the hub
+        assert not hub.hub_reachable(endpoint)
+    start = time.monotonic()
+    assert not hub.hub_reachable(f"http://127.0.0.1:{closed_port()}")
+    assert not hub.hub_reachable("not a url")
+    assert time.monotonic() - start < 1
+    for endpoint in silent_endpoint():
+        start = time.monotonic()
+        assert not hub.hub_reachable(endpoint, timeout=0.3)
+        assert 0.3 <= time.monotonic() - start < 1.5
+
+
+def test_the_probe_reads_hf_endpoint_now(monkeypatch) -> None:
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    assert hub.hub_endpoint() == "https://huggingface.co"
+    monkeypatch.setenv("HF_ENDPOINT", "https://hf-mirror.example/")
+    assert hub.hub_endpoint() == "https://hf-mirror.example"
+
+
+def test_without_network_the_cache_answers_as_huggingface_hub_would(tmp_path: Path, cache: Path, monkeypatch) -> None:
+    """An unreachable hub is no error where huggingface_hub would fall back to the cache: a
+    complete snapshot for launch, a config.json alone for validate; and it is probed once."""
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the probe said the hub does not answer")
+
+    probes: list[str] = []
+
+    def unreachable(endpoint: str, timeout: float = hub.PROBE_TIMEOUT_S) -> bool:
+        probes.append(endpoint)
+        return False
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
+    monkeypatch.setattr(hub, "hub_reachable", unreachable)
+    for name in ("hf_hub_download", "snapshot_download", "list_repo_files"):
+        monkeypatch.setattr(huggingface_hub, name, no_network)
+    judge = "rlvr-test/tiny-judge"
+    add_snapshot(cache, judge, "d" * 40, files=ROOT / "recipes" / "quickstart" / "judge")
+    body = HUB + f'\n[judge]\nmodel = "{judge}"\n'
+    recipe, found = load_recipe_with_hub(recipe_in(tmp_path, body), hub="download")
+    assert recipe.model.path == str(snapshot(cache))
+    assert [s.line() for s in found] == [
+        f"model.path: {REPO} @ main -> {snapshot(cache)} (cached)",
+        f"judge.model: {judge} @ main -> {snapshot(cache, 'd' * 40, judge)} (cached)",
+    ]
+    peeked = add_snapshot(cache, "rlvr-test/peeked", "e" * 40, files=None)
+    (peeked / "config.json").write_text((POLICY / "config.json").read_text())
+    path = recipe_in(tmp_path, HUB.replace(REPO, "rlvr-test/peeked"))
+    result = cli("validate", path)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == (
+        f"model.path: rlvr-test/peeked @ main -> {peeked} (only config.json fetched; rlvr launch downloads the rest)"
+    )
+    assert probes == ["http://hub.invalid"] * 2  # one per recipe load, not one per id
+
+
+def test_huggingface_hubs_retry_lines_are_quiet_during_a_call(recwarn) -> None:
+    import logging
+    import warnings
+
+    import huggingface_hub.utils.logging
+
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    keep = Keep()
+    hub_logger = logging.getLogger("huggingface_hub")
+    before = hub_logger.level
+    hub_logger.addHandler(keep)
+    try:
+        with hub.quiet_hub():
+            huggingface_hub.utils.logging.get_logger("huggingface_hub.utils._http").warning(
+                "Retrying in 1s [Retry 1/5]."
+            )
+            warnings.warn("a library's warning", UserWarning, stacklevel=1)
+        assert said == [] and len(recwarn) == 0
+        assert hub_logger.level == before
+        hub_logger.warning("after the call")
+        assert said == ["after the call"]
+    finally:
+        hub_logger.removeHandler(keep)
 
 
 def test_commands_that_only_read_a_recipe_never_fail_on_an_uncached_id(tmp_path: Path, cache: Path) -> None:
