@@ -20,7 +20,7 @@ from rlvr.data.gym import check_gym
 from rlvr.data.prompt_fit import DataCheck, Messages, check_data, counting_tokenizer
 from rlvr.data.sources import load_recipe_domains
 from rlvr.plugins import add_plugin_dir
-from rlvr.recipe.checks import cpu_dtype_note, machine_problems
+from rlvr.recipe.checks import cpu_dtype_note, family_note, machine_problems
 from rlvr.recipe.hub import HubMode, pending_values, report_lines
 from rlvr.recipe.load import Locator, RecipeError, load_recipe_with_hub
 from rlvr.recipe.schema import Recipe
@@ -96,6 +96,7 @@ def validate_recipe(
         return found.add("error", [where.error(*data.problem)])
     found.data = data
     found.add("warning", data.warnings)
+    found.add("note", [note] if (note := family_note(recipe)) else [])
     if check_machine:  # what a valid recipe will do that it does not say; `plan` may be for another machine
         found.add("note", [note] if (note := cpu_dtype_note(recipe)) else [])
     return found

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from rlvr.recipe.families import model_type_of, unchecked_note
 from rlvr.recipe.hub import looks_like_hub_id
 from rlvr.recipe.machine import cpu_cores, visible_gpus
 from rlvr.recipe.memory import DTYPE_BYTES, estimate, model_shape
@@ -289,3 +290,15 @@ def cpu_dtype_note(recipe: Recipe) -> str | None:
         f"model.dtype = {recipe.model.dtype!r} applies on GPUs: with none here the rollout servers serve and "
         'the trainer computes in float32 (bf16 is slower on CPUs); set model.dtype = "float32" to say so'
     )
+
+
+def family_note(recipe: Recipe) -> str | None:
+    """A model family outside rlvr's conformance matrix runs on transformers' own attention: say so."""
+    config = recipe.model.config
+    if recipe.model.path is not None:
+        try:
+            config = json.loads((Path(recipe.model.path) / "config.json").read_text())
+        except (OSError, ValueError):
+            return None  # a hub id not fetched yet, or no config: model_problem speaks for it
+    kind = model_type_of(config) if isinstance(config, dict) else None
+    return unchecked_note(kind) if kind is not None else None

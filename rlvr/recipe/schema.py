@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rlvr.recipe.families import family_problem
 from rlvr.recipe.presets import BASE, PRESETS, resolve_algorithm
 
 PROBS_TOLERANCE = 0.01
@@ -598,7 +599,7 @@ class TrainerConfig(Section):
     share_prompts: bool = True
     """Packed rows run a group's shared prompt once, its responses as branches after it (same
     maths; the n samples of a prompt no longer pay n times for it). Used with the default
-    attention (`rlvr_packed_sdpa`: CPU, or a GPU without flash-attn) and model.impl = "hf"."""
+    attention (`rlvr_packed`: CPU, or a GPU without flash-attn) and model.impl = "hf"."""
     max_tokens_per_micro_batch: int = Field(default=8192, ge=16)
     """Token budget of one packed micro-batch (dynamic batching)."""
     logits_chunk_tokens: int = Field(default=1024, ge=0)
@@ -998,12 +999,10 @@ class Recipe(Section):
         kv_heads = int(hf_config.get("num_key_value_heads") or heads)
         if self.rollout.engine == "vllm":  # vLLM replicates KV heads when tp is a multiple of their count
             _check_heads(("rollout", "vllm", "tp_size"), self.rollout.vllm.tp_size, heads, kv_heads, replicate_kv=True)
-        if self.model.impl != "torchtitan":
-            return
-        model_type = hf_config.get("model_type")
-        if model_type not in ("qwen3", "llama"):
-            raise _at(("model", "impl"), f"torchtitan runs qwen3 and llama models, not {model_type!r}; use 'hf'")
-        _check_heads(("trainer", "tp_size"), self.trainer.tp_size, heads, kv_heads)
+        if (problem := family_problem(hf_config, impl=self.model.impl)) is not None:
+            raise _at(("model", "impl"), problem)
+        if self.model.impl == "torchtitan":
+            _check_heads(("trainer", "tp_size"), self.trainer.tp_size, heads, kv_heads)
 
 
 class KeyedError(ValueError):

@@ -54,12 +54,13 @@ def load_hf_config(cfg: ModelConfig, **overrides: object) -> PreTrainedConfig:
 
 
 def load_hf_model(
-    cfg: ModelConfig, *, kind: str = "causal_lm", seed: int = 0, attn_implementation: str = "rlvr_packed_sdpa"
+    cfg: ModelConfig, *, kind: str = "causal_lm", seed: int = 0, attn_implementation: str | None = "rlvr_packed"
 ) -> nn.Module:
     """A transformers model in fp32 on CPU: `kind="causal_lm"` (actor, reference) or `"value"`.
 
-    `attn_implementation`: `rlvr_packed_sdpa` (varlen sdpa, see `rlvr.trainer.attention`),
-    `flash_attention_2`, or plain `sdpa` / `eager` (packed rows then get a 4D mask).
+    `attn_implementation`: `rlvr_packed` (varlen sdpa, see `rlvr.trainer.attention`),
+    `flash_attention_2`, plain `sdpa` / `eager` (packed rows then get a 4D mask), or None: transformers'
+    own choice.
 
     The value model is `AutoModelForTokenClassification(num_labels=1)`: the same backbone
     loaded from the policy's weights plus a fresh scalar head (`score`), dropout off so
@@ -68,6 +69,9 @@ def load_hf_model(
     """
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
+    from rlvr.trainer.attention import PACKED_ATTENTION  # importing it registers it with transformers
+
+    assert PACKED_ATTENTION == "rlvr_packed"
     extra: dict[str, object] = {}
     auto = cast(_AutoModel, AutoModelForCausalLM)
     if kind == "value":

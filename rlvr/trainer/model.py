@@ -17,7 +17,7 @@ from torch import nn
 from rlvr.recipe.schema import ModelConfig, TrainerConfig
 from rlvr.trainer import dist as d
 from rlvr.trainer.attention import default_attn_implementation
-from rlvr.trainer.hf import load_hf_model
+from rlvr.trainer.hf import load_hf_config, load_hf_model
 from rlvr.weight_arena import build_weight_arena
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def build_model(
             model.requires_grad_(False)
         model.train(trainable)
         return model
-    attn = attn_implementation or default_attn_implementation(device)
+    attn = attn_implementation or default_attn_implementation(device, model_type=load_hf_config(cfg).model_type)
     model = load_hf_model(cfg, kind=kind, seed=seed, attn_implementation=attn)
     if trainer.lora.enabled and kind == "causal_lm":  # the policy; the critic trains in full
         from rlvr.trainer.lora import apply_lora

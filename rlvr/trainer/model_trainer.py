@@ -26,6 +26,7 @@ from rlvr.trainer.model import attn_implementation_of
 from rlvr.trainer.optim import build_optimizer, build_scheduler
 from rlvr.trainer.packing import (
     SHARED_PREFIX_IMPLEMENTATION,
+    VARLEN_IMPLEMENTATIONS,
     MicroBatch,
     make_micro_batches,
     pack_sequences,
@@ -125,6 +126,9 @@ class ModelTrainer:
             and self.attn_implementation == SHARED_PREFIX_IMPLEMENTATION
             and not getattr(model, "varlen_only", False)
         )
+        # packed rows need an attention that keeps sequences apart by their boundaries (varlen); a
+        # family outside the conformance matrix runs on transformers' own masks, hence padded rows
+        self.packing = cfg.packing and self.attn_implementation in VARLEN_IMPLEMENTATIONS
         self.optimizer = build_optimizer(model.parameters(), cfg, lr=lr) if trainable else None
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps=total_steps) if self.optimizer else None
         self.last_update_losses: list[float] = []
@@ -153,7 +157,7 @@ class ModelTrainer:
         mbs: list[MicroBatch | None] = list(
             make_micro_batches(
                 local,
-                packing=self.cfg.packing,
+                packing=self.packing,
                 max_tokens=self.cfg.max_tokens_per_micro_batch,
                 micro_batch_size=self.cfg.micro_batch_size,
                 attn_implementation=self.attn_implementation,

@@ -25,7 +25,7 @@ from rlvr.trainer.typed_torch import int_list
 Segment = tuple[int, int, torch.Tensor | None]
 
 VARLEN_IMPLEMENTATIONS = (
-    "rlvr_packed_sdpa",
+    "rlvr_packed",
     "flash_attention_2",
     "flash_attention_3",
     "flash_attention_4",
@@ -89,7 +89,7 @@ class MicroBatch:
             "attention_mask": self.attention_mask,
         }
         if self.segments is not None:
-            kwargs["rlvr_segments"] = self.segments  # read by rlvr_packed_sdpa
+            kwargs["rlvr_segments"] = self.segments  # read by rlvr_packed
         elif self.cu_seqlens is not None:
             kwargs |= {
                 "cu_seq_lens_q": self.cu_seqlens,
@@ -243,7 +243,7 @@ def make_micro_batches(
 ) -> list[MicroBatch]:
     """Packed micro-batches under a token budget (first-fit-decreasing), or padded ones of
     `micro_batch_size` sequences in batch order. `share_prompts` (packed rows under
-    `rlvr_packed_sdpa` only) runs each group's prompt once (see the module docstring)."""
+    `rlvr_packed` only) runs each group's prompt once (see the module docstring)."""
     if len(batch) == 0:
         return []
     if packing and share_prompts and attn_implementation == SHARED_PREFIX_IMPLEMENTATION:
@@ -261,7 +261,7 @@ def make_micro_batches(
 
 
 # -- shared prompts ------------------------------------------------------------------------
-SHARED_PREFIX_IMPLEMENTATION = "rlvr_packed_sdpa"  # the one attention that reads `rlvr_segments`
+SHARED_PREFIX_IMPLEMENTATION = "rlvr_packed"  # the one attention that reads `rlvr_segments`
 
 
 def shared_len(batch: TrainBatch, unit: Sequence[int]) -> int:

@@ -31,7 +31,7 @@ from torch import nn
 
 from rlvr.recipe.schema import ModelConfig, TrainerConfig
 from rlvr.trainer import dist as d
-from rlvr.trainer.attention import PACKED_SDPA
+from rlvr.trainer.attention import PACKED_ATTENTION
 from rlvr.trainer.hf import load_hf_config, load_hf_model
 from rlvr.trainer.typed_torch import int_list
 
@@ -463,7 +463,7 @@ def build_titan_model(
         prepare_cpu()
     hf_config = load_hf_config(cfg)
     # packing sends boundaries, not masks (transformers' own attribute, which its models read)
-    hf_config._attn_implementation = PACKED_SDPA  # pyright: ignore[reportPrivateUsage]
+    hf_config._attn_implementation = PACKED_ATTENTION  # pyright: ignore[reportPrivateUsage]
     family = family_of(hf_config)
     model_cfg = titan_config(hf_config, kind=kind)
     if family == "qwen3":

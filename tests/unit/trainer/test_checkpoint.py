@@ -121,7 +121,7 @@ def test_export_hf_reloads_with_equal_logits(tiny_model_dir, tmp_path):
     tokenizer = load_tokenizer(ModelConfig(path=str(tiny_model_dir)))
     out = export_hf(a.model, tokenizer, tmp_path / "hf")
     assert out is not None and (out / "model.safetensors").exists() and not (tmp_path / "hf.tmp").exists()
-    assert "rlvr_packed_sdpa" not in (out / "config.json").read_text()  # loadable without rlvr
+    assert "rlvr_packed" not in (out / "config.json").read_text()  # loadable without rlvr
     loaded = AutoModelForCausalLM.from_pretrained(out)
     ids = torch.tensor([[5, 17, 30, 42, 8, 9]])
     with torch.no_grad():

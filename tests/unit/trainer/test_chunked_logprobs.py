@@ -149,7 +149,7 @@ def test_token_logprobs_chunked_equals_full_end_to_end(tiny_model_dir: Path, ent
     model = load_hf_model(cfg)
     assert _plain_head(model) is not None
     batch = make_batch(6)
-    for mb in (pack_sequences(batch, range(6), attn_implementation="rlvr_packed_sdpa"), pad_sequences(batch, [0, 1])):
+    for mb in (pack_sequences(batch, range(6), attn_implementation="rlvr_packed"), pad_sequences(batch, [0, 1])):
         full = forward_and_grads(model, mb, chunk=0, entropy=entropy)
         for chunk in (3, 1000):  # several chunks, and one larger than K
             assert_same(forward_and_grads(model, mb, chunk=chunk, entropy=entropy), full)
@@ -159,7 +159,7 @@ def test_token_logprobs_chunked_equals_full_end_to_end(tiny_model_dir: Path, ent
 def test_activation_checkpointing_and_temperature_one(tiny_model_dir: Path) -> None:
     trainer = TrainerConfig(strategy="none", activation_checkpointing="full")
     model = build_model(ModelConfig(path=str(tiny_model_dir)), trainer, device=CPU)
-    mb = pack_sequences(make_batch(6), range(6), attn_implementation="rlvr_packed_sdpa")
+    mb = pack_sequences(make_batch(6), range(6), attn_implementation="rlvr_packed")
     full = forward_and_grads(model, mb, chunk=0, entropy="grad", temperature=1.0)
     assert_same(forward_and_grads(model, mb, chunk=4, entropy="grad", temperature=1.0), full)
 
@@ -176,7 +176,7 @@ def test_lora_gradients_equal_the_full_logits(tiny_model_dir: Path, targets: lis
             if "lora_B" in name:
                 p.normal_(0, 0.1)
     assert (_plain_head(model) is None) == ("lm_head" in targets)
-    mb = pack_sequences(make_batch(6), range(6), attn_implementation="rlvr_packed_sdpa")
+    mb = pack_sequences(make_batch(6), range(6), attn_implementation="rlvr_packed")
     full = forward_and_grads(model, mb, chunk=0, entropy="grad")
     got = forward_and_grads(model, mb, chunk=3, entropy="grad")
     assert_same(got, full)
@@ -201,7 +201,7 @@ class ScaledLogits(nn.Module):
 
 def test_a_model_that_changes_the_head_output_falls_back_to_full_logits(tiny_model_dir: Path) -> None:
     model = ScaledLogits(load_hf_model(ModelConfig(path=str(tiny_model_dir))))
-    mb = pack_sequences(make_batch(4), range(4), attn_implementation="rlvr_packed_sdpa")
+    mb = pack_sequences(make_batch(4), range(4), attn_implementation="rlvr_packed")
     full = forward_and_grads(model, mb, chunk=0, entropy="detached")
     assert_same(forward_and_grads(model, mb, chunk=3, entropy="detached"), full)
     assert getattr(model, UNCHUNKED_MARK) and _plain_head(model) is None
@@ -220,7 +220,7 @@ def test_torchtitan_chunked_equals_full(tiny_model_dir: Path, entropy: str) -> N
         ModelConfig(path=str(tiny_model_dir), impl="torchtitan"), TrainerConfig(strategy="none"), device=CPU
     )
     assert _plain_head(model) is not None
-    mb = pack_sequences(make_batch(6), range(6), attn_implementation="rlvr_packed_sdpa")
+    mb = pack_sequences(make_batch(6), range(6), attn_implementation="rlvr_packed")
     full = forward_and_grads(model, mb, chunk=0, entropy=entropy)
     assert_same(forward_and_grads(model, mb, chunk=5, entropy=entropy), full)
     assert not getattr(model, UNCHUNKED_MARK, False)

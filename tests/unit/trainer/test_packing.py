@@ -72,7 +72,7 @@ def test_micro_batches_stay_under_the_token_budget():
         assert mb.input_ids.shape[0] == 1 and (mb.input_ids.shape[1] <= 48 or mb.num_seqs == 1)
 
 
-@pytest.mark.parametrize("attn", ["rlvr_packed_sdpa", "sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["rlvr_packed", "sdpa", "eager"])
 def test_packed_and_padded_logprobs_agree(tiny_model_dir, batch, attn):
     model = load_hf_model(ModelConfig(path=str(tiny_model_dir)), attn_implementation=attn)
     idx = list(range(len(batch)))
@@ -199,14 +199,14 @@ def test_shared_units_split_a_group_to_fit_the_budget():
 @pytest.mark.parametrize(("entropy", "lora"), [("detached", False), ("grad", False), ("detached", True)])
 def test_shared_prompts_give_the_same_logprobs(tiny_model_dir, entropy, lora):
     batch = grouped_batch()
-    model = load_hf_model(ModelConfig(path=str(tiny_model_dir)), attn_implementation="rlvr_packed_sdpa")
+    model = load_hf_model(ModelConfig(path=str(tiny_model_dir)), attn_implementation="rlvr_packed")
     if lora:  # peft's wrapper must hand the segments down to the attention
         from rlvr.recipe.schema import LoraConfig
         from rlvr.trainer.lora import apply_lora
 
         model = apply_lora(model, LoraConfig(rank=4), seed=0)
     shared = make_micro_batches(batch, packing=True, max_tokens=64, micro_batch_size=1,
-                                attn_implementation="rlvr_packed_sdpa", share_prompts=True)  # fmt: skip
+                                attn_implementation="rlvr_packed", share_prompts=True)  # fmt: skip
     assert len(shared) > 1 and all(mb.segments is not None for mb in shared)
     assert sum(int(mb.input_ids.shape[1]) for mb in shared) < int(batch.seq_lens.sum())  # prompts run once
     reference, ref_ent = token_logprobs(model, pad_sequences(batch, list(range(len(batch)))), entropy=entropy)
@@ -237,7 +237,7 @@ def test_shared_prompts_give_the_same_values(tiny_model_dir):
     reference = token_values(critic, pad_sequences(batch, list(range(len(batch)))))
     mask = batch.response_mask.bool()
     for mb in make_micro_batches(batch, packing=True, max_tokens=64, micro_batch_size=1,
-                                 attn_implementation="rlvr_packed_sdpa", share_prompts=True):  # fmt: skip
+                                 attn_implementation="rlvr_packed", share_prompts=True):  # fmt: skip
         values = token_values(critic, mb)
         rows, width = mb.seq_index, values.shape[1]
         m = mask[rows, :width]

@@ -54,7 +54,7 @@ def both(cfg: ModelConfig, trainer: TrainerConfig = NONE, **kwargs):
 
 def logprobs(model, batch, *, packing: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
     mbs = make_micro_batches(
-        batch, packing=packing, max_tokens=48, micro_batch_size=3, attn_implementation="rlvr_packed_sdpa"
+        batch, packing=packing, max_tokens=48, micro_batch_size=3, attn_implementation="rlvr_packed"
     )
     with torch.no_grad():
         return [token_logprobs(model, mb) for mb in mbs]  # pyright: ignore[reportReturnType]
@@ -136,7 +136,7 @@ def test_checkpointing_and_compile_keep_logprobs_and_gradients(tiny_model_dir: P
     """Compile takes minutes on 2 CPU cores (block-causal mask inside the graph): slow-marked."""
     cfg = ModelConfig(path=str(tiny_model_dir), impl="torchtitan")
     (mb,) = make_micro_batches(
-        make_batch(4), packing=True, max_tokens=512, micro_batch_size=4, attn_implementation="rlvr_packed_sdpa"
+        make_batch(4), packing=True, max_tokens=512, micro_batch_size=4, attn_implementation="rlvr_packed"
     )
     logp, grads = _grads(cfg, NONE, mb)
     logp2, grads2 = _grads(cfg, TrainerConfig(strategy="none", **settings), mb)
@@ -150,7 +150,7 @@ def test_critic_values_equal_transformers(tiny_model_dir: Path) -> None:
     hf, titan = both(ModelConfig(path=str(tiny_model_dir)), kind="value", seed=7)
     batch = make_batch(5)
     for mb in make_micro_batches(
-        batch, packing=True, max_tokens=48, micro_batch_size=2, attn_implementation="rlvr_packed_sdpa"
+        batch, packing=True, max_tokens=48, micro_batch_size=2, attn_implementation="rlvr_packed"
     ):
         with torch.no_grad():
             assert torch.allclose(token_values(hf, mb), token_values(titan, mb), atol=1e-5)
