@@ -14,6 +14,8 @@ recomputing the full forward each step: slow but exact. Why and how fast: docs/e
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
 from typing import Any
 
@@ -23,7 +25,64 @@ from torch import nn
 
 from rlvr.weight_arena import back_to_back_bytes
 
-FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+# Families whose layers follow Gemma's layout: embeddings scaled by sqrt(hidden), RMSNorms that
+# multiply by (1 + weight) in fp32, and norms after attention and after the MLP as well as before.
+GEMMA_MODEL_TYPES = ("gemma3_text",)
+
+# The MLP activations the fast path runs, by config name, each the function HF's ACT2FN calls.
+_ACTIVATIONS: dict[str, Any] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+}
+# Rope types whose frequencies depend on the sequence's length, so that one table for every
+# position up to max_len (what the fast path builds) differs from HF's on shorter sequences.
+# LongRoPE switches to its long factors once a sequence passes original_max_position_embeddings
+# (transformers' own cached generate then disagrees with its full forward). "dynamic" NTK is not
+# here: it only rescales past max_position_embeddings, and the engine caps max_len there.
+_LENGTH_DEPENDENT_ROPE = ("longrope",)
+
+
+def _activation_name(config: Any) -> str:
+    if config.model_type in GEMMA_MODEL_TYPES:
+        return str(getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "gelu_pytorch_tanh"))
+    return str(getattr(config, "hidden_act", "silu"))
+
+
+def _layer_types(config: Any) -> list[str]:
+    layers = int(config.num_hidden_layers)
+    return list(getattr(config, "layer_types", None) or ["full_attention"] * layers)[:layers]
+
+
+def layer_windows(config: Any) -> list[int | None]:
+    """Each layer's sliding window as HF's masks apply it (None: full causal attention).
+
+    A query at position i sees keys j with i - window < j <= i (`sliding_window_overlay` in
+    transformers' masking_utils: `kv_idx > q_idx - sliding_window`), i.e. `window` keys including
+    its own. Mistral windows every layer when `sliding_window` is set; the others window the
+    layers that `layer_types` marks `sliding_attention` (Qwen2/Qwen3 derive those from
+    `use_sliding_window` and `max_window_layers`, Gemma 3 from its local/global pattern).
+    """
+    window = getattr(config, "sliding_window", None)
+    types = _layer_types(config)
+    if config.model_type == "mistral":
+        return [window] * len(types)
+    return [window if t == "sliding_attention" else None for t in types]
+
+
+def _rope_types(config: Any) -> set[str]:
+    """The rope types of a config (`rope_parameters` flat or per layer type, legacy `rope_scaling`)."""
+    found: set[str] = set()
+    for params in (getattr(config, "rope_parameters", None), getattr(config, "rope_scaling", None)):
+        if not isinstance(params, dict):
+            continue
+        nested = [v for v in params.values() if isinstance(v, dict)]
+        for entry in nested or [params]:
+            kind = entry.get("rope_type", entry.get("type"))
+            if kind is not None:
+                found.add(str(kind))
+    return found
 
 
 def fast_path_supported(model: nn.Module) -> tuple[bool, str]:
@@ -32,20 +91,35 @@ def fast_path_supported(model: nn.Module) -> tuple[bool, str]:
     model_type = getattr(config, "model_type", None)
     if model_type not in FAST_MODEL_TYPES:
         return False, f"model_type {model_type!r} is not one of {FAST_MODEL_TYPES}"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return False, f"hidden_act {config.hidden_act!r} is not silu"
-    if getattr(config, "use_sliding_window", False) or (
-        model_type == "mistral" and getattr(config, "sliding_window", None)
+    activation = _activation_name(config)
+    if activation not in _ACTIVATIONS:
+        return False, f"MLP activation {activation!r} is not one of {sorted(_ACTIVATIONS)}"
+    layer_types = set(_layer_types(config))
+    if layer_types - {"full_attention", "sliding_attention"}:
+        return False, f"layer types {sorted(layer_types)}"
+    windows = layer_windows(config)
+    if any(w is not None and (not isinstance(w, int) or w < 1) for w in windows) or (
+        "sliding_attention" in layer_types and getattr(config, "sliding_window", None) is None
     ):
-        return False, "sliding-window attention"
-    layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
-        return False, f"layer types {sorted(set(layer_types))}"
+        return False, f"sliding window {getattr(config, 'sliding_window', None)!r} is not a positive int"
     if getattr(config, "mlp_bias", False):
         return False, "MLP biases"
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return False, "attention logit soft-capping"
+    if getattr(config, "use_bidirectional_attention", False) or not getattr(config, "is_causal", True):
+        return False, "bidirectional attention"
+    length_dependent = _rope_types(config) & set(_LENGTH_DEPENDENT_ROPE)
+    if length_dependent:
+        return False, f"rope type {sorted(length_dependent)} depends on the sequence length"
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
         return False, "no model.layers / model.rotary_emb"
+    if model_type in GEMMA_MODEL_TYPES:
+        norms = ("pre_feedforward_layernorm", "post_feedforward_layernorm", "post_attention_layernorm")
+        if not all(hasattr(layer, n) for layer in inner.layers for n in norms):
+            return False, f"a {model_type} layer without {norms}"
+        if not hasattr(inner.embed_tokens, "embed_scale"):
+            return False, "embeddings without embed_scale"
     return True, ""
 
 
@@ -129,17 +203,51 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
+class _Norm:
+    """One RMSNorm of the model, in its family's convention, against the live weight.
+
+    Llama's: normalise in fp32, cast back, then `weight *` (HF's LlamaRMSNorm). Gemma's:
+    normalise and multiply by `(1 + weight)` both in fp32, then cast (HF's Gemma3RMSNorm);
+    `1 + weight` is derived from the weight, so `refresh` rebuilds it after a weight load.
+    """
+
+    def __init__(self, module: nn.Module, *, gemma: bool):
+        self.module, self.gemma, self.eps = module, gemma, _eps(module)
+        self.weight = torch.empty(0)
+        self.refresh()
+
+    def refresh(self) -> None:
+        weight: Any = self.module.weight
+        self.weight = 1.0 + weight.detach().float() if self.gemma else weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.gemma:
+            return _rms(x, self.weight, self.eps)
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight, self.eps).to(x.dtype)
+
+
 class _Layer:
     """The tensors of one decoder layer that the fast path reads (views of the HF parameters)."""
 
-    def __init__(self, layer: Any, *, packed: bool):
+    def __init__(self, layer: Any, *, packed: bool, gemma: bool, window: int | None, rope: int, activation: Any):
         attn, mlp = layer.self_attn, layer.mlp
+        self.gemma, self.window, self.rope, self.act = gemma, window, rope, activation
         self.qkv = _Linear(*_fuse([attn.q_proj, attn.k_proj, attn.v_proj]), packed=packed)
         self.o = _Linear(attn.o_proj.weight, attn.o_proj.bias, packed=packed)
         self.gate_up = _Linear(_fuse([mlp.gate_proj, mlp.up_proj])[0], None, packed=packed)
         self.down = _Linear(mlp.down_proj.weight, None, packed=packed)
-        self.ln1_w, self.ln1_eps = layer.input_layernorm.weight, _eps(layer.input_layernorm)
-        self.ln2_w, self.ln2_eps = layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)
+        self.ln1 = _Norm(layer.input_layernorm, gemma=gemma)
+        # Llama: attention output added straight to the residual, post_attention_layernorm before
+        # the MLP. Gemma: post_attention_layernorm on the attention output, pre_feedforward before
+        # the MLP, post_feedforward on its output (four norms a layer).
+        self.attn_out_norm: _Norm | None = None
+        self.mlp_out_norm: _Norm | None = None
+        if gemma:
+            self.attn_out_norm = _Norm(layer.post_attention_layernorm, gemma=True)
+            self.ln2 = _Norm(layer.pre_feedforward_layernorm, gemma=True)
+            self.mlp_out_norm = _Norm(layer.post_feedforward_layernorm, gemma=True)
+        else:
+            self.ln2 = _Norm(layer.post_attention_layernorm, gemma=False)
         self.q_norm = getattr(attn, "q_norm", None)
         self.k_norm = getattr(attn, "k_norm", None)
         if (self.q_norm is None) != (self.k_norm is None):
@@ -154,14 +262,21 @@ class _Layer:
     def linears(self) -> tuple[_Linear, ...]:
         return (self.qkv, self.o, self.gate_up, self.down)
 
+    @property
+    def norms(self) -> list[_Norm]:
+        return [n for n in (self.ln1, self.attn_out_norm, self.ln2, self.mlp_out_norm) if n is not None]
+
     def refresh(self, heads: int, kv_heads: int) -> None:
         """Rebuild the small tensors derived from weights (call after loading new weights)."""
+        for norm in self.norms:
+            norm.refresh()
         if self.q_norm is not None and self.k_norm is not None:
-            # Q and K heads are normalised in one call: one weight row per head.
+            # Q and K heads are normalised in one call: one weight row per head (Gemma: 1 + weight, fp32).
             head_dim = self.q_norm.weight.shape[0]
-            self.qk_norm_w = torch.cat(
-                [self.q_norm.weight.expand(heads, head_dim), self.k_norm.weight.expand(kv_heads, head_dim)]
-            )
+            q_w, k_w = self.q_norm.weight.detach(), self.k_norm.weight.detach()
+            if self.gemma:
+                q_w, k_w = 1.0 + q_w.float(), 1.0 + k_w.float()
+            self.qk_norm_w = torch.cat([q_w.expand(heads, head_dim), k_w.expand(kv_heads, head_dim)])
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -200,7 +315,12 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
 
 
 class StaticKVDecoder:
-    """The fast path: a Llama-family forward over a preallocated, slot-indexed KV cache."""
+    """The fast path: a Llama-family (or Gemma 3) forward over a preallocated, slot-indexed KV cache.
+
+    Layers with a sliding window (Gemma 3's local layers, Mistral's and Qwen2/Qwen3's
+    `use_sliding_window`) keep every position in the cache like the others; the window is a mask
+    (and, in decode, a narrower span of keys), so `move` and prefill need no ring buffer.
+    """
 
     def __init__(self, model: nn.Module, *, max_slots: int, max_len: int, packed_weights: bool | None = None):
         """`packed_weights`: oneDNN packed projections (None: wherever oneDNN can run them, i.e. CPU)."""
@@ -212,6 +332,7 @@ class StaticKVDecoder:
         self.model = model
         self.max_slots = max_slots
         self.max_len = max_len
+        self.gemma = config.model_type in GEMMA_MODEL_TYPES
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
@@ -224,24 +345,49 @@ class StaticKVDecoder:
             packed_weights = _onednn_available(self.device, self.dtype)
         self.packed_weights = packed_weights
         self.embed = weight
-        self.norm_w, self.norm_eps = inner.norm.weight, _eps(inner.norm)
+        # Gemma scales the embeddings by sqrt(hidden_size), rounded to the weights' dtype first
+        # (Gemma3TextScaledWordEmbedding: `embedding * embed_scale.to(weight.dtype)`).
+        self.embed_scale: torch.Tensor | None = None
+        self.norm = _Norm(inner.norm, gemma=self.gemma)
+        self.final_softcap: float | None = getattr(config, "final_logit_softcapping", None)
         lm_head = model.get_output_embeddings()  # type: ignore[operator]
         self.lm_head = _Linear(lm_head.weight, getattr(lm_head, "bias", None), packed=packed_weights)
-        self.layers = [_Layer(layer, packed=packed_weights) for layer in inner.layers]
+        # One rope table per layer type where the rotary module takes one (Gemma 3: local layers
+        # use rope_local_base_freq, global layers rope_theta and its scaling); else one for all.
+        rotary = inner.rotary_emb
+        layer_types = _layer_types(config)
+        per_type = "layer_type" in inspect.signature(rotary.forward).parameters
+        rope_keys: list[str | None] = list(dict.fromkeys(layer_types)) if per_type else [None]
+        activation = _ACTIVATIONS[_activation_name(config)]
+        windows = layer_windows(config)
+        self.layers = [
+            _Layer(
+                layer,
+                packed=packed_weights,
+                gemma=self.gemma,
+                window=windows[i],
+                rope=rope_keys.index(layer_types[i]) if per_type else 0,
+                activation=activation,
+            )
+            for i, layer in enumerate(inner.layers)
+        ]
         self._pack_lock = threading.Lock()
         self._pack_generation = 0
         self._packer: threading.Thread | None = None
         self._repack_pending = False
         self._retired: list[torch.Tensor] = []
         self.refresh(background=False)
+        half = self.head_dim // 2
+        tables = []
         with torch.inference_mode():
             positions = torch.arange(max_len, device=self.device)[None]
             probe = torch.zeros(1, dtype=self.dtype, device=self.device)
-            cos, sin = inner.rotary_emb(probe, positions)
-        half = self.head_dim // 2
-        sin = sin[0].to(self.dtype)
-        signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # rotate_half's sign folded in
-        self.rope_table = torch.stack([cos[0].to(self.dtype), signed_sin], dim=1)  # [max_len, 2, head_dim]
+            for key in rope_keys:
+                cos, sin = rotary(probe, positions) if key is None else rotary(probe, positions, key)
+                sin = sin[0].to(self.dtype)
+                signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # rotate_half's sign folded in
+                tables.append(torch.stack([cos[0].to(self.dtype), signed_sin], dim=1))  # [max_len, 2, head_dim]
+        self.rope_table = torch.stack(tables)  # [rope kinds, max_len, 2, head_dim]
         self.k_cache = self.v_cache = torch.empty(0, dtype=self.dtype, device=self.device)
         self.allocate_kv()
         self._slot_index = torch.arange(max_slots, device=self.device)
@@ -283,10 +429,9 @@ class StaticKVDecoder:
 
     # -- shared per-layer pieces ------------------------------------------------------------
 
-    def _rope_at(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin at `pos`, [N, 1, hd] each (one gather for both)."""
-        table = self.rope_table[pos]
-        return table[:, 0:1], table[:, 1:2]
+    def _rope_at(self, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """cos and signed sin at `pos`, [N, 1, hd] each, for each rope table (one gather for all)."""
+        return [(table[:, 0:1], table[:, 1:2]) for table in self.rope_table[:, pos]]
 
     def invalidate(self) -> None:
         """Drop every packed weight copy (the engine calls it before writing new weights).
@@ -314,6 +459,10 @@ class StaticKVDecoder:
         """
         for layer in self.layers:
             layer.refresh(self.heads, self.kv_heads)
+        self.norm.refresh()
+        if self.gemma:
+            embed_scale: Any = self.model.model.embed_tokens.embed_scale  # type: ignore[union-attr]
+            self.embed_scale = embed_scale.detach().to(device=self.device, dtype=self.dtype)
         self.invalidate()
         if not (self.packed_weights and repack):
             return
@@ -377,22 +526,34 @@ class StaticKVDecoder:
         self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [N, D] -> q [N, H, hd], k/v [N, KVH, hd], with q/k norms and rope applied to q and k at once."""
-        qkv = layer.qkv(_rms(x, layer.ln1_w, layer.ln1_eps))
+        qkv = layer.qkv(layer.ln1(x))
         rows = x.shape[0]
         qk = qkv[:, : self.q_dim + self.kv_dim].view(rows, self.heads + self.kv_heads, self.head_dim)
         v = qkv[:, self.q_dim + self.kv_dim :].view(rows, self.kv_heads, self.head_dim)
-        if layer.qk_norm_w is not None:
+        if layer.qk_norm_w is not None and layer.gemma:
+            qk = (F.rms_norm(qk.float(), (self.head_dim,), None, layer.qk_norm_eps) * layer.qk_norm_w).to(qk.dtype)
+        elif layer.qk_norm_w is not None:
             qk = F.rms_norm(qk, (self.head_dim,), None, layer.qk_norm_eps) * layer.qk_norm_w
         qk = _rope(qk, cos, sin)
         return qk[:, : self.heads], qk[:, self.heads :], v
 
     def _mlp_residual(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = layer.o.add_to(x, attn)
-        gate, up = layer.gate_up(_rms(x, layer.ln2_w, layer.ln2_eps)).chunk(2, dim=-1)
-        return layer.down.add_to(x, F.silu(gate) * up)
+        norm = layer.attn_out_norm
+        x = layer.o.add_to(x, attn) if norm is None else x + norm(layer.o(attn))
+        gate, up = layer.gate_up(layer.ln2(x)).chunk(2, dim=-1)
+        if layer.mlp_out_norm is None:
+            return layer.down.add_to(x, layer.act(gate) * up)
+        return x + layer.mlp_out_norm(layer.down(layer.act(gate) * up))
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(ids, self.embed)
+        return x if self.embed_scale is None else x * self.embed_scale
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(_rms(x, self.norm_w, self.norm_eps))
+        logits = self.lm_head(self.norm(x))
+        if self.final_softcap is not None:  # Gemma's tanh soft-capping, as HF's forward applies it
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
 
     # -- engine calls -----------------------------------------------------------------------
 
@@ -404,7 +565,8 @@ class StaticKVDecoder:
         most of a prefill's FLOPs); only attention sees a padded [k, T] layout, gathered
         from the cache the keys were just written to. Rows are right-padded, so a plain
         causal mask is exact: a real token's keys are all real tokens of its own row, and
-        what the padding queries see (stale cache) is never read back.
+        what the padding queries see (stale cache) is never read back. A sliding-window layer
+        narrower than the longest prompt adds the window to that mask (a band: i - window < j <= i).
         """
         k_rows = len(prompts)
         lengths = [len(p) for p in prompts]
@@ -414,26 +576,60 @@ class StaticKVDecoder:
         pos = torch.cat([torch.arange(n) for n in lengths]).to(self.device)
         slot = row + first_slot
         lens = torch.tensor(lengths, device=self.device)
-        cos, sin = self._rope_at(pos)  # [N, 1, hd]
+        ropes = self._rope_at(pos)  # per rope table: cos, sin [N, 1, hd]
+        masks = self._prefill_masks(span)
         rows = slice(first_slot, first_slot + k_rows)
-        x = F.embedding(ids, self.embed)  # [N, D]
+        x = self._embed(ids)  # [N, D]
         for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)  # [N, H|KVH, hd]
+            q, k, v = self._qkv(layer, x, *ropes[layer.rope])  # [N, H|KVH, hd]
             self.k_cache[li][slot, :, pos] = k
             self.v_cache[li][slot, :, pos] = v
             padded_q = q.new_zeros(k_rows, span, self.heads, self.head_dim)
             padded_q[row, pos] = q
+            mask = masks[layer.window]
             attn = F.scaled_dot_product_attention(
                 padded_q.transpose(1, 2),
                 self.k_cache[li, rows, :, :span],
                 self.v_cache[li, rows, :, :span],
-                is_causal=True,
+                attn_mask=mask,
+                is_causal=mask is None,
                 scale=layer.scaling,
                 enable_gqa=self.group > 1,
             )  # [k, H, T, hd]
             x = self._mlp_residual(layer, x, attn.transpose(1, 2)[row, pos].reshape(-1, self.q_dim))
         last = torch.cumsum(lens, 0) - 1
         return self._logits(x[last])
+
+    def _prefill_masks(self, span: int) -> dict[int | None, torch.Tensor | None]:
+        """Per window, the [T, T] boolean mask of a prefill over `span` positions (None: plain causal)."""
+        masks: dict[int | None, torch.Tensor | None] = {None: None}
+        for window in {layer.window for layer in self.layers if layer.window is not None}:
+            if window >= span:
+                masks[window] = None  # the window reaches back past position 0: causal is the same
+                continue
+            i = torch.arange(span, device=self.device)[:, None]
+            j = torch.arange(span, device=self.device)[None]
+            masks[window] = (j <= i) & (j > i - window)
+        return masks
+
+    def _decode_masks(self, positions: list[int], pos: torch.Tensor) -> dict[int | None, tuple[int, torch.Tensor]]:
+        """Per window, the first key position a decode step reads and the additive mask from it.
+
+        [B*KVH, 1, L] rows: row (slot, kv head) sees keys j with j <= pos (and, windowed,
+        j > pos - window). A windowed layer reads keys from the earliest any slot still sees,
+        not from 0: past the window, its attention costs the window, not the sequence.
+        """
+        span = max(positions) + 1
+        query = pos.repeat_interleave(self.kv_heads)[:, None, None]  # [B*KVH, 1, 1]
+        masks: dict[int | None, tuple[int, torch.Tensor]] = {}
+        for window in {layer.window for layer in self.layers} | {None}:
+            first = 0 if window is None else max(0, min(positions) - window + 1)
+            keys = torch.arange(first, span, device=self.device)
+            visible = keys <= query
+            if window is not None and max(positions) - window + 1 > 0:
+                visible = visible & (keys > query - window)
+            masks[window] = (first, torch.where(visible, 0.0, float("-inf")).to(self.dtype))
+        return masks
 
     @torch.inference_mode()
     def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
@@ -443,17 +639,17 @@ class StaticKVDecoder:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         slots = self._slot_index[:batch]
-        keys = torch.arange(span, device=self.device)
         heads_rows = batch * self.kv_heads  # attention runs as one bmm over (slot, kv head) pairs
-        visible = keys <= pos.repeat_interleave(self.kv_heads)[:, None, None]  # [B*KVH, 1, L]
-        mask = torch.where(visible, 0.0, float("-inf")).to(self.dtype)
-        cos, sin = self._rope_at(pos)  # [B, 1, hd]
-        x = F.embedding(ids, self.embed)  # [B, D]
+        masks = self._decode_masks(positions, pos)
+        ropes = self._rope_at(pos)  # per rope table: cos, sin [B, 1, hd]
+        x = self._embed(ids)  # [B, D]
         for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)  # q [B, H, hd]; k, v [B, KVH, hd]
+            q, k, v = self._qkv(layer, x, *ropes[layer.rope])  # q [B, H, hd]; k, v [B, KVH, hd]
             k_cache, v_cache = self.k_cache[li], self.v_cache[li]
             k_cache[slots, :, pos] = k
             v_cache[slots, :, pos] = v
+            first, mask = masks[layer.window]
+            keys = span - first
             # The GQA group rides on the query-length axis: q [B*KVH, G, hd] vs K [B*KVH, L, hd]
             # (slot and head dims of the cache merge without a copy). Spelled out rather than
             # SDPA: one query row per head is too little work for the flash kernel's tiling
@@ -461,10 +657,11 @@ class StaticKVDecoder:
             scores = torch.baddbmm(
                 mask,
                 q.reshape(heads_rows, self.group, self.head_dim),
-                k_cache[:batch, :, :span].reshape(heads_rows, span, self.head_dim).transpose(1, 2),
+                k_cache[:batch, :, first:span].reshape(heads_rows, keys, self.head_dim).transpose(1, 2),
                 alpha=layer.scaling,
             )
-            attn = torch.bmm(scores.softmax(-1), v_cache[:batch, :, :span].reshape(heads_rows, span, self.head_dim))
+            values = v_cache[:batch, :, first:span].reshape(heads_rows, keys, self.head_dim)
+            attn = torch.bmm(scores.softmax(-1), values)
             x = self._mlp_residual(layer, x, attn.reshape(batch, self.q_dim))
         return self._logits(x)
 
@@ -487,21 +684,51 @@ class RecomputeDecoder:
 
     @torch.inference_mode()
     def _forward_last(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Each sequence's next-token logits [len(seqs), V]: one right-padded forward of all of them.
+
+        Only each row's last position reaches the LM head: a pre-hook on the output embedding
+        gathers those hidden states ([B, 1, D]) before the projection, so the step never builds
+        logits for every position (at Gemma 3's 262k vocabulary, 16 rows x 80 tokens would be
+        1.3 GB a step). What the model does after its head (Gemma's final-logit soft-capping, a
+        logit scale) is elementwise and still applies. A model whose head sees something else
+        than [B, T, D] hidden states is left alone and its logits gathered after.
+        """
+        rows = len(seqs)
         span = max(len(s) for s in seqs)
-        ids = torch.zeros(len(seqs), span, dtype=torch.long)
-        attention = torch.zeros(len(seqs), span, dtype=torch.long)
+        ids = torch.zeros(rows, span, dtype=torch.long)
+        attention = torch.zeros(rows, span, dtype=torch.long)
         for i, seq in enumerate(seqs):
             ids[i, : len(seq)] = torch.tensor(seq)
             attention[i, : len(seq)] = 1
-        positions = torch.arange(span)[None].expand(len(seqs), -1)
-        out: Any = self.model(
-            input_ids=ids.to(self.device),
-            attention_mask=attention.to(self.device),
-            position_ids=positions.to(self.device),
-            use_cache=False,
-        )
+        positions = torch.arange(span)[None].expand(rows, -1)
+        row_index = torch.arange(rows, device=self.device)
         last = torch.tensor([len(s) - 1 for s in seqs], device=self.device)
-        return out.logits[torch.arange(len(seqs), device=self.device), last]
+        gathered: list[bool] = []
+
+        def keep_last(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+            hidden = args[0] if args else None
+            if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or tuple(hidden.shape[:2]) != (rows, span):
+                return None
+            gathered.append(True)
+            return (hidden[row_index, last][:, None], *args[1:])
+
+        get_head = getattr(self.model, "get_output_embeddings", None)
+        head = get_head() if callable(get_head) else None
+        hook = head.register_forward_pre_hook(keep_last) if isinstance(head, nn.Module) else None
+        try:
+            out: Any = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                position_ids=positions.to(self.device),
+                use_cache=False,
+            )
+        finally:
+            if hook is not None:
+                hook.remove()
+        logits = out.logits
+        if gathered and tuple(logits.shape[:2]) == (rows, 1):
+            return logits[:, 0]
+        return logits[row_index, last]
 
     kv_cache_bytes = 0  # no cache: each step recomputes every sequence
     packed_bytes = 0
