@@ -24,7 +24,7 @@ class AdapterLoader:
         self.weights = weights
         self.base_path = base_path
         self._merged: frozenset[str] = frozenset()  # what the last adapter merged
-        self.fingerprint: dict[str, tuple[float, float]] = {}  # peft key -> pair, of the last adapter merged
+        self.fingerprint: dict[str, tuple[int, int, int, int]] = {}  # peft key -> checksum, of the last adapter merged
 
     def load(self, path: str | Path, *, version: str | None = None) -> None:
         """Serve the base weights plus a peft LoRA adapter: W_base + (lora_alpha / r) * B @ A for

@@ -221,7 +221,7 @@ class AdapterMerge:
         self.siblings = frozenset(extra - self.merged - self.restored)
         order = packed_modules or {}
         self.names = sorted(self.merged | self.restored | self.siblings, key=lambda n: _load_order(n, order))
-        self.fingerprint: dict[str, tuple[float, float]] = {}  # peft key -> pair, of what `tensors` merged
+        self.fingerprint: dict[str, tuple[int, int, int, int]] = {}  # peft key -> checksum, of what `tensors` merged
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of everything `tensors` yields, in its order."""

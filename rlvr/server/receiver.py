@@ -100,8 +100,9 @@ class WeightReceiver:
             self._refresh()
             self._set_version(version)
 
-    def fingerprint(self) -> dict[str, tuple[float, float]]:
-        """Every served weight's exact checksum (high, low) under its HF names (`rlvr.sync.fingerprint`).
+    def fingerprint(self) -> dict[str, tuple[int, int, int, int]]:
+        """Every served weight's exact checksum under its HF names (`rlvr.sync.fingerprint`), read from
+        the live parameters after the load (not from what arrived).
 
         A tied alias is the tensor the model uses under that name (`lm_head.weight` is the output
         embedding's weight), so a head that stopped following its embedding shows up as itself."""

@@ -68,6 +68,7 @@ class Decision:
     dropped: int = 0  # ok: engines dropped so far
     load_s: float = 0.0  # ok (disk): seconds the engines took to load
     verify_s: float = 0.0  # ok: seconds spent fingerprinting and comparing (`sync.verify`)
+    verified: int = 0  # ok: engines whose fingerprint was compared and equal (`sync.verify`)
 
     @classmethod
     def failed(cls, exc: SyncError) -> Decision:

@@ -140,6 +140,7 @@ class BroadcastSync:
             "sync/dropped_engines": float(decision.dropped),
             "sync/attempts": float(attempts),
             "sync/verify_s": float(decision.verify_s),
+            "sync/verified_engines": float(decision.verified),
             "sync/version": float(version),
         }
 
@@ -274,6 +275,8 @@ class BroadcastSync:
             calls.handle(failures, version=version)
             calls.admit_rejoined()
             engines, dropped = len(calls.live()), len(calls.dropped)
-            return Decision("ok", engines=engines, dropped=dropped, verify_s=self.verifier.seconds)
+            return Decision(
+                "ok", engines=engines, dropped=dropped, verify_s=self.verifier.seconds, verified=self.verifier.verified
+            )
         except SyncError as exc:
             return Decision.failed(exc)

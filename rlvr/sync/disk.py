@@ -93,6 +93,7 @@ class DiskSync:
             "sync/engines": float(decision.engines),
             "sync/dropped_engines": float(decision.dropped),
             "sync/verify_s": float(decision.verify_s),
+            "sync/verified_engines": float(decision.verified),
             "sync/version": float(version),
         }
 
@@ -151,8 +152,9 @@ class DiskSync:
                     members = [m for m in members if m not in calls.dropped]
                 updated += members
             calls.admit_rejoined(updated)
-            load_s, verify_s = time.monotonic() - start, self.verifier.seconds
-            return Decision("ok", engines=len(updated), dropped=len(calls.dropped), load_s=load_s, verify_s=verify_s)
+            load_s, verify_s, verified = time.monotonic() - start, self.verifier.seconds, self.verifier.verified
+            engines, dropped = len(updated), len(calls.dropped)
+            return Decision("ok", engines=engines, dropped=dropped, load_s=load_s, verify_s=verify_s, verified=verified)
         except SyncError as exc:
             return Decision.failed(exc)
         except Exception as exc:  # noqa: BLE001 - every rank must learn that rank 0 failed

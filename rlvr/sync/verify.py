@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 from rlvr.rollout.base import EMBEDDED_ENGINE
 from rlvr.rollout.vllm import VLLM_ENGINE
 from rlvr.sync.base import EngineFailure
-from rlvr.sync.fingerprint import Fingerprinter, Pair, first_difference
+from rlvr.sync.fingerprint import Checksum, Fingerprinter, first_difference
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -42,7 +42,7 @@ def tied_aliases(model: nn.Module) -> dict[str, str]:
     return aliases
 
 
-def mismatch(url: str, sent: Mapping[str, Pair], served: object) -> EngineFailure | None:
+def mismatch(url: str, sent: Mapping[str, Checksum], served: object) -> EngineFailure | None:
     """The failure of an engine whose fingerprint (`served`) differs from `sent`, else None."""
     if isinstance(served, BaseException):
         return EngineFailure(url, STAGE, f"no weights fingerprint: {type(served).__name__}: {served}")
@@ -58,7 +58,8 @@ class PushVerifier:
     """One sync's verification: the trainer's fingerprint of the current push and the engines to ask.
 
     `start()` before a push's first tensor, `add(name, tensor)` for each tensor as sent (rank 0),
-    `check(calls, urls)` after the last bucket; `seconds` is what this push spent on it. An adapter
+    `check(calls, urls)` after the last bucket; `seconds` is what this push spent on it, `verified` the
+    engines whose fingerprint was compared and equal (`sync/verified_engines`). An adapter
     push (`adapter`) records the adapter's tensors, as `ADAPTER_PREFIX + key`, and asks the engines
     for the adapter tensors they merged."""
 
@@ -71,6 +72,7 @@ class PushVerifier:
         self.recorder = Fingerprinter()
         self.seconds = 0.0
         self.engine_seconds = 0.0  # of `seconds`: waiting for the engines' fingerprints
+        self.verified = 0  # engines whose fingerprint equalled the trainer's, this push
         self._kinds: dict[str, bool] = {}  # url -> has the route (auto)
 
     @property
@@ -82,6 +84,7 @@ class PushVerifier:
         for name, source in self.aliases.items():
             self.recorder.alias(name, of=source)
         self.seconds = self.engine_seconds = 0.0
+        self.verified = 0
 
     def add(self, name: str, tensor: Tensor) -> None:
         if self.mode == "off":
@@ -90,7 +93,7 @@ class PushVerifier:
         self.recorder.add(name, tensor)
         self.seconds += time.monotonic() - begin
 
-    def sent(self) -> dict[str, Pair]:
+    def sent(self) -> dict[str, Checksum]:
         begin = time.monotonic()
         result = self.recorder.result()
         self.seconds += time.monotonic() - begin
@@ -114,6 +117,8 @@ class PushVerifier:
             failure = mismatch(url, sent, served)
             if failure is not None:
                 failures.append(failure)
+            else:
+                self.verified += 1
         self.seconds += time.monotonic() - begin
         return failures
 

@@ -78,6 +78,7 @@ def worker(model_dir: str, url: str, out: Path, run_dir: Path) -> None:
         assert method in ("broadcast", "disk")
         _perturb(model, version)
         cfg = SyncConfig(method=method, bucket_mb=1, timeout_s=20)
+        assert cfg.verify == "auto"
         sync = make_weight_sync(cfg, model=model, client=client, run_dir=run_dir)
         metrics = sync.push(version=version)
         sync.close()
@@ -143,6 +144,9 @@ def test_broadcast_and_disk_sync_from_two_fsdp2_ranks(tmp_path: Path, tiny_model
         assert [a["v"] for a in result["answers"]] == [version] * len(PROMPTS), method
         _local_answers(tiny_model_dir, result["weights"], result["answers"])
     assert results["broadcast"]["metrics"]["sync/engines"] == 1
+    for method in ("broadcast", "disk"):  # sync.verify = "auto" (the default) asked `rlvr serve` over HTTP
+        metrics = results[method]["metrics"]
+        assert metrics["sync/verified_engines"] == 1 and metrics["sync/verify_s"] > 0, (method, metrics)
     assert sorted(p.name for p in (tmp_path / "run" / "weights").iterdir()) == ["v8"]
     # the second perturbation changed what the server says: the disk sync really replaced the broadcast weights
     assert results["broadcast"]["answers"] != results["disk"]["answers"]

@@ -15,7 +15,7 @@ from rlvr.server.embedded import EmbeddedEngine
 from rlvr.sync import SyncError
 from rlvr.sync.broadcast import BroadcastSync
 from rlvr.sync.disk import DiskSync
-from rlvr.sync.fingerprint import fingerprint, first_difference
+from rlvr.sync.fingerprint import Fingerprinter, fingerprint, first_difference
 from rlvr.sync.inprocess import InProcessSync
 from rlvr.trainer.weights import iter_full_weights
 
@@ -70,6 +70,7 @@ def test_fingerprint_is_exact_wherever_the_bytes_live_and_names_the_first_differ
     a, b = torch.randn(1000), torch.randn(10, dtype=torch.float32)
     sent = fingerprint([("a", a), ("b", b)])
     assert first_difference(sent, {"a": list(sent["a"]), "b": list(sent["b"])}) is None
+    assert first_difference(sent, {"a": [float(w) for w in sent["a"]], "b": list(sent["b"])}) is None  # JSON floats
     shared = torch.empty(1 + 1000 + 10)  # the same values packed at an odd offset of one buffer
     shared[1:1001], shared[1001:] = a, b
     assert fingerprint([("a", shared[1:1001]), ("b", shared[1001:])]) == sent
@@ -77,8 +78,66 @@ def test_fingerprint_is_exact_wherever_the_bytes_live_and_names_the_first_differ
     b[3] = torch.nextafter(b[3], torch.tensor(1.0))  # one value, one unit in the last place
     assert first_difference(sent, fingerprint([("a", a), ("b", b)])) == "b"
     assert first_difference(sent, {"a": list(sent["a"])}) == "b"  # a tensor the engine lacks
-    odd = torch.arange(5, dtype=torch.bfloat16)  # 10 bytes: one word and a 2-byte tail
-    assert fingerprint([("o", odd)]) != fingerprint([("o", odd.flip(0))])
+    assert first_difference(sent, {"a": list(sent["a"])[:2], "b": list(sent["b"])}) == "a"  # an old 2-word answer
+    assert all(isinstance(w, int) and 0 <= w < 2**32 for w in sent["a"]) and len(sent["a"]) == 4  # JSON-exact
+
+
+def _one(tensor: torch.Tensor) -> tuple[int, ...]:
+    return fingerprint([("t", tensor)])["t"]
+
+
+def test_same_bytes_same_checksum_and_a_tensor_the_sender_reuses_is_read_when_added() -> None:
+    torch.manual_seed(1)
+    weight = torch.randn(64, 48)
+    assert _one(weight) == _one(weight.clone()) == _one(weight.t().contiguous().t())  # a view, copied in order
+    assert _one(weight.bfloat16()) == _one(weight.bfloat16().clone())
+    recorder = Fingerprinter()
+    buffer = weight.clone()
+    recorder.add("first", buffer)
+    buffer.zero_()  # the sender's buffer, reused for the next bucket
+    recorder.add("second", buffer)
+    recorder.alias("tied", of="first")
+    result = recorder.result()
+    assert result["first"] == result["tied"] == _one(weight) and result["second"] == _one(torch.zeros(64, 48))
+
+
+def test_values_that_changed_places_change_the_checksum() -> None:
+    """What a wrong shard order or head layout gives: the same values, moved. A sum of words
+    (the checksum before XXH3) is blind to every one of these."""
+    torch.manual_seed(2)
+    weight = torch.randn(8, 16)
+    rows = weight.clone()
+    rows[[2, 5]] = rows[[5, 2]]  # two rows swapped
+    assert _one(rows) != _one(weight)
+    heads, head_dim = 4, 4  # q_proj's rows are heads x head_dim: two heads swapped
+    q = torch.randn(heads * head_dim, 16)
+    swapped = q.view(heads, head_dim, 16)[[1, 0, 2, 3]].reshape(heads * head_dim, 16)
+    assert _one(swapped) != _one(q)
+    first, second = torch.randn(4, 16), torch.randn(4, 16)  # two tensor-parallel shards, concatenated
+    assert _one(torch.cat([second, first])) != _one(torch.cat([first, second]))
+    assert _one(torch.cat([first, second], dim=1)) != _one(torch.cat([second, first], dim=1))
+    words = torch.arange(4, dtype=torch.int64)  # even two 8-byte words that trade places
+    assert _one(words[[1, 0, 2, 3]]) != _one(words)
+
+
+def test_every_byte_counts_tail_and_bf16_included() -> None:
+    torch.manual_seed(3)
+    odd = torch.randn(11).bfloat16()  # 22 bytes: two 8-byte words and a 6-byte tail
+    assert odd.numel() * odd.element_size() % 8 != 0
+    tail = odd.clone()
+    tail.view(torch.uint8)[-1] ^= 1  # one bit of the last byte
+    assert _one(tail) != _one(odd)
+    head = odd.clone()
+    head.view(torch.uint8)[0] ^= 1
+    assert _one(head) != _one(odd)
+    three = torch.tensor([1, 2, 3], dtype=torch.uint8)  # shorter than one word
+    assert _one(three) != _one(torch.tensor([1, 2, 4], dtype=torch.uint8))
+    half = torch.randn(32, 8).bfloat16()
+    nudged = half.clone()
+    nudged.view(torch.int16)[7, 3] += 1  # one bf16 value, one unit in the last place
+    assert not torch.equal(nudged, half) and _one(nudged) != _one(half)
+    assert _one(half) != _one(half.float())  # the dtype on the wire is part of what is compared
+    assert _one(torch.empty(0)) == _one(torch.empty(0, 3))  # nothing to read: still one answer
 
 
 @pytest.mark.timeout(120)
@@ -160,8 +219,9 @@ def test_a_clean_push_passes_and_reports_verify_seconds(tiny_model_dir: Path) ->
         per_tensor.close()
         engine.close()
         half.close()
-    assert metrics["sync/engines"] == 1 and metrics["sync/verify_s"] > 0
+    assert metrics["sync/engines"] == 1 and metrics["sync/verify_s"] > 0 and metrics["sync/verified_engines"] == 1
     assert inprocess["sync/verify_s"] > 0 and off["sync/verify_s"] == 0
+    assert inprocess["sync/verified_engines"] == 1 and off["sync/verified_engines"] == 0
     live = dict(engine.model.named_parameters(remove_duplicate=False))
     for name, tensor in iter_full_weights(trainer):
         assert torch.equal(live[name], tensor), name
@@ -192,6 +252,7 @@ def test_continue_mode_drops_the_engine_that_differs_not_the_run(
         good.close()
         bad.close()
     assert metrics["sync/engines"] == 1 and metrics["sync/dropped_engines"] == 1 and metrics["sync/verify_s"] > 0
+    assert metrics["sync/verified_engines"] == 1  # the good one; the one that differed is not counted
     assert client.live_servers == [A] and not good.paused and bad.paused
     assert [r.getMessage() for r in caplog.records] == [
         f"weight sync: dropping engine {B} (verify): served weights differ from those sent, first at {CORRUPT}"
@@ -254,7 +315,7 @@ def test_an_adapter_push_is_verified_and_an_adapter_the_engine_did_not_load_is_c
         with torch.no_grad():
             lora_b.add_(0.5)
         clean = sync.push(version=1)
-        assert clean["sync/verify_s"] > 0 and engine.weight_version == "1"
+        assert clean["sync/verify_s"] > 0 and clean["sync/verified_engines"] == 1 and engine.weight_version == "1"
 
         def ignore(path: Any, *, version: str | None = None) -> None:  # answers success, loads nothing
             engine.scheduler.weight_version = str(version)
