@@ -82,6 +82,7 @@ class RLLoop:
         sync: WeightSync | None = None,
         recorder: RunRecorder | None = None,
         pad_id: int = 0,
+        generation: int | None = None,
     ):
         self.recipe = recipe
         self.run_dir = run_dir
@@ -91,6 +92,7 @@ class RLLoop:
         self.sync = sync
         self.recorder = recorder  # rank 0 only
         self.pad_id = pad_id
+        self.generation = generation  # this trainer start's: a newer one's start fences its writes (rundir)
         self.kl = make_kl_controller(recipe.algorithm)
         self.step = 0
         self.saved_step: int | None = None  # the step of the checkpoint this run saved or resumed
@@ -251,6 +253,7 @@ class RLLoop:
 
     def log(self, metrics: dict[str, float]) -> None:
         if self.recorder is not None:
+            RunDir(self.run_dir).check_generation(self.generation, doing=f"the metrics of step {self.step}")
             self.recorder.log(self.step, metrics)
             if self.manager is not None:
                 self.recorder.samples(self.manager.pop_samples())
@@ -278,7 +281,10 @@ class RLLoop:
             "manager": self.manager.state_dict(step=self.step) if self.manager is not None else None,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         }
-        path = save_checkpoint(root, self.step, self.parts(), extra=extra, keep_last=self.recipe.experiment.keep_last)
+        path = save_checkpoint(
+            root, self.step, self.parts(), extra=extra, keep_last=self.recipe.experiment.keep_last,
+            generation=self.generation,
+        )  # fmt: skip
         self.saved_step = self.step
         if self.recorder is not None:
             self.recorder.event(f"checkpoint saved: {path.name}", level="info")

@@ -4,9 +4,13 @@ and take down its whole process tree.
 The local launcher, the SLURM node script and the reward worker pool all start processes that must
 not outlive the run (a server left behind holds a GPU and a port, a stuck sympy worker a core). So
 every child gets, once, here: its own session (process group), a parent-death signal
-(`PR_SET_PDEATHSIG`), and a place in a `Children` set whose `kill_all` SIGTERMs every process of
-every tree, waits a grace period and SIGKILLs what is left, grandchildren re-parented away
-included.
+(`PR_SET_PDEATHSIG`), a mark in its environment that every descendant inherits (`TREE_ENV`), and a
+place in a `Children` set whose `kill_all` SIGTERMs every process of every tree, waits a grace
+period and SIGKILLs what is left, grandchildren re-parented away included. `Children.stop` ends one
+child's whole tree and waits until it is gone: torchrun starts its workers in sessions of their own,
+so a worker whose agent was SIGKILLed is outside the agent's group and tree, and only its mark
+still says whose it is. A process that must go with its parent calls `stay_with_parent` (the
+trainer's workers: a worker whose agent died would otherwise train on beside the next trainer).
 
 Nothing here imports the rest of rlvr: launchers and `rlvr.rewards` both sit above it.
 """
@@ -30,6 +34,13 @@ LOG_TAIL_LINES = 25
 PR_SET_PDEATHSIG = 1
 
 
+TREE_ENV = "RLVR_PROCESS_TREE"
+"""Set by `Children.start` to a value of that child's own; every descendant inherits it. How a
+process of the tree is found after it left the child's session and lost its parent."""
+KILL_WAIT_S = 10.0
+"""How long `Children.stop` waits for SIGKILLed processes to be gone before it says which are not."""
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Ask Linux to send `sig` to this process when its parent dies (a no-op elsewhere)."""
     if not sys.platform.startswith("linux"):
@@ -40,6 +51,39 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def stay_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Get `sig` when the parent dies, from now on; False when the parent is already gone (then
+    the signal never comes, and the caller must exit itself).
+
+    The parent is read before the request and again after it: one that died in between has
+    handed this process to init (or a subreaper). One that died before the first read shows as
+    a parent outside this process's tree: without the `TREE_ENV` mark this process inherited
+    (init's environment is not even readable), or pid 1 where there is no mark."""
+    parent = os.getppid()
+    die_with_parent(sig)
+    if os.getppid() != parent:
+        return False
+    mark = os.environ.get(TREE_ENV)
+    if mark is None:
+        return parent != 1
+    try:
+        return psutil.Process(parent).environ().get(TREE_ENV) == mark
+    except psutil.Error:
+        return False
+
+
+def marked(mark: str) -> set[int]:
+    """Every live process on this machine whose environment carries `TREE_ENV=mark` (ours to see)."""
+    found: set[int] = set()
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(TREE_ENV) == mark and proc.status() != psutil.STATUS_ZOMBIE:
+                found.add(proc.pid)
+        except psutil.Error:  # gone, or another user's
+            continue
+    return found
 
 
 OPEN_FILES_CAP = 1 << 20
@@ -145,10 +189,19 @@ class Child:
     name: str
     proc: subprocess.Popen
     log_path: Path | None = None
+    mark: str = ""  # its TREE_ENV value ("": started without one)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def members(self) -> set[int]:
+        """Every live process of this child's tree: itself, its descendants, and every process
+        that carries its mark (a grandchild in a session of its own whose parent died included)."""
+        found = {self.pid, *tree(self.pid)} if self.running() else set()
+        if self.mark:
+            found |= marked(self.mark)
+        return {pid for pid in found if is_alive(pid)}
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -212,11 +265,12 @@ class Children:
             out = log.open("ab")
             out.write(f"$ {' '.join(argv)}\n".encode())
             out.flush()
+        mark = f"{os.getpid()}-{len(self.started)}-{name}-{time.time_ns()}"
         try:
             proc = subprocess.Popen(
                 list(argv),
                 cwd=cwd,
-                env={**self.env, **(env or {})},
+                env={**self.env, **(env or {}), TREE_ENV: mark},
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
                 start_new_session=True,
@@ -225,7 +279,7 @@ class Children:
         finally:
             if out is not None:
                 out.close()  # the child holds its own descriptor
-        child = Child(name=name, proc=proc, log_path=log)
+        child = Child(name=name, proc=proc, log_path=log, mark=mark)
         self.started.append(child)
         return child
 
@@ -247,18 +301,35 @@ class Children:
         self.snapshot()
         for child in self.alive():
             send_group(child.pid, sig)
+        for child in self.started:  # a dead child's tree too: its workers may have outlived it
+            self.known |= child.members()
         for pid in self.known:
             send(pid, sig)
 
-    def stop(self, child: Child, *, grace_s: float) -> None:
-        """SIGTERM one child's group, wait up to `grace_s`, then SIGKILL the group (it may
-        outlive its leader) and reap."""
-        if child.running():
+    def stop(self, child: Child, *, grace_s: float, kill_wait_s: float = KILL_WAIT_S) -> list[int]:
+        """End one child's whole tree and wait until it is gone: SIGTERM its group and every
+        process of its tree (`Child.members`), wait up to `grace_s` (0: SIGKILL at once), SIGKILL
+        what is left, reap. Returns the pids still alive `kill_wait_s` after the SIGKILL ([]
+        unless one cannot die, e.g. stuck in the kernel): a caller about to start its successor
+        must not then."""
+        members = child.members()
+        if grace_s > 0 and (child.running() or members):
             send_group(child.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.proc.wait(timeout=grace_s)
+            for pid in members:
+                send(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and (child.running() or any(is_alive(p) for p in members)):
+                time.sleep(0.05)
+        left = members | child.members()
         send_group(child.pid, signal.SIGKILL)
-        child.proc.wait()
+        for pid in left:
+            send(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.proc.wait(timeout=kill_wait_s)
+        deadline = time.monotonic() + kill_wait_s
+        while time.monotonic() < deadline and any(is_alive(p) for p in left):
+            time.sleep(0.05)
+        return sorted(p for p in left if is_alive(p))
 
     def kill_all(self, *, grace_s: float) -> None:
         """SIGTERM every process of every tree, wait up to `grace_s`, then SIGKILL what is left."""

@@ -19,6 +19,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ TENSORBOARD_DIR = "tensorboard"
 WANDB_ID_FILE = "wandb_id"
 SBATCH_FILE = "job.sbatch"
 LOCK_FILE = ".lock"
+GENERATION_FILE = "generation.json"  # the newest trainer start's generation (the fence)
 LATEST_FILE = "latest"  # in checkpoints/: the name of the newest complete step_N
 CHECKPOINT_META = "meta.json"  # written last into a step_N/: its presence means complete
 _STEP = re.compile(r"^step_(\d+)$")
@@ -46,6 +48,25 @@ _LAUNCH = re.compile(r"^launch-(\d+)\.json$")
 
 DONE_STATES = ("finished", "failed", "stopped")
 """status.json states after which the run's trainer is gone."""
+
+GENERATION_ENV = "RLVR_TRAINER_GENERATION"
+"""How a launcher hands a trainer its generation (`RunDir.next_generation`)."""
+GENERATION_HEADER = "X-Rlvr-Generation"
+"""The HTTP header a trainer's rollout client sends its generation in (`rlvr serve` fences on it)."""
+
+
+class StaleGeneration(BaseException):
+    """A trainer of an older generation tried to write into the run or push to an engine: a newer
+    trainer owns both now. The message is the one line the stale trainer prints before it stops.
+
+    A BaseException (like SystemExit): the handlers that turn an ordinary failure into a retry, a
+    dropped engine or a checkpoint must not catch it; the process stops, writing nothing more."""
+
+
+def trainer_generation(env: Mapping[str, str] | None = None) -> int | None:
+    """This trainer's generation, as its launcher passed it (None: started without one, unfenced)."""
+    raw = (os.environ if env is None else env).get(GENERATION_ENV, "")
+    return int(raw) if raw.strip().isdigit() else None
 
 
 def run_dir_of(experiment: Any) -> Path:
@@ -84,6 +105,7 @@ class RunDir:
     tensorboard = _At(TENSORBOARD_DIR)
     wandb_id = _At(WANDB_ID_FILE)
     sbatch_script = _At(SBATCH_FILE)
+    generation_file = _At(GENERATION_FILE)
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -123,6 +145,34 @@ class RunDir:
     def is_run(self) -> bool:
         """A trainer has written here (what `rlvr monitor` can show)."""
         return self.status.exists() or self.metrics.exists()
+
+    # -- the trainer's generation: one owner of the run at a time
+
+    def generation(self) -> int:
+        """The generation of the newest trainer start recorded here (0: none yet)."""
+        data = read_json(self.generation_file)
+        return int(data.get("generation", 0)) if isinstance(data, dict) else 0
+
+    def next_generation(self) -> int:
+        """Record one more trainer start and return its generation (1, 2, ...: never reused, across
+        launches and SLURM attempts too). Only the launcher that holds the run calls it, just before
+        it starts a trainer; from then on an older generation's writes and pushes are refused."""
+        generation = self.generation() + 1
+        record = {"generation": generation, "time": time.time(), "by": f"pid {os.getpid()} on {socket.gethostname()}"}
+        write_json_atomic(self.generation_file, record, durable=True)
+        return generation
+
+    def check_generation(self, generation: int | None, *, doing: str) -> None:
+        """Raise StaleGeneration when a trainer newer than `generation` was started here (`doing`:
+        what the stale trainer was about to write, for its one line); None is never fenced."""
+        if generation is None:
+            return
+        newest = self.generation()
+        if newest > generation:
+            raise StaleGeneration(
+                f"trainer generation {generation} is stale: generation {newest} owns {self.root} now "
+                f"(a newer trainer was started); {doing} refused, this trainer stops"
+            )
 
     def write_recipe(self, text: str) -> Path:
         """Write the resolved recipe the workers read; creates the directory."""

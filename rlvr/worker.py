@@ -10,18 +10,25 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, cast
 
-from rlvr.rundir import RunDir
+from rlvr.rundir import RunDir, StaleGeneration, trainer_generation
 
 log = logging.getLogger("rlvr.worker")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rlvr.process import raise_open_files_limit
+    from rlvr.process import raise_open_files_limit, stay_with_parent
 
+    # A worker whose torchrun agent dies goes with it: orphaned, it would train on and write the
+    # run beside the trainer the launcher starts next. torchrun runs each worker in a session of
+    # its own, so only the parent-death signal reaches it.
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None and not stay_with_parent(signal.SIGKILL):
+        print("rlvr.worker: its torchrun agent is gone before it started; exiting", file=sys.stderr, flush=True)
+        return 1
     raise_open_files_limit()  # rank 0 holds a socket per in-flight request, a pipe per sandbox
     parser = argparse.ArgumentParser(prog="rlvr.worker")
     parser.add_argument("--run-dir", type=Path, required=True)
@@ -45,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr.trainer.model import load_tokenizer
 
     quiet_loading_bars()  # transformers' "Loading weights" bar in trainer.log says nothing
+    generation = trainer_generation()  # this start's; a newer one fences it (docs/running.md)
+    try:
+        RunDir(args.run_dir).check_generation(generation, doing="the start")
+    except StaleGeneration as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return FAILED_EXIT
     recipe = recipe_from_json(RunDir(args.run_dir).recipe.read_text())
     exp, algo = recipe.experiment, recipe.algorithm
     torch.manual_seed(exp.seed)
@@ -69,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     if info.is_main and recipe.judge is not None:  # a judge the launcher serves (recipe [judge])
         os.environ["RLVR_JUDGE_URL"] = wait_for_judge(args.run_dir, timeout_s=recipe.rollout.timeout_s)
     if info.is_main:
-        manager = build_manager(recipe, tokenizer=tokenizer, urls=[s.url for s in servers], run_dir=args.run_dir)
+        manager = build_manager(
+            recipe, tokenizer=tokenizer, urls=[s.url for s in servers], run_dir=args.run_dir, generation=generation
+        )
         recorder = build_recorder(recipe, run_dir=args.run_dir)
         problem = judges_problem(recipe)
         if problem is not None:  # before step 1, not as a step of failed verdicts
@@ -87,13 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     loop = RLLoop(
         recipe, run_dir=args.run_dir, actor=actor, critic=critic, manager=manager, sync=sync,
         recorder=recorder, pad_id=cast("int | None", tokenizer.pad_token_id) or 0,  # typed as any id form
+        generation=generation,
     )  # fmt: skip
     restarted = int(os.environ.get(TRAINER_RESTART_ENV, "0") or 0) > 0
-    if (loop.resume(args.resume) or restarted) and sync is not None:
-        # fresh servers hold the base weights, and those a dead trainer left running its last push
-        sync.push(version=loop.step)
     state, error = "failed", None
     try:
+        if (loop.resume(args.resume) or restarted) and sync is not None:
+            # fresh servers hold the base weights, and those a dead trainer left running its last push
+            sync.push(version=loop.step)
         code = loop.run()
         state = "finished" if code == 0 else "stopped"
         if loop.failure is not None:  # a failure the loop stopped for, checkpointed: the line says why
@@ -104,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             # makes the peer abort ("terminate called without an active exception").
             torch.distributed.barrier()
         return code
+    except StaleGeneration as exc:  # a newer trainer owns the run and the engines: write nothing more
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        recorder = None  # status.json is the newer trainer's
+        return FAILED_EXIT
     finally:
         if sync is not None:
             sync.close()
@@ -192,7 +212,7 @@ def judges_problem(recipe) -> str | None:
     return None
 
 
-def build_manager(recipe, *, tokenizer, urls, run_dir):
+def build_manager(recipe, *, tokenizer, urls, run_dir, generation: int | None = None):
     from functools import partial
 
     from rlvr.collect.manager import RolloutManager
@@ -205,7 +225,9 @@ def build_manager(recipe, *, tokenizer, urls, run_dir):
     train, _ = load_recipe_domains(recipe)
     evals, _ = load_recipe_domains(recipe, eval_files=True)
     rejoin = recipe.sync.on_engine_failure == "continue"
-    client = make_client(recipe.rollout, urls, rejoin=rejoin, instances=partial(server_instances, run_dir))
+    client = make_client(
+        recipe.rollout, urls, rejoin=rejoin, instances=partial(server_instances, run_dir), generation=generation
+    )
     # Sized from this process's cores, the trainer ranks beside it (torchrun's LOCAL_WORLD_SIZE) and
     # whether any domain's reward uses the pool at all: `reward_workers` says why.
     workers = reward_workers(

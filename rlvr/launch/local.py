@@ -5,7 +5,9 @@ The launcher starts each rollout server (`rlvr serve`, vLLM or SGLang), the judg
 trainer waits for that), shows the dashboard, and supervises (`rlvr/launch/supervisor.py`): a hung
 server is killed; with `sync.on_engine_failure = "continue"` a dead rollout server is restarted on
 its port and serves again after a full push; a dead judge is restarted; a trainer that dies (not a
-stop it declared) is restarted from the newest checkpoint (`experiment.trainer_restarts`).
+stop it declared) is restarted from the newest checkpoint (`experiment.trainer_restarts`) once every
+process of it is gone, its workers included (`end_trainer`), as a new generation (`RunDir.next_generation`:
+the run directory and the servers refuse the writes and pushes of an older one).
 Otherwise a dead child, Ctrl-C or SIGTERM asks the trainer to finish its step and checkpoint before
 everything is torn down, with one line saying who died and why. Each
 child runs in its own process group, so nothing is left behind, and gets its GPUs from the plan as
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from rlvr.launch.argv import prepare_servers, trainer_command
 from rlvr.launch.failure import LaunchError, checkpoint_note, failure, stated_error, trainer_crashed
-from rlvr.launch.restarts import Restarts
+from rlvr.launch.restarts import Restarts, end_trainer
 from rlvr.launch.supervisor import (
     ServerLaunch,
     ServerSupervisor,
@@ -41,7 +43,7 @@ from rlvr.process import Child, Children, free_port
 from rlvr.recipe.plan import PLAN_GPUS_ENV, TRAINER_RESTART_ENV, LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import clear_servers
-from rlvr.rundir import RunDir, latest_checkpoint
+from rlvr.rundir import GENERATION_ENV, RunDir, latest_checkpoint
 
 DRAIN_TIMEOUT_S = 300.0  # a trainer told to stop after a child died: its step and checkpoint
 
@@ -86,6 +88,8 @@ class LocalLauncher:
         self.paths = RunDir(run_dir)
         self.paths.logs.mkdir(parents=True, exist_ok=True)
         self.trainer: Child | None = None
+        self.previous: Child | None = None  # the last trainer that died, until the next one starts
+        self.generation = 0  # the current trainer's (RunDir.next_generation)
         self.trainer_restarts = Restarts(max_restarts=recipe.experiment.trainer_restarts)
         self._trainer_steps = 0  # steps logged when the current trainer started
         servers = Children(env=self.children.env, death_signal=signal.SIGTERM)
@@ -108,8 +112,17 @@ class LocalLauncher:
         self.servers.wait_healthy(timeout_s=server_timeout_s, on_healthy=functools.partial(register, self.run_dir))
 
     def _start_trainer(self, *, resume: str, attempt: int = 0) -> None:
+        """Start a trainer as the run's next generation, never beside a process of the last one."""
+        if self.previous is not None:
+            end_trainer(self.children, self.previous)
+            self.previous = None
         command = trainer_command(self.plan, run_dir=self.run_dir, resume=resume)
-        env = {**visible_devices(self.plan.trainer_gpus), TRAINER_RESTART_ENV: str(attempt)}
+        self.generation = self.paths.next_generation()
+        env = {
+            **visible_devices(self.plan.trainer_gpus),
+            TRAINER_RESTART_ENV: str(attempt),
+            GENERATION_ENV: str(self.generation),
+        }
         self._trainer_steps = logged_steps(self.run_dir)
         self.trainer = self.children.start("trainer", command, env=env, log=self.paths.log("trainer"))
 
@@ -152,7 +165,8 @@ class LocalLauncher:
         plan = self.trainer_restarts.died("trainer", then=f"it resumes from {start}")
         if plan is None:
             return False
-        self.trainer = None
+        end_trainer(self.children, trainer)  # now: an orphaned worker must not train through the backoff
+        self.trainer, self.previous = None, trainer
         self._say(f"{failure(trainer, f'died with code {code}')}; {plan}")
         return True
 

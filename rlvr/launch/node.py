@@ -27,13 +27,13 @@ from typing import Any
 
 from rlvr.launch.argv import prepare_servers, trainer_command
 from rlvr.launch.failure import LaunchError, failure, stated_error, trainer_crashed
-from rlvr.launch.restarts import Restarts
+from rlvr.launch.restarts import Restarts, end_trainer
 from rlvr.launch.supervisor import ServerLaunch, ServerSupervisor, judge_launch, register, rollout_launch
 from rlvr.monitor.metrics import append_event, logged_steps, mark_stopped
 from rlvr.process import Child, Children
 from rlvr.recipe.plan import TRAINER_RESTART_ENV, LaunchPlan, ServerSpec
 from rlvr.rendezvous import clear_servers
-from rlvr.rundir import DONE_STATES, RunDir, read_json, read_status, write_json_atomic
+from rlvr.rundir import DONE_STATES, GENERATION_ENV, RunDir, read_json, read_status, write_json_atomic
 
 JUDGE_PORT_OFFSET = 100  # the judge listens at the rollout base port + this on the first rollout node
 
@@ -251,9 +251,7 @@ class Node:
 
     def run_trainer(self) -> int:
         role = self.role
-        if role.is_first_trainer:
-            clear_servers(self.run_dir)
-            write_json_atomic(self.paths.attempt, {"attempt": role.attempt, "time": time.time()})
+        generation = self._generation(first=True)
         argv = trainer_command(
             self.plan, run_dir=self.run_dir, node_rank=role.node_rank, master_addr=resolve_address(role.master_node)
         )
@@ -262,8 +260,9 @@ class Node:
         restart = 0
         while True:
             env = dict(
-                os.environ, RLVR_NODE_ROLE=TRAINER, RLVR_ATTEMPT=role.attempt, **{TRAINER_RESTART_ENV: str(restart)}
-            )
+                os.environ, RLVR_NODE_ROLE=TRAINER, RLVR_ATTEMPT=role.attempt,
+                **{TRAINER_RESTART_ENV: str(restart), GENERATION_ENV: str(generation)},
+            )  # fmt: skip
             steps = logged_steps(self.run_dir)
             trainer = self.children.start("trainer", argv, env=env, log=self.paths.log(self._trainer_log))
             rc, preempted = self._watch_trainer(trainer)
@@ -274,15 +273,38 @@ class Node:
                 break
             _log(role, f"{failure(trainer, f'died with code {rc}')}; {plan}")
             append_event(self.run_dir, f"{failure(trainer, f'died with code {rc}')}; {plan}")
+            end_trainer(self.children, trainer)  # its workers too, before the backoff and the next start
             while not restarts.due():
                 time.sleep(0.2)
             restart += 1
+            generation = self._generation(first=False)
         _log(role, f"trainer exited with {rc}")
         if role.is_first_trainer:
             self._write_trainer_exit(rc)
         if preempted and self.self_requeue and role.is_first_trainer and not self._finished():
             self._requeue()
         return rc
+
+    def _generation(self, *, first: bool) -> int:
+        """The generation of the trainer this node starts next (`RunDir.next_generation`). The first
+        trainer node counts each start and, for an attempt's first, clears the last attempt's
+        servers and names the attempt (with its generation) in attempt.json; other trainer nodes
+        (never restarted in place) take the attempt's generation from there."""
+        role = self.role
+        if role.is_first_trainer:
+            generation = self.paths.next_generation()
+            if first:
+                clear_servers(self.run_dir)
+                record = {"attempt": role.attempt, "time": time.time(), "generation": generation}
+                write_json_atomic(self.paths.attempt, record)
+            return generation
+        while True:
+            data = read_json(self.paths.attempt)
+            if data and data.get("attempt") == role.attempt and "generation" in data:
+                return int(data["generation"])
+            if any(sig in (signal.SIGTERM, signal.SIGINT) for sig in self.signals):
+                self._stop()
+            time.sleep(0.2)
 
     @property
     def _trainer_log(self) -> str:

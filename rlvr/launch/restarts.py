@@ -3,7 +3,8 @@
 A server that dies (an OOM kill, a driver fault, a node hiccup) is restarted on its own port, so
 its URL stays valid; it is registered again with a new instance first, and the weight sync holds
 it until a full push has given it the current weights (`rlvr/sync/engine_calls.py`). A trainer is
-restarted from the newest checkpoint. Restarts are spaced (2, 4, 8 s by default) and bounded in a
+restarted from the newest checkpoint, and only once every process of the dead one is gone
+(`end_trainer`). Restarts are spaced (2, 4, 8 s by default) and bounded in a
 row: a child that dies at start-up every time must not spin forever, while one that then ran for
 `stable_s` earns its budget back (a long run survives a fault a day).
 """
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+from rlvr.launch.failure import LaunchError
+from rlvr.process import Child, Children
 
 MAX_RESTARTS = 3
 BACKOFF_S = 2.0
@@ -48,3 +52,20 @@ class Restarts:
         for name in ready:
             del self._due[name]
         return ready
+
+
+def end_trainer(children: Children, trainer: Child) -> None:
+    """Before a trainer starts again: every process of the last one is gone, however it died.
+
+    A trainer dies with its torchrun agent's exit, but the workers live in sessions of their own:
+    a worker whose agent was SIGKILLed (the OOM killer, a stray kill) would train on beside the
+    next trainer, save checkpoints and push weights. Workers also die with their agent
+    (`rlvr.worker`, a parent-death signal); this is the launcher's own guarantee: SIGKILL the
+    whole tree (`Children.stop`, found by its mark) and wait until it is gone, or refuse to
+    start a second trainer beside a process that cannot die."""
+    left = children.stop(trainer, grace_s=0)
+    if left:
+        pids = ", ".join(str(pid) for pid in left)
+        raise LaunchError(
+            f"{trainer.name}: process(es) {pids} of the last trainer outlived SIGKILL; not starting another beside them"
+        )

@@ -55,11 +55,14 @@ def make_client(
     *,
     rejoin: bool = False,
     instances: Callable[[], Mapping[str, int]] | None = None,
+    generation: int | None = None,
 ) -> SGLangClient | VLLMClient:
     """The client for `urls`. `rejoin`: the weight sync re-admits dead servers after a full push
     (`sync.on_engine_failure = "continue"`), so a dead or restarted server is held until then and
     a group waits up to `rollout.server_wait_s` for a live one; `instances`: the servers' start
-    counts (`rlvr.rendezvous.server_instances`), how a restart on the same URL is told apart."""
+    counts (`rlvr.rendezvous.server_instances`), how a restart on the same URL is told apart.
+    `generation`: the trainer start's (`rlvr.rundir.trainer_generation`), sent with every call, so
+    `rlvr serve` refuses the pushes of an older trainer once it has seen a newer one."""
     common: dict[str, Any] = {
         "api_key": rollout.api_key,
         "timeout_s": rollout.timeout_s,
@@ -67,6 +70,7 @@ def make_client(
         "hold_dead": rejoin,
         "wait_s": rollout.server_wait_s if rejoin else 0.0,
         "instances": instances,
+        "generation": generation,
     }
     if rollout.engine == "vllm":
         from rlvr.rollout.vllm import VLLMClient

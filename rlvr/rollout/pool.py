@@ -30,6 +30,7 @@ from typing import Any, Self
 import aiohttp
 
 from rlvr.rollout.base import RolloutError
+from rlvr.rundir import GENERATION_HEADER, StaleGeneration
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,27 @@ WAIT_POLL_S = 1.0
 AFFINITY_KEYS = 65536
 """Affinity keys remembered per client: far more than the groups in flight at once (waves of
 `prompts_per_step` groups plus an evaluation), a few MB at most."""
+
+
+STALE_STATUS = 409
+"""`rlvr serve`'s answer to a trainer older than one it has seen: {"stale_generation": true, "message": ...}."""
+
+
+def _raise_if_stale(where: str, text: str) -> None:
+    """A 409 that says the trainer is stale raises StaleGeneration with the server's line."""
+    try:
+        body = jsonlib.loads(text)
+    except ValueError:
+        return
+    if isinstance(body, dict) and body.get("stale_generation"):
+        raise StaleGeneration(f"{where}: {body.get('message')}")
+
+
+def _reraise_stale(results: Sequence[object]) -> None:
+    """A stale refusal from any server of a fan-out stops the trainer; it is no server's failure."""
+    for result in results:
+        if isinstance(result, StaleGeneration):
+            raise result
 
 
 class _RetryableError(Exception):
@@ -134,6 +156,7 @@ class ServerPool:
         hold_dead: bool = False,
         wait_s: float = 0.0,
         instances: Callable[[], Mapping[str, int]] | None = None,
+        generation: int | None = None,
     ):
         if not urls:
             raise ValueError("at least one server URL is needed")
@@ -154,6 +177,7 @@ class ServerPool:
         self.hold_dead = hold_dead
         self.wait_s = wait_s
         self._instances = instances
+        self.generation = generation  # the trainer start's, sent with every call: `rlvr serve` fences on it
         self._identity_at = 0.0
         self._session: aiohttp.ClientSession | None = None  # control calls and probes
         self._generation: aiohttp.ClientSession | None = None  # /generate: a bounded pool per server
@@ -165,11 +189,15 @@ class ServerPool:
     def single(self, url: str, *, timeout_s: float) -> Self:
         """A client of the same kind for one of the servers, without retries (the weight sync's)."""
         return type(self)(
-            [url], api_key=self.api_key, timeout_s=timeout_s, max_retries=0, ranks_per_server=self.ranks_per_server
-        )
+            [url], api_key=self.api_key, timeout_s=timeout_s, max_retries=0, ranks_per_server=self.ranks_per_server,
+            generation=self.generation,
+        )  # fmt: skip
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if self.generation is not None:
+            headers[GENERATION_HEADER] = str(self.generation)
+        return headers
 
     def _get_session(self) -> aiohttp.ClientSession:
         """Control calls and /health probes: few at a time, never behind generation's pool."""
@@ -217,6 +245,8 @@ class ServerPool:
                 text = await resp.text()
                 if resp.status >= 500:
                     raise _RetryableError(f"{server.url}{path}: HTTP {resp.status}: {text[:300]}")
+                if resp.status == STALE_STATUS:
+                    _raise_if_stale(f"{server.url}{path}", text)
                 if resp.status >= 400:
                     raise RolloutError(f"{server.url}{path}: HTTP {resp.status}: {text[:500]}")
                 if not text:
@@ -352,6 +382,7 @@ class ServerPool:
         results = await asyncio.gather(
             *(self.request(s, method, path, json=payload) for s in live), return_exceptions=True
         )
+        _reraise_stale(results)
         errors = [f"{s.url}: {r}" for s, r in zip(live, results, strict=True) if isinstance(r, BaseException)]
         if errors:
             raise RolloutError(f"{path} failed: {'; '.join(errors)}")
@@ -373,6 +404,7 @@ class ServerPool:
             ),
             return_exceptions=True,
         )
+        _reraise_stale(results)
         for server, result in zip(live, results, strict=True):
             if isinstance(result, BaseException) or (isinstance(result, dict) and not result.get("success", True)):
                 raise RolloutError(f"{server.url}: {path.lstrip('/')} failed: {result}")

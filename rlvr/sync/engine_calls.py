@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from rlvr.bridge import LoopThread
+from rlvr.rundir import StaleGeneration
 from rlvr.sync.base import EngineFailure, SyncError
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,8 @@ class EngineCalls:
         return futures
 
     def collect(self, futures: Futures, stage: str, *, timeout_s: float | None = None) -> list[EngineFailure]:
-        """Wait for every call (one shared deadline); returns the failures, never raises."""
+        """Wait for every call (one shared deadline); returns the failures. Raises only StaleGeneration:
+        an engine that has seen a newer trainer refused this one's call."""
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         failures: list[EngineFailure] = []
         for url, future in futures.items():
@@ -175,6 +177,8 @@ class EngineCalls:
             except cf.TimeoutError:
                 future.cancel()
                 failures.append(EngineFailure(url, stage, f"no answer within {self.timeout_s:g}s"))
+            except StaleGeneration:  # a newer trainer owns the engines: this one stops, no engine is at fault
+                raise
             except BaseException as exc:  # noqa: BLE001 - any engine error is reported, not raised here
                 failures.append(EngineFailure(url, stage, f"{type(exc).__name__}: {exc}"))
         return failures

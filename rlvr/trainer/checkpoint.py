@@ -27,6 +27,7 @@ from torch import nn
 from rlvr.rundir import (
     CHECKPOINT_META,
     LATEST_FILE,
+    RunDir,
     complete_checkpoints,
     is_checkpoint,
     step_dir,
@@ -142,14 +143,19 @@ def save_checkpoint(
     *,
     extra: Mapping[str, object] | None = None,
     keep_last: int | None = None,
+    generation: int | None = None,
 ) -> Path:
     """Save `parts` (e.g. {"actor": actor, "critic": critic}) and this rank's `extra` at `step`.
 
     Collective: every rank calls it. `extra` is pickled per rank (pass each rank's own RNG
     states). Returns the committed `step_N` folder. `keep_last` prunes older checkpoints
-    after the commit.
+    after the commit. `generation`: the saving trainer's; once a newer trainer was started in
+    the run (`RunDir.check_generation`, under `root`'s parent) the save is refused before it
+    writes anything, and again before the commit (StaleGeneration).
     """
     root = Path(root)
+    fence = RunDir(root.parent)
+    fence.check_generation(generation, doing=f"checkpoint step_{step}")
     final = step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
     if d.rank() == 0:
@@ -174,6 +180,7 @@ def save_checkpoint(
         }
         meta["lora"] = {n: r for n, p in parts.items() if (r := _lora_rank(p))}
         write_json_atomic(tmp / CHECKPOINT_META, meta, indent=2, durable=True)
+        fence.check_generation(generation, doing=f"checkpoint step_{step}")  # a new trainer may start mid-save
         if final.exists():  # re-saving a step (e.g. after resuming from it): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)

@@ -1,0 +1,163 @@
+"""The trainer's restart on one machine (`LocalLauncher`) and the process tree that lives and dies
+together, with a stand-in for torchrun's agent (`fake_agent.py`: a worker in a session of its own,
+as torchrun starts them) in place of the real trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from rlvr.launch import local
+from rlvr.launch.failure import LaunchError
+from rlvr.launch.local import LocalLauncher
+from rlvr.launch.restarts import Restarts
+from rlvr.process import TREE_ENV, Children, is_alive
+from rlvr.recipe.load import load_recipe
+from rlvr.rundir import RunDir
+from tests.conftest import ROOT
+
+QUICKSTART = ROOT / "recipes" / "quickstart.toml"
+FAKE_AGENT = Path(__file__).with_name("fake_agent.py")
+
+
+def wait_for(what: Callable[[], Any], *, timeout_s: float = 30.0, poll: Callable[[], object] | None = None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if poll is not None:
+            poll()
+        if value := what():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s} s")
+
+
+def record(starts: Path, n: int) -> Callable[[], dict[str, Any] | None]:
+    path = starts / f"{n}.json"
+    return lambda: json.loads(path.read_text()) if path.exists() else None
+
+
+def orphaned(pid: int, agent: int) -> bool:
+    """`pid` runs and is no longer its agent's child (re-parented: the agent is gone)."""
+    try:
+        return is_alive(pid) and psutil.Process(pid).ppid() != agent
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture
+def launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalLauncher]:
+    """A LocalLauncher whose trainer is `fake_agent.py` (its records in tmp/starts), restarts 50 ms apart."""
+    starts = tmp_path / "starts"
+
+    def command(plan: object, *, run_dir: Path, resume: str) -> list[str]:
+        return [sys.executable, str(FAKE_AGENT), str(starts), resume]
+
+    monkeypatch.setattr(local, "trainer_command", command)
+    recipe = load_recipe(QUICKSTART, [f"experiment.output_dir={json.dumps(str(tmp_path))}"])
+    launcher = LocalLauncher(recipe, run_dir=tmp_path / "run")
+    launcher.trainer_restarts = Restarts(max_restarts=1, backoff_s=0.05)
+    try:
+        yield launcher
+    finally:
+        launcher.shutdown(grace_s=1)
+
+
+def test_a_trainer_whose_agent_is_killed_restarts_as_the_next_generation_once_its_orphan_is_gone(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    starts, run = tmp_path / "starts", RunDir(tmp_path / "run")
+    launcher._start_trainer(resume="auto")
+    first = wait_for(record(starts, 1))
+    assert (first["generation"], first["restart"], first["resume"]) == ("1", "0", "auto")
+    assert run.generation() == 1
+
+    os.kill(first["agent"], signal.SIGKILL)  # the OOM killer's choice: the agent, not the worker
+    wait_for(lambda: orphaned(first["worker"], first["agent"]))  # the worker trains on, alone
+    wait_for(lambda: launcher.trainer is None, poll=launcher.check)  # the death is seen: a restart is due
+    assert not is_alive(first["worker"])  # ended at once, not after the backoff
+    events = run.events.read_text()
+    assert "trainer died with code -9: killed by SIGKILL" in events and "restarting it in" in events
+
+    second = wait_for(record(starts, 2), poll=launcher.check)
+    assert (second["generation"], second["restart"], second["resume"]) == ("2", "1", "auto")
+    assert run.generation() == 2
+    assert is_alive(second["worker"]) and not is_alive(first["worker"])
+
+
+def test_out_of_restarts_the_run_stops_and_leaves_no_process_of_the_trainer(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    launcher.trainer_restarts = Restarts(max_restarts=0)
+    launcher._start_trainer(resume="auto")
+    first = wait_for(record(tmp_path / "starts", 1))
+    os.kill(first["agent"], signal.SIGKILL)
+    wait_for(lambda: orphaned(first["worker"], first["agent"]))
+    with pytest.raises(LaunchError, match="trainer exited with code -9: killed by SIGKILL"):
+        wait_for(lambda: launcher.check() is not None)
+    launcher.shutdown(grace_s=1)  # what run_local's `finally` does
+    assert not is_alive(first["worker"])
+
+
+def test_no_new_trainer_beside_a_process_of_the_last_one_that_outlives_sigkill(
+    launcher: LocalLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launcher._start_trainer(resume="auto")
+    first = wait_for(record(tmp_path / "starts", 1))
+    real = launcher.children.stop
+    monkeypatch.setattr(launcher.children, "stop", lambda child, **kw: [*real(child, **kw), 4242])  # stuck in D
+    os.kill(first["agent"], signal.SIGKILL)
+    with pytest.raises(LaunchError, match=r"process\(es\) 4242 of the last trainer outlived SIGKILL"):
+        wait_for(lambda: launcher.check() is not None)
+    assert not (tmp_path / "starts" / "2.json").exists()
+
+
+def test_a_worker_that_asked_for_it_dies_with_its_agent(tmp_path: Path) -> None:
+    children = Children()
+    try:
+        children.start("trainer", [sys.executable, str(FAKE_AGENT), str(tmp_path), "auto", "--die-with-parent"])
+        first = wait_for(record(tmp_path, 1))
+        os.kill(first["agent"], signal.SIGKILL)
+        wait_for(lambda: not is_alive(first["worker"]), timeout_s=10)
+    finally:
+        children.kill_all(grace_s=1)
+
+
+def test_kill_all_ends_the_orphaned_workers_of_a_child_that_died_first(tmp_path: Path) -> None:
+    """What a SLURM node's last `kill_all` relies on: a dead agent's worker, in a session of its
+    own and re-parented, is still found (by its mark) and killed."""
+    children = Children()
+    children.start("trainer", [sys.executable, str(FAKE_AGENT), str(tmp_path), "auto"])
+    first = wait_for(record(tmp_path, 1))
+    os.kill(first["agent"], signal.SIGKILL)
+    wait_for(lambda: orphaned(first["worker"], first["agent"]))
+    children.kill_all(grace_s=1)
+    wait_for(lambda: not is_alive(first["worker"]), timeout_s=5)
+
+
+def test_a_worker_whose_agent_died_before_it_asked_exits_at_once(tmp_path: Path) -> None:
+    """The race `stay_with_parent` closes: a parent outside this process's tree (it lacks the mark
+    every process of the tree inherits) is not the agent; the signal would never come."""
+    probe = [sys.executable, "-c", "from rlvr.process import stay_with_parent; print(stay_with_parent())"]
+    env = {k: v for k, v in os.environ.items() if k != TREE_ENV}
+    ours = subprocess.run(probe, env=env, capture_output=True, text=True, check=True, cwd=ROOT)
+    assert ours.stdout.strip() == "True"  # no mark: any parent but init is the one that started it
+    foreign = subprocess.run(probe, env={**env, TREE_ENV: "a-tree-whose-agent-is-gone"}, capture_output=True,
+                             text=True, check=True, cwd=ROOT)  # fmt: skip
+    assert foreign.stdout.strip() == "False"
+    worker = subprocess.run(
+        [sys.executable, "-m", "rlvr.worker", "--run-dir", str(tmp_path)],
+        env={**env, TREE_ENV: "a-tree-whose-agent-is-gone", "TORCHELASTIC_RUN_ID": "x"},
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert worker.returncode == 1
+    assert worker.stderr.strip() == "rlvr.worker: its torchrun agent is gone before it started; exiting"
