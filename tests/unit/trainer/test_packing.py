@@ -222,11 +222,35 @@ def test_shared_prompts_give_the_same_logprobs(tiny_model_dir, entropy, lora):
 
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def _recorded_micro_batches(actor) -> list:
+    """Every micro-batch `actor` runs from now on (its trainer's `micro_batches`, spied on)."""
+    seen: list = []
+    real = actor.trainer.micro_batches
+
+    def recording(local):
+        mbs = real(local)
+        seen.extend(mb for mb in mbs if mb is not None)
+        return mbs
+
+    actor.trainer.micro_batches = recording
+    return seen
+
+
 def test_shared_prompts_give_the_same_loss_and_gradients(tiny_model_dir):
     batch = off_policy(grouped_batch(seed=4))
     shared = build_actor(tiny_model_dir, packing=True, share_prompts=True, max_tokens_per_micro_batch=48, grad_clip=0.0)
     plain = build_actor(tiny_model_dir, packing=True, share_prompts=False, max_tokens_per_micro_batch=48, grad_clip=0.0)
+    ran_shared, ran_plain = _recorded_micro_batches(shared), _recorded_micro_batches(plain)
     assert_same_update(shared, plain, batch)
+    # the prompts were shared: every micro-batch in the shared layout, and fewer tokens run than
+    # without (each group's prompt once, not once per response)
+    assert ran_shared and all(mb.segments is not None for mb in ran_shared)
+    assert ran_plain and all(mb.segments is None for mb in ran_plain)
+    tokens = [sum(mb.input_ids.numel() for mb in ran) for ran in (ran_shared, ran_plain)]
+    assert tokens[0] < tokens[1], tokens
+    assert sorted(int(i) for mb in ran_shared for i in mb.seq_index) == sorted(
+        int(i) for mb in ran_plain for i in mb.seq_index
+    )  # the same rows, each once per pass
 
 
 def test_shared_prompts_give_the_same_values(tiny_model_dir):
