@@ -8,9 +8,15 @@ this one joins the group SGLang and `rlvr serve` join, so `BroadcastSync` is one
 Each bucket is checked against the served model before it loads (a failed reload cannot be undone)
 and loads on a thread while the next one arrives; the last bucket raises the push's first failure
 after closing vLLM's layerwise reload (where vLLM drops the version and the session), and the finish
-re-packs the tied LM head the CPU reload leaves stale. A LoRA push merges the adapter here. Each
-received tensor is fingerprinted on the load thread (`rlvr.sync.fingerprint`) for `sync.verify`;
-vLLM's workers answer it over `/collective_rpc` (`rlvr_weights_fingerprint`, added to the worker).
+re-packs the tied LM head the CPU reload leaves stale. A LoRA push merges the adapter here. For
+`sync.verify`, vLLM's workers answer `/collective_rpc` (`rlvr_weights_fingerprint`, added to the
+worker) with the fingerprint (`rlvr.sync.fingerprint`) of the weights the model computes with, read
+back from the loaded layers when asked (`served_weights`: fused q/k/v and gate/up split back into
+the HF tensors; on CPU, where vLLM keeps a linear layer's weight only in its packed kernel, the
+layer is applied to an identity, the tied LM head included), so a weight the loader left stale or a
+head that stopped following its embedding shows. What cannot be read back (tensor parallel,
+quantized layers, a name no layer maps) keeps the fingerprint of what was received, taken on the
+load thread.
 docs/engines.md (vLLM) and docs/weight-sync.md say why each step is needed.
 """
 
@@ -104,8 +110,8 @@ class RlvrWeightTransfer(_engine_base()):
         self._session = False  # between start_weight_update and the reload's finalize
         self._fingerprint: Any = None  # this push's Fingerprinter, fed as each bucket loads
         self._fingerprint_lock = threading.Lock()  # loads run on the load thread, or inline
-        self.served_fingerprint: dict[str, tuple[float, float]] = {}  # the last push's, as received
-        self.adapter_fingerprint: dict[str, tuple[float, float]] = {}  # the last adapter merged, by peft key
+        self.received_fingerprint: dict[str, tuple[int, int, int, int]] = {}  # the last push's, as received
+        self.adapter_fingerprint: dict[str, tuple[int, int, int, int]] = {}  # the last adapter merged, by peft key
         _add_worker_route()
 
     def init_transfer_engine(self, init_info: RlvrInitInfo) -> None:
@@ -133,7 +139,7 @@ class RlvrWeightTransfer(_engine_base()):
 
         self._wait_loads()  # a session left open by a failed push
         self._refusal = None
-        self._fingerprint, self.served_fingerprint = Fingerprinter(), {}
+        self._fingerprint, self.received_fingerprint = Fingerprinter(), {}
         initialize_layerwise_reload(self.model)
         self._session = True
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-weight-load")
@@ -329,12 +335,36 @@ class RlvrWeightTransfer(_engine_base()):
         self._finalize()
         if self._fingerprint is not None:
             with self._fingerprint_lock:
-                self.served_fingerprint, self._fingerprint = self._fingerprint.result(), None
-            if getattr(self.model_config.hf_config, "tie_word_embeddings", False):  # vLLM serves one tensor
-                embedding = self.served_fingerprint.get("model.embed_tokens.weight")
-                if embedding is not None:
-                    self.served_fingerprint.setdefault("lm_head.weight", embedding)
+                self.received_fingerprint, self._fingerprint = self._fingerprint.result(), None
         log.info("rlvr weights: reload finished in %.3f s", time.perf_counter() - start)
+
+    def served_fingerprint(self) -> dict[str, tuple[int, int, int, int]]:
+        """The fingerprint of the weights served now, under HF names: read back from the model
+        (`served_weights`) where it can be, else (with one log line) what the last push received."""
+        from rlvr.sync.fingerprint import fingerprint
+
+        start = time.perf_counter()
+        out = dict(self.received_fingerprint)
+        if self.parallel_config.world_size > 1:  # each worker holds shards, the trainer hashed whole tensors
+            read: dict[str, tuple[int, int, int, int]] = {}
+        else:
+            read = fingerprint(served_weights(self.model, self.model_config.dtype).items())
+        out.update(read)
+        unread = [name for name in self.received_fingerprint if name not in read]
+        if getattr(self.model_config.hf_config, "tie_word_embeddings", False) and "lm_head.weight" not in out:
+            embedding = out.get("model.embed_tokens.weight")  # vLLM serves one tensor
+            if embedding is not None:
+                out["lm_head.weight"] = embedding
+        if unread:
+            log.warning(
+                "rlvr weights: %d of %d received tensors not read back from the loaded model (%s%s): "
+                "their fingerprint is of what was received",
+                len(unread), len(self.received_fingerprint), ", ".join(unread[:3]), " ..." if len(unread) > 3 else "",
+            )  # fmt: skip
+        log.info(
+            "rlvr weights: %d weights read back and fingerprinted in %.3f s", len(read), time.perf_counter() - start
+        )
+        return out
 
     def shutdown(self) -> None:
         with contextlib.suppress(Exception):  # loads of a session that will not finish
@@ -354,13 +384,86 @@ def _add_worker_route() -> None:
         Worker.rlvr_weights_fingerprint = _worker_fingerprint
 
 
-def _worker_fingerprint(worker: Any, adapter: str = "") -> dict[str, list[float]]:
+def _worker_fingerprint(worker: Any, adapter: str = "") -> dict[str, list[int]]:
     engine = getattr(worker, "weight_transfer_engine", None)
     if not isinstance(engine, RlvrWeightTransfer):
         return {}
     if adapter:
-        return {f"adapter:{key}": list(pair) for key, pair in engine.adapter_fingerprint.items()}
-    return {name: list(pair) for name, pair in engine.served_fingerprint.items()}
+        return {f"adapter:{key}": list(words) for key, words in engine.adapter_fingerprint.items()}
+    import torch
+
+    with torch.no_grad():
+        return {name: list(words) for name, words in engine.served_fingerprint().items()}
+
+
+PROBE_ROWS = 1024
+"""Rows of the identity a CPU-packed layer is applied to at once (bounds the probe's memory)."""
+
+
+def served_weights(model: Any, dtype: Any) -> dict[str, Any]:
+    """HF name -> the tensor the model computes with, read back from its layers (one worker, no
+    tensor parallelism), in `dtype`: every unquantized linear layer (fused q/k/v and gate/up split
+    back by `packed_modules_mapping` and the layer's `output_sizes`) and LM head, every vocab
+    embedding (without vLLM's padding rows), and every other layer's own parameters (norms) as they
+    are. A linear layer or head whose weight lives in a packed CPU kernel (vLLM-CPU drops the
+    parameter) is read by applying it to an identity: exact, since each output is one weight times
+    1 plus zeros. Quantized layers are left out."""
+    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        UnquantizedEmbeddingMethod,
+        VocabParallelEmbedding,
+    )
+
+    packed: dict[str, list[str]] = dict(getattr(model, "packed_modules_mapping", None) or {})
+    out: dict[str, Any] = {}
+    for prefix, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(module, ParallelLMHead):
+            if isinstance(method, UnquantizedEmbeddingMethod):
+                out[f"{prefix}.weight"] = _applied(module, module.embedding_dim)[: module.org_vocab_size]
+        elif isinstance(module, VocabParallelEmbedding):
+            if isinstance(method, UnquantizedEmbeddingMethod):
+                out[f"{prefix}.weight"] = module.weight[: module.org_vocab_size]
+        elif isinstance(module, LinearBase):
+            if not isinstance(method, UnquantizedLinearMethod):
+                continue
+            parts = _parts(prefix, module, packed)
+            weight = _applied(module, module.input_size)
+            for (name, _), part in zip(parts, weight.split([r for _, r in parts]), strict=True):
+                out[f"{name}.weight"] = part
+            bias = getattr(module, "bias", None)
+            if bias is not None and bias.numel():
+                for (name, _), part in zip(parts, bias.split([r for _, r in parts]), strict=True):
+                    out[f"{name}.bias"] = part
+        else:
+            for name, param in module.named_parameters(recurse=False):
+                if param.numel():
+                    out[f"{prefix}.{name}" if prefix else name] = param
+    return {name: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t for name, t in out.items()}
+
+
+def _parts(prefix: str, module: Any, packed: dict[str, list[str]]) -> list[tuple[str, int]]:
+    """(HF module name, rows) of a linear layer: a fused one (qkv_proj, gate_up_proj) per part."""
+    parent, _, leaf = prefix.rpartition(".")
+    sizes = list(getattr(module, "output_sizes", None) or [])
+    names = packed.get(leaf, [])
+    if len(names) > 1 and len(names) == len(sizes):
+        return [(f"{parent}.{name}" if parent else name, int(size)) for name, size in zip(names, sizes, strict=True)]
+    return [(prefix, int(module.output_size))]
+
+
+def _applied(module: Any, inputs: int) -> Any:
+    """The [outputs, inputs] weight `module` multiplies by: its parameter where the kernel reads
+    it, else (vLLM-CPU's packed kernels) the layer applied to an identity, PROBE_ROWS rows at a time."""
+    import torch
+
+    weight = module.weight
+    if not hasattr(module, "cpu_linear"):
+        return weight
+    eye = torch.eye(inputs, dtype=weight.dtype, device=weight.device)
+    cols = [module.quant_method.apply(module, eye[i : i + PROBE_ROWS]) for i in range(0, inputs, PROBE_ROWS)]
+    return torch.cat(cols).t()
 
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import urllib.request
 
 import pytest
 
@@ -11,6 +13,7 @@ from rlvr.rollout.base import GenerateRequest, SamplingParams
 from rlvr.rollout.episode import run_episode
 from rlvr.rollout.pool import RolloutError
 from rlvr.rollout.vllm import VLLMClient
+from rlvr.sync.fingerprint import fingerprint, first_difference
 
 from .helpers import (
     LOGPROB_TOL,
@@ -80,18 +83,18 @@ def test_a_push_serves_the_pushed_weights_and_version(vllm_server, base, method:
     perturbed = reference_model(perturb_seed=11)
     before = generate(vllm_server.url, [greedy(p) for p in PROMPTS])
     metrics = push(vllm_server.url, perturbed, version=3, method=method, shared=tmp_path)
-    assert metrics["sync/engines"] == 1.0
+    assert metrics["sync/engines"] == 1.0 and metrics["sync/verified_engines"] == 1.0  # every weight perturbed
     _assert_serves(vllm_server.url, perturbed, version=3)
     assert [c.token_ids for c in generate(vllm_server.url, [greedy(p) for p in PROMPTS])] != [
         c.token_ids for c in before
     ]  # the perturbation is large enough to change greedy output: the check above had something to see
 
 
-def test_every_push_is_verified_against_what_each_worker_received(vllm_server, base) -> None:
-    """`sync.verify` auto on vLLM: the workers' fingerprint of the push (rlvr's backend, over
-    /collective_rpc) equals the trainer's, tied head included; and a push whose bytes change on the
-    way (one bit of the first tensor of the bucket, after the trainer fingerprinted it) fails in one
-    line naming the engine and that tensor, and the engine is not resumed on it."""
+def test_every_push_is_verified_against_the_weights_each_worker_serves(vllm_server, base) -> None:
+    """`sync.verify` auto on vLLM: the workers' fingerprint (rlvr's backend, over /collective_rpc),
+    read back from the loaded model, equals the trainer's, tied head included; and a push whose bytes
+    change on the way (one bit of the first tensor of the bucket, after the trainer fingerprinted it)
+    fails in one line naming the engine and that tensor, and the engine is not resumed on it."""
     import torch
 
     from rlvr.sync.base import SyncError
@@ -100,9 +103,10 @@ def test_every_push_is_verified_against_what_each_worker_received(vllm_server, b
 
     perturbed = reference_model(perturb_seed=5)
     metrics = push(vllm_server.url, perturbed, version=4)
-    assert metrics["sync/verify_s"] > 0  # auto: vLLM with rlvr's backend is verified
+    assert metrics["sync/verify_s"] > 0 and metrics["sync/verified_engines"] == 1  # auto: vLLM is verified
     served = asyncio.run(_fingerprint(vllm_server.url))
     assert "lm_head.weight" in served and served["lm_head.weight"] == served["model.embed_tokens.weight"]
+    assert first_difference(fingerprint(perturbed.state_dict().items()), served) is None
 
     sync = BroadcastSync(perturbed, client=VLLMClient([vllm_server.url], timeout_s=120), timeout_s=120,
                          pause_mode="in_place")  # fmt: skip
@@ -135,6 +139,25 @@ def test_every_push_is_verified_against_what_each_worker_received(vllm_server, b
 async def _fingerprint(url: str) -> dict:
     async with VLLMClient([url], timeout_s=60) as client:
         return await client.weights_fingerprint()
+
+
+def test_the_fingerprint_is_read_back_so_a_head_left_stale_by_a_reload_shows(vllm_server, base) -> None:
+    """The workers answer with what the loaded model computes with, not with what the last push
+    delivered: after a verified push, vLLM's own in-place reload of the base folder (its layerwise
+    reload, which on CPU leaves the tied LM head's packed copy as it was) makes the served fingerprint
+    the base's everywhere except `lm_head.weight`, which is still the pushed embedding. A fingerprint
+    of what was received would still be the push's, first differing from the base at the embedding."""
+    perturbed = reference_model(perturb_seed=7)
+    assert push(vllm_server.url, perturbed, version=6)["sync/verified_engines"] == 1
+    sent = fingerprint(perturbed.state_dict().items())
+    request = urllib.request.Request(
+        f"{vllm_server.url}/collective_rpc", data=json.dumps({"method": "reload_weights"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    urllib.request.urlopen(request, timeout=300).read()
+    served = asyncio.run(_fingerprint(vllm_server.url))
+    assert first_difference(fingerprint(base.state_dict().items()), served) == "lm_head.weight"
+    assert served["lm_head.weight"] == list(sent["lm_head.weight"])
 
 
 def test_pushing_identical_weights_changes_nothing(vllm_server, base) -> None:
