@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from rlvr.bridge import run_blocking
-from rlvr.rollout.base import GenerateRequest, SamplingParams
+from rlvr.rollout.base import EMBEDDED_ENGINE, GenerateRequest, SamplingParams
 from rlvr.server.embedded import EmbeddedEngine
 
 NEW_TOKENS = 24
@@ -163,7 +163,7 @@ class EngineAsServer:
         return getattr(self.engine, name)
 
     async def server_info(self) -> dict[str, Any]:
-        return {"tp_size": 1, "dp_size": 1, "dtype": "float32"}
+        return {"tp_size": 1, "dp_size": 1, "dtype": "float32", "engine": EMBEDDED_ENGINE}  # rlvr serve's answer
 
     async def flush_cache(self) -> None:
         return None
@@ -184,14 +184,18 @@ class OneServer:
 
 
 def perturbed(model: Any, seed: int, *, layer: int) -> Any:
-    """A copy of `model` after a fake optimizer step: noise on the embedding (with the tied head,
-    also the LM head) and on every weight of one decoder layer."""
+    """A copy of `model` after a fake optimizer step: every weight moves (a weight an engine left
+    stale then shows), the embedding (with the tied head, also the LM head) and every weight of one
+    decoder layer by 0.02, the others by 1% of their mean magnitude (the answers stay close enough
+    to the model's that greedy ids are not decided by rounding)."""
     out = copy.deepcopy(model)
     assert out.lm_head.weight is out.model.embed_tokens.weight, "the copy keeps the tie"
     gen = torch.Generator().manual_seed(seed)
+    large = {id(w) for w in [out.model.embed_tokens.weight, *out.model.layers[layer].parameters()]}
     with torch.no_grad():
-        for weight in [out.model.embed_tokens.weight, *out.model.layers[layer].parameters()]:
-            weight.add_(torch.randn(weight.shape, generator=gen) * 0.02)
+        for weight in out.parameters():
+            scale = 0.02 if id(weight) in large else 0.01 * float(weight.abs().mean())
+            weight.add_(torch.randn(weight.shape, generator=gen) * scale)
     return out
 
 
@@ -343,9 +347,10 @@ def test_pushed_weights_are_served_exactly_tied_head_included(restore_base, refe
     """The trainer's pushes into the engine, each followed by greedy ids *and* log-probs against
     transformers on the pushed weights: the broadcast (BroadcastSync over a real gloo group, the
     flattened-bucket wire, 4 buckets), then the disk push (DiskSync: a saved folder, loaded by the
-    call behind /update_weights_from_disk). The embedding moves, and with it the tied LM head: an
-    engine that kept the old head would be `stale_head_error` off, checked to be far above the
-    tolerance, so this test catches it."""
+    call behind /update_weights_from_disk). Every weight moves, each push is verified (`sync.verify`
+    "auto" takes the engine for `rlvr serve`: its fingerprint of what it serves equals the trainer's),
+    and the embedding moves far, and with it the tied LM head: an engine that kept the old head
+    would be `stale_head_error` off, checked to be far above the tolerance, so this test catches it."""
     from rlvr.sync.broadcast import BroadcastSync
     from rlvr.sync.disk import DiskSync
 
@@ -377,14 +382,17 @@ def test_pushed_weights_are_served_exactly_tied_head_included(restore_base, refe
     ]
     for version, make_sync in pushes:
         trainer = perturbed(reference, seed=version, layer=version * 3)
+        before = dict(reference.named_parameters())
+        assert all(not torch.equal(before[name], w) for name, w in trainer.named_parameters())  # every weight moved
         sync = make_sync(trainer)
         try:
-            sync.push(version=version)
+            metrics = sync.push(version=version)
         finally:
             sync.close()
             for name in list(engine.weights.groups):  # the sync leaves the engine its member (rlvr serve exits)
                 run_blocking(engine.destroy_weights_update_group(name))
         assert engine.weight_version == str(version)
+        assert metrics["sync/verified_engines"] == 1 and metrics["sync/verify_s"] > 0  # sync.verify = "auto"
         served = assert_serves(engine, trainer, prompts)
         assert all(c.policy_version == version for c in served)
         if version == 5:  # the teeth, once (both pushes move the embedding alike)
