@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from safetensors import safe_open
 
 from tests.integration.chaos import Killer
 
@@ -76,18 +76,54 @@ def check_run(
     assert [(kind, step) for kind, step, _ in killer.done] == faults, killer.done  # every fault was delivered
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))  # every step logged exactly once
-    for meta in sorted((run_dir / "checkpoints").glob("step_*/meta.json")):  # every checkpoint loads
-        for weights in meta.parent.rglob("*.safetensors"):
-            with safe_open(str(weights), framework="pt") as f:
-                assert list(f.keys())
-        json.loads(meta.read_text())
+    loaded = load_every_checkpoint(run_dir)
     events = [json.loads(x)["message"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    for path, step in resumed(events):  # each restarted trainer resumed from the checkpoint it says
+        assert Path(path).name == f"step_{step}" and loaded.get(step, step) == step, (path, step, loaded)
     for kind, _, pid in killer.done:  # one line per fault: as many lines of its kind as faults of its kind
         said = [e for e in events if e.startswith(SAID[kind].format(pid=pid))]
         faults_of_kind = sum(k == kind for k, _, _ in killer.done) if kind != "trainer" else 1
         assert len(said) == faults_of_kind, (kind, events)
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
     return rows
+
+
+def load_every_checkpoint(run_dir: Path) -> dict[int, int]:
+    """Each complete checkpoint of the run (`step_N/`, DCP), loaded for real into the quickstart's
+    actor as a resume loads it (`load_checkpoint`: model, AdamW state, scheduler, the loop's extra
+    state; DCP reshards the FSDP2 ranks' shards into one process): folder step -> the step its
+    extra state holds. Each must have brought trained weights back, not the base's."""
+    import torch
+
+    from rlvr.recipe.load import load_recipe
+    from rlvr.trainer.actor import Actor
+    from rlvr.trainer.checkpoint import load_checkpoint
+
+    recipe = load_recipe(QUICKSTART)
+    trainer = recipe.trainer.model_copy(update={"strategy": "none"})
+    steps: dict[int, int] = {}
+    for meta_file in sorted((run_dir / "checkpoints").glob("step_*/meta.json")):
+        meta = json.loads(meta_file.read_text())
+        assert meta_file.parent.name == f"step_{meta['step']}" and meta["parts"] == ["actor"], meta
+        actor = Actor.build(recipe.model, trainer, recipe.algorithm, total_steps=recipe.experiment.max_steps,
+                            device=torch.device("cpu"))  # fmt: skip
+        model = actor.trainer.model
+        base = {name: p.detach().clone() for name, p in model.named_parameters()}
+        extra = load_checkpoint(meta_file.parent, {"actor": actor.trainer})
+        assert any(not torch.equal(base[name], p) for name, p in model.named_parameters()), meta_file.parent
+        steps[int(meta["step"])] = int(extra["step"])
+    assert all(k == v for k, v in steps.items()), steps
+    return steps
+
+
+def resumed(events: list[str]) -> list[tuple[str, int]]:
+    """(checkpoint path, step) of every trainer's `resumed from PATH at step N` event, after checking
+    that the launcher said each restart resumes from that checkpoint (`it resumes from checkpoint
+    step_N`), one for one and in order."""
+    said = [int(m.group(1)) for e in events if (m := re.search(r"it resumes from checkpoint step_(\d+)", e))]
+    done = [(m.group(1), int(m.group(2))) for e in events if (m := re.match(r"^resumed from (.+) at step (\d+)$", e))]
+    assert said == [step for _, step in done], (said, done, events)
+    return done
 
 
 def final_reward(rows: list[dict]) -> float:
