@@ -3,8 +3,11 @@
 Each fault is (kind, when): `when` is a step the run must have logged, plus a seeded delay so the
 kill lands at a random moment of the next step (mid-generation, mid-reward, mid-push). Kinds:
 `server` (SIGKILL a rollout server), `judge` (SIGKILL the judge server), `trainer` (SIGKILL a
-trainer rank: the worker under torchrun), `sandbox` (SIGKILL the code sandbox's fork server),
-`hang` (SIGSTOP a rollout server: the launcher's health deadline must find it hung).
+trainer rank: the worker under torchrun), `agent` (SIGKILL torchrun's agent, the first process
+whose command line runs `rlvr.worker`: its workers, in sessions of their own, must die with it),
+`group` (SIGKILL the trainer's whole process group, the agent's: the workers are not in it),
+`sandbox` (SIGKILL the code sandbox's fork server), `hang` (SIGSTOP a rollout server: the
+launcher's health deadline must find it hung).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class Killer:
                 return proc
             if kind == "trainer" and "rlvr.worker" in line and "rlvr.trainer.torchrun" not in line:
                 return proc
+            if kind in ("agent", "group") and "rlvr.worker" in line and "rlvr.trainer.torchrun" in line:
+                return proc
             if kind == "sandbox" and "zygote.py" in line and "bwrap" not in line:
                 return proc
         return None
@@ -83,5 +88,8 @@ class Killer:
                     time.sleep(0.2)
             if proc is None:
                 return
-            os.kill(proc.pid, signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
+            if kind == "group":
+                os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+            else:
+                os.kill(proc.pid, signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
             self.done.append((kind, step, proc.pid))

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -28,6 +29,8 @@ SAID = {
     "hang": "rollout-0 stopped answering /health for 6 s (hung): killed by SIGKILL",
     "judge": "judge died with code -9: killed by SIGKILL",
     "trainer": "trainer died with code 1: a rank (pid {pid}) was killed by SIGKILL",
+    "agent": "trainer died with code -9: killed by SIGKILL",  # torchrun's agent, or its whole group
+    "group": "trainer died with code -9: killed by SIGKILL",
     "sandbox": "reward code: the sandbox's fork server had died and was restarted in step",
 }
 
@@ -82,7 +85,7 @@ def check_run(
         assert Path(path).name == f"step_{step}" and loaded.get(step, step) == step, (path, step, loaded)
     for kind, _, pid in killer.done:  # one line per fault: as many lines of its kind as faults of its kind
         said = [e for e in events if e.startswith(SAID[kind].format(pid=pid))]
-        faults_of_kind = sum(k == kind for k, _, _ in killer.done) if kind != "trainer" else 1
+        faults_of_kind = sum(SAID[k] == SAID[kind] for k, _, _ in killer.done) if kind != "trainer" else 1
         assert len(said) == faults_of_kind, (kind, events)
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
     return rows
@@ -174,6 +177,58 @@ def test_two_trainer_ranks_push_together_to_the_server_that_came_back_mid_wave(t
     assert [r["step"] for r in rows] == list(range(1, 6))
     trainer_log = (run_dir / "logs" / "trainer.log").read_text()
     assert "a rollout server is back after every server was lost: it gets version 1" in trainer_log
+
+
+class TrainerWatch:
+    """Samples, every 0.2 s, the live processes that run `rlvr.worker` on one run directory: the
+    trainer's agent (torchrun) and its workers, each sample as (agents, workers). A process forked
+    by one of them shows its parent's command line until it execs: counted as its parent."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = str(run_dir)
+        self.samples: list[tuple[set[int], set[int]]] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def now(self) -> tuple[set[int], set[int]]:
+        agents, workers, parents = set(), set(), {}
+        for proc in psutil.process_iter(["cmdline", "status", "ppid"]):
+            line = " ".join(proc.info["cmdline"] or [])
+            if "rlvr.worker" in line and self.run_dir in line and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                (agents if "rlvr.trainer.torchrun" in line else workers).add(proc.pid)
+                parents[proc.pid] = proc.info["ppid"]
+        return {p for p in agents if parents[p] not in agents}, {p for p in workers if parents[p] not in workers}
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            self.samples.append(self.now())
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+
+
+@pytest.mark.slow  # two trainer restarts on the CPU quickstart: ~4 min
+def test_a_killed_torchrun_agent_or_trainer_group_leaves_no_orphan_and_one_trainer(tmp_path: Path) -> None:
+    """The agent SIGKILLed, then the trainer's whole process group: each time the worker (in a
+    session of its own, so in neither) dies with its agent, never two trainers train at once,
+    and the run finishes with every step logged once by the third trainer generation."""
+    faults = [("agent", 2), ("group", 4)]
+    watch = TrainerWatch(tmp_path / "quickstart")
+    try:
+        rc, stderr, killer = launch(tmp_path, steps=6, seed_faults=faults)
+    finally:
+        watch.stop()
+    run_dir = tmp_path / "quickstart"
+    check_run(run_dir, steps=6, rc=rc, stderr=stderr, killer=killer, faults=faults)
+    assert max(len(workers) for _, workers in watch.samples) == 1, "two trainer workers at once"
+    assert max(len(agents) for agents, _ in watch.samples) == 1, "two torchrun agents at once"
+    started = {min(workers) for _, workers in watch.samples if workers}
+    assert len(started) >= 3  # three trainers ran, one after another
+    assert watch.now() == (set(), set())  # nothing of any trainer outlived the run
+    assert json.loads((run_dir / "generation.json").read_text())["generation"] == 3
 
 
 @pytest.mark.slow

@@ -121,6 +121,48 @@ def test_no_new_trainer_beside_a_process_of_the_last_one_that_outlives_sigkill(
     assert not (tmp_path / "starts" / "2.json").exists()
 
 
+def test_a_slurm_node_restarts_its_trainer_the_same_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlvr.launch.node` (a one-trainer-node job): the next generation, and only once the dead
+    trainer's orphaned worker is gone; the attempt records its first generation for the others."""
+    from rlvr.launch import node as node_module
+    from rlvr.recipe.load import resolved_json
+
+    for var in [k for k in os.environ if k.startswith("SLURM")]:
+        monkeypatch.delenv(var)
+    run, starts = RunDir(tmp_path / "run"), tmp_path / "starts"
+    recipe = load_recipe(
+        QUICKSTART, [f"experiment.output_dir={json.dumps(str(tmp_path))}", "experiment.trainer_restarts=1"]
+    )
+    run.write_recipe(resolved_json(recipe))
+    monkeypatch.setattr(
+        node_module, "trainer_command", lambda plan, **_: [sys.executable, str(FAKE_AGENT), str(starts), "auto"]
+    )
+    node = node_module.Node(run.root)
+    seen: list[dict[str, Any]] = []
+
+    def kill_each_agent() -> None:
+        for n in (1, 2):
+            started = wait_for(record(starts, n), timeout_s=60)
+            started["last_worker_alive"] = bool(seen) and is_alive(seen[-1]["worker"])
+            seen.append(started)
+            os.kill(started["agent"], signal.SIGKILL)
+
+    import threading
+
+    killer = threading.Thread(target=kill_each_agent, daemon=True)
+    killer.start()
+    try:
+        assert node.run_trainer() == -9  # the second death is past trainer_restarts = 1
+    finally:
+        killer.join(10)
+        node.children.kill_all(grace_s=1)
+    assert [(s["generation"], s["restart"]) for s in seen] == [("1", "0"), ("2", "1")]
+    assert seen[1]["last_worker_alive"] is False  # the first trainer's worker was gone before the second started
+    assert not is_alive(seen[1]["worker"])
+    assert json.loads(run.attempt.read_text())["generation"] == 1 and run.generation() == 2
+    assert "trainer died with code -9: killed by SIGKILL" in run.events.read_text()
+
+
 def test_a_worker_that_asked_for_it_dies_with_its_agent(tmp_path: Path) -> None:
     children = Children()
     try:
