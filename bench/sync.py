@@ -20,12 +20,14 @@ cache and flatter it). `/bench_raw` also times one broadcast per tensor into fre
 into preallocated tensors (the floor of the `per_tensor` wire, `--wire-format per_tensor`
 to sync with it). Each number is the best of `--repeats` (the CPU is shared). Prints
 GB/s for each and the ratios. Each repeat also pushes with `sync.verify = "off"` (before or after
-the verified push, alternating): what verification adds to a push is the difference.
+the verified push, alternating): what verification adds to a push is the difference (the trainer's
+XXH3-128 of every tensor sent, the engine's of every weight it serves, the compare); each verified
+push must report `sync/verified_engines` = 1, so the cost is that of a verification that happened.
 
 `--baseline-src OLD_TREE` (e.g. `git worktree add /tmp/before HEAD` before a change) runs
 `--rounds` rounds of the same measurement, before (`PYTHONPATH=OLD_TREE`) then after (this
-tree), each in fresh processes, and prints every round and the ranges: on a shared CPU one
-pair of runs says little, alternation keeps the load alike for both.
+tree), each in fresh processes, and prints every round and the ranges, the verify cost included:
+on a shared CPU one pair of runs says little, alternation keeps the load alike for both.
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ def measure(args: argparse.Namespace) -> dict:
         nbytes = sync.plan.total_bytes
         times: dict[str, list[float]] = {
             "sync": [], "transfer": [], "raw": [], "fresh": [], "floor": [], "verify": [], "verify_engine": [],
+            "verified": [],
             "unverified": [],
         }  # fmt: skip
         # The same bytes: the weights themselves, flat. (A never-written `torch.empty` buffer
@@ -223,6 +226,8 @@ def measure(args: argparse.Namespace) -> dict:
                 times["unverified"].append(unverified_push(1000 + version))
             metrics = sync.push(version=version)
             engine_s = sync.verifier.engine_seconds  # rank 0's (this process); the next push resets it
+            verified = metrics.get("sync/verified_engines", -1.0)  # -1: a tree from before the count
+            assert verified in (1.0, -1.0), f"push {version}: {verified} engines verified, not 1"
             if version and not version % 2:
                 times["unverified"].append(unverified_push(1000 + version))
             if version:
@@ -230,6 +235,7 @@ def measure(args: argparse.Namespace) -> dict:
                 times["transfer"].append(metrics["sync/transfer_seconds"])
                 times["verify"].append(metrics["sync/verify_s"])
                 times["verify_engine"].append(engine_s)
+                times["verified"].append(verified)
                 times["raw"].append(asyncio.run(raw_once()))
                 if not args.raw_only:
                     times["fresh"].append(asyncio.run(raw_once(per_tensor=True)))
@@ -259,9 +265,10 @@ def report(args: argparse.Namespace, result: dict, label: str = "") -> None:
     print(
         f"{head}raw gloo broadcast (same bytes, same processes): {gb / best['raw']:.2f} GB/s ({best['raw'] * 1e3:.0f} ms)"
     )
-    if label:  # a --baseline-src round: the headline numbers only
+    if label:  # a --baseline-src round: the headline numbers and the verify cost
         print(f"{head}sync end to end (pause..resume): {gb / best['sync']:.2f} GB/s ({best['sync'] * 1e3:.0f} ms)")
         print(f"{head}ratio end to end / raw: {best['raw'] / best['sync']:.0%}")
+        print("\n".join(f"{head}{line}" for line in verify_cost(result).splitlines()))
         return
     if "floor" in best:
         print(f"per-tensor broadcast into fresh tensors (the old receive, no load): {gb / best['fresh']:.2f} GB/s")
@@ -277,23 +284,27 @@ def report(args: argparse.Namespace, result: dict, label: str = "") -> None:
         r / s for r, s in zip(result["raw"], result["sync"], strict=True)
     )  # each repeat with its own baseline
     print(f"ratio end to end / raw per repeat: {paired[0]:.0%}..{paired[-1]:.0%} over {len(paired)}")
-    share = sorted(v / s for v, s in zip(result["verify"], result["sync"], strict=True))  # within each push
-    added = sorted(s / u - 1 for s, u in zip(result["sync"], result["unverified"], strict=True))
-    print(
-        f"push verified / unverified (sync.verify auto / off, alternated): {min(result['sync']) * 1e3:.0f} / "
-        f"{min(result['unverified']) * 1e3:.0f} ms best, verifying adds {min(result['sync']) / min(result['unverified']) - 1:+.1%} "
-        f"best vs best; per pair {added[0]:+.1%}..{added[-1]:+.1%}, median {added[len(added) // 2]:+.1%}"
-    )
-    print(
-        f"verify's own time (sync/verify_s: the trainer's sums, mostly while buckets travel, + the engines' "
-        f"answer + compare): {min(result['verify']) * 1e3:.0f} ms best, {share[0]:.1%}..{share[-1]:.1%} of the push; "
-        f"of it, the engine's answer {min(result['verify_engine']) * 1e3:.0f}-{max(result['verify_engine']) * 1e3:.0f} ms"
-    )
+    print(verify_cost(result))
     if "floor" in best:
         print(
             f"ratio end to end / per-tensor floor: {best['floor'] / best['sync']:.0%}   "
             f"floor / raw: {best['raw'] / best['floor']:.0%}"
         )
+
+
+def verify_cost(result: dict) -> str:
+    """Two lines: the verified push against the unverified one (alternated), and verify's own time."""
+    share = sorted(v / s for v, s in zip(result["verify"], result["sync"], strict=True))  # within each push
+    added = sorted(s / u - 1 for s, u in zip(result["sync"], result["unverified"], strict=True))
+    return (
+        f"push verified / unverified (sync.verify auto / off, alternated): {min(result['sync']) * 1e3:.0f} / "
+        f"{min(result['unverified']) * 1e3:.0f} ms best, verifying adds {min(result['sync']) / min(result['unverified']) - 1:+.1%} "
+        f"best vs best; per pair {added[0]:+.1%}..{added[-1]:+.1%}, median {added[len(added) // 2]:+.1%}\n"
+        f"verify's own time (sync/verify_s: the trainer's XXH3-128 of what it sends, mostly while buckets travel, "
+        f"+ the engine's answer + compare): {min(result['verify']) * 1e3:.0f} ms best, {share[0]:.1%}..{share[-1]:.1%} "
+        f"of the push; of it, the engine's answer {min(result['verify_engine']) * 1e3:.0f}-"
+        f"{max(result['verify_engine']) * 1e3:.0f} ms"
+    )
 
 
 def compare(args: argparse.Namespace, argv: list[str]) -> None:
@@ -321,9 +332,14 @@ def compare(args: argparse.Namespace, argv: list[str]) -> None:
         sync = sorted(min(r["sync"]) * 1e3 for r in results)
         raw = sorted(min(r["raw"]) * 1e3 for r in results)
         ratios = sorted(min(r["raw"]) / min(r["sync"]) for r in results)
+        verify = sorted(min(r["verify"]) * 1e3 for r in results)
+        engine = sorted(min(r["verify_engine"]) * 1e3 for r in results)
+        added = sorted(s / u - 1 for r in results for s, u in zip(r["sync"], r["unverified"], strict=True))
         print(
             f"{label}: sync {sync[0]:.0f}..{sync[-1]:.0f} ms, raw {raw[0]:.0f}..{raw[-1]:.0f} ms, "
-            f"end to end / raw {ratios[0]:.0%}..{ratios[-1]:.0%} over {len(results)} rounds"
+            f"end to end / raw {ratios[0]:.0%}..{ratios[-1]:.0%} over {len(results)} rounds; verify_s best "
+            f"{verify[0]:.0f}..{verify[-1]:.0f} ms (engine's answer {engine[0]:.0f}..{engine[-1]:.0f} ms), verifying "
+            f"adds {added[len(added) // 2]:+.1%} median per pair ({added[0]:+.1%}..{added[-1]:+.1%})"
         )
 
 
