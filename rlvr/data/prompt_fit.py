@@ -2,8 +2,9 @@
 
 The rollout skips a row whose rendered prompt (chat template, system message and the domain's
 tool instructions included) is longer than `data.max_prompt_tokens`. `rlvr validate` and `rlvr
-plan` count those rows up front, rendered as the rollout renders them (`rlvr.data.chat.render_prompt`,
-which `encode_prompt` calls, and the caller's `messages` function that adds the tool instructions),
+plan` count those rows up front, rendered and counted as the rollout encodes them (`rlvr.data.chat`'s
+`render_prompt` and, for a plain prompt, the tokenizer's BOS that `encode_prompt` puts first, and the
+caller's `messages` function that adds the tool instructions),
 so a domain whose prompts are all too long is an error before launch, and one that loses some
 rows says how many.
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.data.base import LoadReport
-from rlvr.data.chat import render_prompt
+from rlvr.data.chat import prompt_specials, render_prompt
 from rlvr.data.sources import read_rows
 from rlvr.recipe.tokenizer import TokenizerProblem, load_tokenizer
 from rlvr.types import Sample
@@ -88,19 +89,31 @@ def prompt_lengths(
         except Exception as exc:  # noqa: BLE001 - a chat template raises whatever it likes
             text = " ".join(str(exc).split()) or type(exc).__name__
             raise PromptError(f"row {sample.id!r}: the tokenizer's chat template fails on it: {text}") from None
-    encode_batch = getattr(tokenizer, "encode_batch", None)
-    if encode_batch is not None:
-        return [len(ids) for ids in encode_batch(texts)]
     if not texts:
         return []
-    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    specials = len(prompt_specials(tokenizer, template))  # a plain prompt's BOS, as encode_prompt adds it
+    encode_batch = getattr(tokenizer, "encode_batch", None)
+    if encode_batch is not None:
+        return [specials + len(ids) for ids in encode_batch(texts)]
+    return [specials + len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 def prompt_example(sample: Sample, *, tokenizer: Any, template: str, messages: Messages | None = None) -> PromptExample:
     """`sample`'s prompt rendered as the rollout renders it, and its length in tokens."""
     text = render_prompt(messages(sample) if messages else sample.messages, tokenizer=tokenizer, template=template)
     (tokens,) = prompt_lengths([sample], tokenizer=tokenizer, template=template, messages=messages)
-    return PromptExample(row_id=sample.id, text=text, tokens=tokens)
+    return PromptExample(
+        row_id=sample.id, text=_token_text(tokenizer, prompt_specials(tokenizer, template)) + text, tokens=tokens
+    )
+
+
+def _token_text(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The special tokens `encode_prompt` puts before a plain prompt, as text (`<bos>`)."""
+    if not ids:
+        return ""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    tokens = convert(list(ids)) if convert is not None else [tokenizer.core.id_to_token(i) for i in ids]
+    return "".join(str(t) for t in tokens)
 
 
 def fit_prompts(

