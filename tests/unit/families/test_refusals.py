@@ -83,3 +83,25 @@ def test_the_actor_starts_and_its_logprobs_are_exact(family: str, family_root: P
         ref, _ = reference(load(folder, "eager"), batch)
     got = [logp[i, : int(batch.response_lens[i])] for i in range(len(batch))]
     assert worst(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
+def test_a_family_vllm_would_serve_stale_after_a_push_is_refused_with_vllm(tmp_path: Path, family: str) -> None:
+    from tests.unit.families.configs import CONFIGS
+
+    config = {**BASE, "max_position_embeddings": 4096, "vocab_size": 100, "model_type": family, **CONFIGS[family]}
+    path = recipe_with(tmp_path, config)
+    line = one_error_line(CliRunner().invoke(app, ["validate", str(path), "--set", "rollout.engine=vllm"]))
+    assert f"rollout.engine: {family}: " in line and line.endswith("use rollout.engine = 'embedded'"), line
+
+
+def test_a_partial_window_is_refused_with_vllm(tmp_path: Path) -> None:
+    from tests.unit.families.configs import CONFIGS
+
+    config = {**BASE, "max_position_embeddings": 4096, "vocab_size": 100, "model_type": "qwen2", **CONFIGS["qwen2"]}
+    line = one_error_line(CliRunner().invoke(app, ["validate", str(recipe_with(tmp_path, config)),
+                                                   "--set", "rollout.engine=vllm"]))  # fmt: skip
+    assert line.endswith(
+        "rollout.engine: qwen2: vLLM refuses a sliding window on only some layers (max_window_layers = 2 of 4); "
+        "use rollout.engine = 'embedded'"
+    ), line
