@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -124,6 +125,47 @@ def _child_setup(death_signal: int, ignored: tuple[int, ...]) -> None:
     for sig in ignored:
         signal.signal(sig, signal.SIG_IGN)
     die_with_parent(death_signal)
+
+
+HEARTBEAT_DONE = "done"
+"""A heartbeat's last word when its process ends on its own terms: silence after it is no hang."""
+
+
+def heartbeat_interval(deadline_s: float) -> float:
+    """How often to beat for a watcher with `deadline_s`: five beats a deadline, 0.2-5 s apart."""
+    return max(0.2, min(5.0, deadline_s / 5))
+
+
+class Heartbeat:
+    """Rewrites `path` every `interval_s` from a daemon thread of its own, with a count that grows:
+    a process stopped whole (SIGSTOP, a frozen machine) stops beating, a slow one does not (its
+    main thread may be deep in a step). What a trainer rank has where a server has /health."""
+
+    def __init__(self, path: Path, *, interval_s: float) -> None:
+        self.path = path
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rlvr-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        beat = 0
+        while not self._stop.is_set():
+            beat += 1
+            with contextlib.suppress(OSError):  # a full or lost disk: the watcher sees silence
+                self.path.write_text(f"{os.getpid()} {beat}\n")
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        """Stop beating and say so (`HEARTBEAT_DONE`): the process is ending, not hung."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            self.path.write_text(f"{os.getpid()} {HEARTBEAT_DONE}\n")
 
 
 def is_healthy(url: str, *, timeout_s: float = 2.0) -> bool:

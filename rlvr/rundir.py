@@ -41,6 +41,7 @@ WANDB_ID_FILE = "wandb_id"
 SBATCH_FILE = "job.sbatch"
 LOCK_FILE = ".lock"
 GENERATION_FILE = "generation.json"  # the newest trainer start's generation (the fence)
+HEARTBEATS_DIR = "heartbeats"  # trainer-rank<r>: rewritten every few seconds by each live trainer rank
 LATEST_FILE = "latest"  # in checkpoints/: the name of the newest complete step_N
 CHECKPOINT_META = "meta.json"  # written last into a step_N/: its presence means complete
 _STEP = re.compile(r"^step_(\d+)$")
@@ -106,6 +107,7 @@ class RunDir:
     wandb_id = _At(WANDB_ID_FILE)
     sbatch_script = _At(SBATCH_FILE)
     generation_file = _At(GENERATION_FILE)
+    heartbeats = _At(HEARTBEATS_DIR)
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -121,6 +123,10 @@ class RunDir:
     def server(self, index: int) -> Path:
         """Where rollout server `index` registers its address."""
         return self.servers / f"{index}.json"
+
+    def heartbeat(self, rank: int) -> Path:
+        """Trainer rank `rank`'s heartbeat file (`rlvr.process.Heartbeat`; the launcher watches it)."""
+        return self.heartbeats / f"trainer-rank{rank}"
 
     def log(self, name: str) -> Path:
         """The log file of child process `name` (`trainer`, `rollout-0`, `judge`)."""

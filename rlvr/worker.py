@@ -21,7 +21,7 @@ log = logging.getLogger("rlvr.worker")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rlvr.process import raise_open_files_limit, stay_with_parent
+    from rlvr.process import Heartbeat, heartbeat_interval, raise_open_files_limit, stay_with_parent
 
     # A worker whose torchrun agent dies goes with it: orphaned, it would train on and write the
     # run beside the trainer the launcher starts next. torchrun runs each worker in a session of
@@ -106,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     restarted = int(os.environ.get(TRAINER_RESTART_ENV, "0") or 0) > 0
     state, error = "failed", None
+    # From here a rank stopped whole (SIGSTOP, a frozen node) is told from a slow one by its
+    # launcher: this thread goes silent with it, never with a long step (rlvr/launch/health.py).
+    interval = heartbeat_interval(recipe.rollout.health_deadline_s)
+    heartbeat = Heartbeat(RunDir(args.run_dir).heartbeat(info.rank), interval_s=interval).start()
     try:
         if (loop.resume(args.resume) or restarted) and sync is not None:
             # fresh servers hold the base weights, and those a dead trainer left running its last push
@@ -133,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             recorder.close(state, error=error)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        heartbeat.stop()  # its last word: ending, not hung
 
 
 def startup_lines(recipe, actor, tokenizer, *, on_gpu: bool) -> list[str]:

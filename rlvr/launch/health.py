@@ -1,17 +1,24 @@
-"""A hung server told from a slow one: /health with a deadline, probed off the launcher's thread.
+"""A hung child told from a slow one: /health (servers) or a heartbeat file (trainer ranks), with a deadline.
 
 A server stopped by SIGSTOP, or deadlocked, keeps its process and its port: nothing dies, and
 every request to it waits out its whole timeout. A busy server still answers /health (its HTTP
 loop is not its model's), so a server that has answered once since its start and then stays
 silent for `deadline_s` is hung: the launcher kills it, and it is restarted like any dead one.
+A trainer rank has no HTTP loop: it rewrites its heartbeat file from a thread of its own
+(`rlvr.process.Heartbeat`), so a rank stopped whole (SIGSTOP, a frozen node) goes silent while a
+slow step does not; `HeartbeatWatch` finds the silent one, and the launcher kills the trainer's
+tree and restarts it as it would a dead one. (A collective deadlocked with every rank alive keeps
+beating: torch's collective timeout ends that one.)
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
+from pathlib import Path
 
-from rlvr.process import is_healthy
+from rlvr.process import HEARTBEAT_DONE, is_healthy
 
 
 class HealthWatch:
@@ -56,3 +63,49 @@ class HealthWatch:
                         if name in self._urls:
                             self._last_ok[name] = time.monotonic()
             time.sleep(self.interval_s)
+
+
+class HeartbeatWatch:
+    """The trainer ranks' heartbeat files (`RunDir.heartbeat`) read on the launcher's own clock: a
+    rank whose file changed since the trainer started and then stays unchanged for `deadline_s`
+    is hung; one whose last word is `HEARTBEAT_DONE` is ending. `ranks`: the ones to watch (a
+    SLURM node watches its own; None: every file in `folder`)."""
+
+    def __init__(self, folder: Path, *, deadline_s: float, ranks: Iterable[int] | None = None) -> None:
+        self.folder = folder
+        self.deadline_s = deadline_s
+        self.ranks = None if ranks is None else set(ranks)
+        self._seen: dict[int, tuple[str, float]] = {}  # rank -> (content, when it last changed)
+        self._alive: set[int] = set()  # ranks that beat since the trainer started
+
+    def restart(self) -> None:
+        """A trainer starts: what its predecessor left in the files is no beat of its own."""
+        now = time.monotonic()
+        self._seen = {rank: (text, now) for rank, text in self._read().items()}
+        self._alive = set()
+
+    def hung(self) -> list[int]:
+        """The ranks silent for `deadline_s` after beating once since the trainer started."""
+        now = time.monotonic()
+        for rank, text in self._read().items():
+            last = self._seen.get(rank)
+            if last is None or text != last[0]:
+                self._seen[rank] = (text, now)
+                self._alive.add(rank)
+        return sorted(
+            rank
+            for rank in self._alive
+            if now - self._seen[rank][1] > self.deadline_s and not self._seen[rank][0].endswith(HEARTBEAT_DONE)
+        )
+
+    def _read(self) -> dict[int, str]:
+        found: dict[int, str] = {}
+        for path in self.folder.glob("trainer-rank*"):
+            rank = path.name.removeprefix("trainer-rank")
+            if not rank.isdigit() or (self.ranks is not None and int(rank) not in self.ranks):
+                continue
+            try:
+                found[int(rank)] = path.read_text().strip()
+            except OSError:
+                continue
+        return found

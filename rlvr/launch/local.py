@@ -7,7 +7,9 @@ server is killed; with `sync.on_engine_failure = "continue"` a dead rollout serv
 its port and serves again after a full push; a dead judge is restarted; a trainer that dies (not a
 stop it declared) is restarted from the newest checkpoint (`experiment.trainer_restarts`) once every
 process of it is gone, its workers included (`end_trainer`), as a new generation (`RunDir.next_generation`:
-the run directory and the servers refuse the writes and pushes of an older one).
+the run directory and the servers refuse the writes and pushes of an older one); a trainer rank whose
+heartbeat goes silent for `rollout.health_deadline_s` (stopped whole, or its node frozen) is hung:
+its trainer is killed and restarted the same way.
 Otherwise a dead child, Ctrl-C or SIGTERM asks the trainer to finish its step and checkpoint before
 everything is torn down, with one line saying who died and why. Each
 child runs in its own process group, so nothing is left behind, and gets its GPUs from the plan as
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from rlvr.launch.argv import prepare_servers, trainer_command
 from rlvr.launch.failure import LaunchError, checkpoint_note, failure, stated_error, trainer_crashed
+from rlvr.launch.health import HeartbeatWatch
 from rlvr.launch.restarts import Restarts, end_trainer
 from rlvr.launch.supervisor import (
     ServerLaunch,
@@ -90,6 +93,8 @@ class LocalLauncher:
         self.trainer: Child | None = None
         self.previous: Child | None = None  # the last trainer that died, until the next one starts
         self.generation = 0  # the current trainer's (RunDir.next_generation)
+        self.heartbeats = HeartbeatWatch(self.paths.heartbeats, deadline_s=recipe.rollout.health_deadline_s)
+        self.trainer_hung: str | None = None  # why the current trainer was killed, when it was hung
         self.trainer_restarts = Restarts(max_restarts=recipe.experiment.trainer_restarts)
         self._trainer_steps = 0  # steps logged when the current trainer started
         servers = Children(env=self.children.env, death_signal=signal.SIGTERM)
@@ -124,6 +129,8 @@ class LocalLauncher:
             GENERATION_ENV: str(self.generation),
         }
         self._trainer_steps = logged_steps(self.run_dir)
+        self.heartbeats.restart()
+        self.trainer_hung = None
         self.trainer = self.children.start("trainer", command, env=env, log=self.paths.log("trainer"))
 
     def _server(self, spec: ServerSpec) -> ServerLaunch:
@@ -143,6 +150,9 @@ class LocalLauncher:
         for _ in self.trainer_restarts.due():
             self._start_trainer(resume="auto", attempt=self.trainer_restarts.attempts["trainer"])
         trainer = self.trainer
+        if trainer is not None and trainer.running() and (hung := self.heartbeats.hung()):
+            self.trainer_hung = f"rank {hung[0]} stopped its heartbeat for {self.heartbeats.deadline_s:g} s (hung)"
+            end_trainer(self.children, trainer)  # SIGKILL, then it is a dead trainer like any other
         if trainer is None or (code := trainer.proc.poll()) is None:
             return None
         if code == 0:
@@ -152,11 +162,11 @@ class LocalLauncher:
             raise LaunchError(stated)
         if self._restart_trainer(trainer):
             return None
-        raise failure(trainer, f"exited with code {code}")
+        raise failure(trainer, self.trainer_hung or f"exited with code {code}")
 
     def _restart_trainer(self, trainer: Child) -> bool:
-        """Restart a crashed trainer (`trainer_crashed`) from the newest checkpoint, within its
-        budget; True when a restart is scheduled."""
+        """Restart a crashed or hung trainer (`trainer_crashed`) from the newest checkpoint, within
+        its budget; True when a restart is scheduled."""
         code = trainer.proc.returncode
         if not trainer_crashed(code, trainer.log_path, progressed=logged_steps(self.run_dir) > self._trainer_steps):
             return False
@@ -167,7 +177,7 @@ class LocalLauncher:
             return False
         end_trainer(self.children, trainer)  # now: an orphaned worker must not train through the backoff
         self.trainer, self.previous = None, trainer
-        self._say(f"{failure(trainer, f'died with code {code}')}; {plan}")
+        self._say(f"{failure(trainer, self.trainer_hung or f'died with code {code}')}; {plan}")
         return True
 
     def _server_died(self, child: Child) -> None:

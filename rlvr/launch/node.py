@@ -27,6 +27,7 @@ from typing import Any
 
 from rlvr.launch.argv import prepare_servers, trainer_command
 from rlvr.launch.failure import LaunchError, failure, stated_error, trainer_crashed
+from rlvr.launch.health import HeartbeatWatch
 from rlvr.launch.restarts import Restarts, end_trainer
 from rlvr.launch.supervisor import ServerLaunch, ServerSupervisor, judge_launch, register, rollout_launch
 from rlvr.monitor.metrics import append_event, logged_steps, mark_stopped
@@ -205,6 +206,12 @@ class Node:
         )
         self.signals: list[int] = []
         self.grace_s = float(os.environ.get(STOP_GRACE_ENV, "20"))
+        per_node = self.plan.trainer_procs_per_node  # this node's trainer ranks' heartbeats
+        ranks = range(self.role.node_rank * per_node, (self.role.node_rank + 1) * per_node)
+        self.heartbeats = HeartbeatWatch(
+            self.paths.heartbeats, deadline_s=self.recipe.rollout.health_deadline_s, ranks=ranks
+        )
+        self.trainer_hung: str | None = None
 
     # signals are only recorded here; the main loop acts on them (no work inside a handler)
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -264,6 +271,8 @@ class Node:
                 **{TRAINER_RESTART_ENV: str(restart), GENERATION_ENV: str(generation)},
             )  # fmt: skip
             steps = logged_steps(self.run_dir)
+            self.heartbeats.restart()
+            self.trainer_hung = None
             trainer = self.children.start("trainer", argv, env=env, log=self.paths.log(self._trainer_log))
             rc, preempted = self._watch_trainer(trainer)
             if preempted or not self._restartable(trainer, progressed=logged_steps(self.run_dir) > steps):
@@ -271,8 +280,9 @@ class Node:
             plan = restarts.died("trainer", then="it resumes from the newest checkpoint")
             if plan is None:
                 break
-            _log(role, f"{failure(trainer, f'died with code {rc}')}; {plan}")
-            append_event(self.run_dir, f"{failure(trainer, f'died with code {rc}')}; {plan}")
+            why = failure(trainer, self.trainer_hung or f"died with code {rc}")
+            _log(role, f"{why}; {plan}")
+            append_event(self.run_dir, f"{why}; {plan}")
             end_trainer(self.children, trainer)  # its workers too, before the backoff and the next start
             while not restarts.due():
                 time.sleep(0.2)
@@ -317,6 +327,10 @@ class Node:
         preempted = False
         while True:
             running = trainer.running()
+            if running and (hung := self.heartbeats.hung()):  # a rank stopped whole: a dead trainer
+                self.trainer_hung = f"rank {hung[0]} stopped its heartbeat for {self.heartbeats.deadline_s:g} s (hung)"
+                end_trainer(self.children, trainer)
+                running = False
             for sig in self._pending():  # drained once more after the exit: a signal may race it
                 if sig in (signal.SIGTERM, signal.SIGINT):
                     self._stop()

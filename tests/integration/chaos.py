@@ -7,7 +7,8 @@ trainer rank: the worker under torchrun), `agent` (SIGKILL torchrun's agent, the
 whose command line runs `rlvr.worker`: its workers, in sessions of their own, must die with it),
 `group` (SIGKILL the trainer's whole process group, the agent's: the workers are not in it),
 `sandbox` (SIGKILL the code sandbox's fork server), `hang` (SIGSTOP a rollout server: the
-launcher's health deadline must find it hung).
+launcher's health deadline must find it hung), `stall` (SIGSTOP a trainer rank: nothing dies, and
+its silent heartbeat must tell it from a slow one).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Killer:
                 return proc
             if kind == "judge" and "rlvr.cli serve" in line and f"--port {self._port('judge')}" in line:
                 return proc
-            if kind == "trainer" and "rlvr.worker" in line and "rlvr.trainer.torchrun" not in line:
+            if kind in ("trainer", "stall") and "rlvr.worker" in line and "rlvr.trainer.torchrun" not in line:
                 return proc
             if kind in ("agent", "group") and "rlvr.worker" in line and "rlvr.trainer.torchrun" in line:
                 return proc
@@ -91,5 +92,5 @@ class Killer:
             if kind == "group":
                 os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
             else:
-                os.kill(proc.pid, signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
+                os.kill(proc.pid, signal.SIGSTOP if kind in ("hang", "stall") else signal.SIGKILL)
             self.done.append((kind, step, proc.pid))

@@ -31,6 +31,7 @@ SAID = {
     "trainer": "trainer died with code 1: a rank (pid {pid}) was killed by SIGKILL",
     "agent": "trainer died with code -9: killed by SIGKILL",  # torchrun's agent, or its whole group
     "group": "trainer died with code -9: killed by SIGKILL",
+    "stall": "trainer rank 0 stopped its heartbeat for 6 s (hung): killed by SIGKILL",
     "sandbox": "reward code: the sandbox's fork server had died and was restarted in step",
 }
 
@@ -210,25 +211,26 @@ class TrainerWatch:
         self.thread.join(timeout=5)
 
 
-@pytest.mark.slow  # two trainer restarts on the CPU quickstart: ~4 min
-def test_a_killed_torchrun_agent_or_trainer_group_leaves_no_orphan_and_one_trainer(tmp_path: Path) -> None:
-    """The agent SIGKILLed, then the trainer's whole process group: each time the worker (in a
-    session of its own, so in neither) dies with its agent, never two trainers train at once,
-    and the run finishes with every step logged once by the third trainer generation."""
-    faults = [("agent", 2), ("group", 4)]
+@pytest.mark.slow  # three trainer restarts on the CPU quickstart: ~6 min
+def test_a_killed_agent_a_killed_trainer_group_and_a_stopped_rank_leave_one_trainer(tmp_path: Path) -> None:
+    """The agent SIGKILLed, a rank SIGSTOPped, the trainer's whole process group SIGKILLed: each
+    time every process of that trainer goes (a worker, in a session of its own, with its agent; a
+    stopped one once its heartbeat is silent past the deadline), never two trainers train at
+    once, and the run finishes with every step logged once by the fourth trainer generation."""
+    faults = [("agent", 2), ("stall", 3), ("group", 5)]
     watch = TrainerWatch(tmp_path / "quickstart")
     try:
-        rc, stderr, killer = launch(tmp_path, steps=6, seed_faults=faults)
+        rc, stderr, killer = launch(tmp_path, steps=7, seed_faults=faults)
     finally:
         watch.stop()
     run_dir = tmp_path / "quickstart"
-    check_run(run_dir, steps=6, rc=rc, stderr=stderr, killer=killer, faults=faults)
+    check_run(run_dir, steps=7, rc=rc, stderr=stderr, killer=killer, faults=faults)
     assert max(len(workers) for _, workers in watch.samples) == 1, "two trainer workers at once"
     assert max(len(agents) for agents, _ in watch.samples) == 1, "two torchrun agents at once"
     started = {min(workers) for _, workers in watch.samples if workers}
-    assert len(started) >= 3  # three trainers ran, one after another
+    assert len(started) >= 4  # four trainers ran, one after another
     assert watch.now() == (set(), set())  # nothing of any trainer outlived the run
-    assert json.loads((run_dir / "generation.json").read_text())["generation"] == 3
+    assert json.loads((run_dir / "generation.json").read_text())["generation"] == 4
 
 
 @pytest.mark.slow

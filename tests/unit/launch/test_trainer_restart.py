@@ -60,10 +60,11 @@ def launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalL
     starts = tmp_path / "starts"
 
     def command(plan: object, *, run_dir: Path, resume: str) -> list[str]:
-        return [sys.executable, str(FAKE_AGENT), str(starts), resume]
+        return [sys.executable, str(FAKE_AGENT), str(starts), resume, "--heartbeat", str(RunDir(run_dir).heartbeat(0))]
 
     monkeypatch.setattr(local, "trainer_command", command)
-    recipe = load_recipe(QUICKSTART, [f"experiment.output_dir={json.dumps(str(tmp_path))}"])
+    sets = [f"experiment.output_dir={json.dumps(str(tmp_path))}", "rollout.health_deadline_s=1.5"]
+    recipe = load_recipe(QUICKSTART, sets)
     launcher = LocalLauncher(recipe, run_dir=tmp_path / "run")
     launcher.trainer_restarts = Restarts(max_restarts=1, backoff_s=0.05)
     try:
@@ -108,6 +109,25 @@ def test_out_of_restarts_the_run_stops_and_leaves_no_process_of_the_trainer(
     assert not is_alive(first["worker"])
 
 
+def test_a_trainer_rank_stopped_whole_is_told_from_a_slow_one_and_restarted(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    """SIGSTOP a worker: nothing dies, torchrun sees nothing; its heartbeat goes silent, and past
+    `rollout.health_deadline_s` the launcher kills the trainer's tree and restarts it."""
+    starts, run = tmp_path / "starts", RunDir(tmp_path / "run")
+    launcher._start_trainer(resume="auto")
+    first = wait_for(record(starts, 1))
+    wait_for(lambda: run.heartbeat(0).exists())
+    quiet_until = time.monotonic() + 3 * launcher.heartbeats.deadline_s  # a beating rank is never hung
+    wait_for(lambda: time.monotonic() > quiet_until, poll=launcher.check, timeout_s=10)
+    assert launcher.trainer is not None and launcher.trainer_hung is None
+    os.kill(first["worker"], signal.SIGSTOP)
+    second = wait_for(record(starts, 2), poll=launcher.check)
+    assert (second["generation"], second["restart"]) == ("2", "1")
+    assert not is_alive(first["worker"]) and not is_alive(first["agent"])
+    assert "trainer rank 0 stopped its heartbeat for 1.5 s (hung): killed by SIGKILL" in run.events.read_text()
+
+
 def test_no_new_trainer_beside_a_process_of_the_last_one_that_outlives_sigkill(
     launcher: LocalLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,22 +141,23 @@ def test_no_new_trainer_beside_a_process_of_the_last_one_that_outlives_sigkill(
     assert not (tmp_path / "starts" / "2.json").exists()
 
 
-def test_a_slurm_node_restarts_its_trainer_the_same_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`rlvr.launch.node` (a one-trainer-node job): the next generation, and only once the dead
-    trainer's orphaned worker is gone; the attempt records its first generation for the others."""
+@pytest.mark.parametrize("fault", ["agent killed", "rank stopped"])
+def test_a_slurm_node_restarts_its_trainer_the_same_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """`rlvr.launch.node` (a one-trainer-node job), its agent SIGKILLed or its worker SIGSTOPped:
+    the next generation, and only once the last trainer's worker is gone; the attempt records its
+    first generation for the other nodes."""
     from rlvr.launch import node as node_module
     from rlvr.recipe.load import resolved_json
 
     for var in [k for k in os.environ if k.startswith("SLURM")]:
         monkeypatch.delenv(var)
     run, starts = RunDir(tmp_path / "run"), tmp_path / "starts"
-    recipe = load_recipe(
-        QUICKSTART, [f"experiment.output_dir={json.dumps(str(tmp_path))}", "experiment.trainer_restarts=1"]
-    )
-    run.write_recipe(resolved_json(recipe))
-    monkeypatch.setattr(
-        node_module, "trainer_command", lambda plan, **_: [sys.executable, str(FAKE_AGENT), str(starts), "auto"]
-    )
+    sets = [f"experiment.output_dir={json.dumps(str(tmp_path))}", "experiment.trainer_restarts=1"]
+    run.write_recipe(resolved_json(load_recipe(QUICKSTART, [*sets, "rollout.health_deadline_s=1.5"])))
+    agent = [sys.executable, str(FAKE_AGENT), str(starts), "auto", "--heartbeat", str(run.heartbeat(0))]
+    monkeypatch.setattr(node_module, "trainer_command", lambda plan, **_: agent)
     node = node_module.Node(run.root)
     seen: list[dict[str, Any]] = []
 
@@ -145,7 +166,11 @@ def test_a_slurm_node_restarts_its_trainer_the_same_way(tmp_path: Path, monkeypa
             started = wait_for(record(starts, n), timeout_s=60)
             started["last_worker_alive"] = bool(seen) and is_alive(seen[-1]["worker"])
             seen.append(started)
-            os.kill(started["agent"], signal.SIGKILL)
+            if fault == "rank stopped" and n == 1:
+                wait_for(lambda: run.heartbeat(0).exists())
+                os.kill(started["worker"], signal.SIGSTOP)
+            else:
+                os.kill(started["agent"], signal.SIGKILL)
 
     import threading
 
@@ -160,7 +185,12 @@ def test_a_slurm_node_restarts_its_trainer_the_same_way(tmp_path: Path, monkeypa
     assert seen[1]["last_worker_alive"] is False  # the first trainer's worker was gone before the second started
     assert not is_alive(seen[1]["worker"])
     assert json.loads(run.attempt.read_text())["generation"] == 1 and run.generation() == 2
-    assert "trainer died with code -9: killed by SIGKILL" in run.events.read_text()
+    died = (
+        "trainer rank 0 stopped its heartbeat for 1.5 s (hung)"
+        if fault == "rank stopped"
+        else "trainer died with code -9"
+    )
+    assert f"{died}: killed by SIGKILL" in run.events.read_text()
 
 
 def test_a_worker_that_asked_for_it_dies_with_its_agent(tmp_path: Path) -> None:
@@ -203,3 +233,28 @@ def test_a_worker_whose_agent_died_before_it_asked_exits_at_once(tmp_path: Path)
     )  # fmt: skip
     assert worker.returncode == 1
     assert worker.stderr.strip() == "rlvr.worker: its torchrun agent is gone before it started; exiting"
+
+
+def test_a_heartbeat_watch_tells_silent_from_slow_ending_and_not_yet_started(tmp_path: Path) -> None:
+    from rlvr.launch.health import HeartbeatWatch
+    from rlvr.process import Heartbeat
+
+    run = RunDir(tmp_path)
+    run.heartbeats.mkdir()
+    run.heartbeat(3).write_text("1 57\n")  # the last trainer's rank 3, killed: never beats again
+    watch = HeartbeatWatch(run.heartbeats, deadline_s=0.5, ranks=[0, 1, 3])
+    watch.restart()
+    beating = Heartbeat(run.heartbeat(0), interval_s=0.05).start()
+    ending = Heartbeat(run.heartbeat(1), interval_s=0.05).start()
+    unwatched = Heartbeat(run.heartbeat(2), interval_s=0.05).start()  # not this watch's rank
+    try:
+        ending.stop()  # its last word: done
+        for _ in range(30):  # 1.5 s, three deadlines: beating, ending, not yet started, not watched
+            assert watch.hung() == []
+            time.sleep(0.05)
+        beating._stop.set()  # noqa: SLF001 - stopped whole: the thread goes silent without a last word
+        beating._thread.join()  # noqa: SLF001
+        wait_for(lambda: watch.hung() == [0], timeout_s=5)
+    finally:
+        for heartbeat in (beating, ending, unwatched):
+            heartbeat.stop()
