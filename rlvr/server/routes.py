@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rlvr.data.chat import encode_prompt
 from rlvr.rollout.base import EMBEDDED_ENGINE, GenerateRequest, SamplingParams
 from rlvr.rundir import GENERATION_HEADER
 
@@ -556,11 +557,9 @@ async def openai_models(request: web.Request) -> web.Response:
 
 
 def _chat_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    else:  # the "plain" template of rlvr.data
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-    return tokenizer.encode(text, add_special_tokens=False)
+    """The ids rollout gives the same messages: the model's template, else rlvr's plain one led by
+    the tokenizer's own BOS (a base model such as Gemma writes garbage without it)."""
+    return encode_prompt(messages, tokenizer=tokenizer)
 
 
 def _openai_params(body: dict[str, Any], *, default_max: int | None) -> tuple[SamplingParams, int]:
