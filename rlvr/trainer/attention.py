@@ -93,9 +93,14 @@ def _slice_attention(
     if window is not None and _longest_reach(allowed, length) >= window:
         allowed = _within_window(allowed, length, window=window, device=q.device)
     if softcap is None and sinks is None:
+        # as transformers' sdpa calls it (same kernels, same rounding): GQA in the kernel without a
+        # mask, repeated K/V heads with one; causal only from two queries on
+        groups = q.shape[1] // k.shape[1]
+        if allowed is not None and groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed, dropout_p=dropout, is_causal=allowed is None, scale=scale,
-            enable_gqa=q.shape[1] != k.shape[1],
+            q, k, v, attn_mask=allowed, dropout_p=dropout, is_causal=allowed is None and length > 1, scale=scale,
+            enable_gqa=allowed is None and groups > 1,
         )  # fmt: skip
     if allowed is None:
         allowed = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()

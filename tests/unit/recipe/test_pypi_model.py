@@ -61,7 +61,7 @@ def test_validate_never_builds_and_launch_builds_once(tmp_path: Path, models: Pa
 def test_an_unknown_name_and_a_revision_are_refused_in_one_line(tmp_path: Path, models: Path) -> None:
     path = recipe_in(tmp_path, PYPI.replace("pypi:smollm2", "pypi:llama-9000"))
     assert one_error_line(cli("validate", path)) == (
-        f"error: {path}:7: model.path: unknown pypi: model 'llama-9000': expected one of smollm2"
+        f"error: {path}:7: model.path: unknown pypi: model 'llama-9000': expected one of gemma3-270m, smollm2"
     )
     built(models)
     path = recipe_in(tmp_path, PYPI)
