@@ -419,7 +419,8 @@ def eval_(
             stack.enter_context(judge_for_eval(parsed))
         rows = evaluate(
             model, samples, rewards=rewards, chat_template=template, n=n, temperature=temperature,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=max_new_tokens, stop=parsed.rollout.stop if parsed else (),
+            stop_token_ids=parsed.rollout.stop_token_ids if parsed else (),
         )  # fmt: skip
     from rich.console import Console
     from rich.table import Table

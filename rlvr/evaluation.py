@@ -167,8 +167,13 @@ def evaluate(
     temperature: float = 0.0,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     max_batch: int = 64,
+    stop: Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
 ) -> list[EvalRow]:
     """Generate with the embedded engine and score each sample with its tag's reward.
+
+    `stop` / `stop_token_ids`: the recipe's `rollout.stop` and `rollout.stop_token_ids`, so a few-shot
+    prompt's answer ends where rollout ends it (a base model otherwise writes the next shot).
 
     The prompts are tokenized first, so the engine's KV cache is sized for what this eval makes
     (its longest prompt plus `max_new_tokens`, at most `max_batch` sequences at once), not for the
@@ -187,7 +192,10 @@ def evaluate(
     engine = EmbeddedEngine(
         model_dir, max_batch=max(1, min(max_batch, len(samples) * n)), max_seq_len=longest + max_new_tokens
     )
-    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=0)
+    params = SamplingParams(
+        temperature=temperature, max_new_tokens=max_new_tokens, seed=0, stop=list(stop),
+        stop_token_ids=list(stop_token_ids),
+    )  # fmt: skip
     requests = [GenerateRequest(input_ids=prompt_ids, params=params, n=n) for prompt_ids in ids]
     pool = RewardPool.from_domains(rewards)
 

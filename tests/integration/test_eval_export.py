@@ -204,3 +204,19 @@ def test_eval_serves_the_recipes_judge_as_launch_does(tmp_path: Path, monkeypatc
     assert "judge: serving" in result.stdout
     scored = json.loads(out.read_text().splitlines()[0])
     assert scored["reason"] in ("judge: reference", "unparsable judge answer", "empty response"), scored
+
+
+def test_eval_ends_answers_where_rollout_does() -> None:
+    """`rlvr eval` applies the recipe's rollout.stop: a few-shot base model's answer ends at the stop
+    string, as in rollout, instead of running on into the next shot."""
+    from rlvr.evaluation import evaluate, load_rows
+
+    policy = ROOT / "recipes" / "quickstart" / "policy"
+    (sample,) = load_rows([ROOT / "recipes" / "quickstart" / "data" / "math_eval.jsonl"], reward="math_rule",
+                          tag_rewards={})[:1]  # fmt: skip
+    rewards = {sample.tag: ("math_rule", {})}
+    (free,) = evaluate(policy, [sample], rewards=rewards, max_new_tokens=24)
+    cut = free.completion[len(free.completion) // 2]  # a character of the free answer, past its start
+    (stopped,) = evaluate(policy, [sample], rewards=rewards, max_new_tokens=24, stop=[cut])
+    assert cut not in stopped.completion and free.completion.startswith(stopped.completion)
+    assert len(stopped.completion) < len(free.completion) and stopped.finish_reason == "stop"
