@@ -90,8 +90,12 @@ def _slice_attention(
     """One slice [B, H, L, d] -> [B, H, L, d_v]: causal (`tree` None) or under a tree mask."""
     length = q.shape[2]
     allowed = tree[0, 0] if tree is not None else None
-    if window is not None and _longest_reach(allowed, length) >= window:
-        allowed = _within_window(allowed, length, window=window, device=q.device)
+    if window is not None:
+        pos = _positions(allowed, length, q.device)
+        # the window only bites beyond the largest query-key distance the slice holds
+        if (length - 1 if allowed is None else int(pos.max())) >= window:
+            causal = allowed if allowed is not None else torch.ones(length, length, dtype=torch.bool, device=q.device)
+            allowed = causal.tril() & ((pos[:, None] - pos[None, :]) < window)  # transformers' rule
     if softcap is None and sinks is None:
         # as transformers' sdpa calls it (same kernels, same rounding): GQA in the kernel without a
         # mask, repeated K/V heads with one; causal only from two queries on
@@ -113,21 +117,6 @@ def _positions(allowed: torch.Tensor | None, length: int, device: torch.device) 
     if allowed is None:
         return torch.arange(length, device=device)
     return allowed.sum(-1) - 1
-
-
-def _longest_reach(allowed: torch.Tensor | None, length: int) -> int:
-    """The largest query-key position distance the slice can hold (the window only bites beyond it)."""
-    if allowed is None:
-        return length - 1
-    return int(_positions(allowed, length, allowed.device).max())
-
-
-def _within_window(allowed: torch.Tensor | None, length: int, *, window: int, device: torch.device) -> torch.Tensor:
-    """The slice's mask with keys `window` or more positions back hidden (transformers' rule)."""
-    pos = _positions(allowed, length, device)
-    near = (pos[:, None] - pos[None, :]) < window
-    causal = allowed if allowed is not None else torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    return causal & near
 
 
 def _eager(

@@ -69,9 +69,8 @@ def load_hf_model(
     """
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from rlvr.trainer.attention import PACKED_ATTENTION  # importing it registers it with transformers
+    import rlvr.trainer.attention  # noqa: F401  # pyright: ignore[reportUnusedImport]  # registers rlvr_packed
 
-    assert PACKED_ATTENTION == "rlvr_packed"
     extra: dict[str, object] = {}
     auto = cast(_AutoModel, AutoModelForCausalLM)
     if kind == "value":

@@ -344,17 +344,22 @@ def render_keys() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def test_the_recipe_page_lists_every_key_as_the_schema_says():
-    page = ROOT / "docs" / "recipes.md"
+def check_generated_section(page: Path, begin: str, end: str, wanted: str, *, differs: str) -> None:
+    """The text between `begin` and `end` in `page` is `wanted` (RLVR_UPDATE_DOCS=1 rewrites it first);
+    `differs` says what differs and how to rewrite it."""
     text = page.read_text()
-    assert KEYS_BEGIN in text and KEYS_END in text, f"{rel(page)} lost its generated key reference markers"
-    head, rest = text.split(KEYS_BEGIN, 1)
-    current, tail = rest.split(KEYS_END, 1)
-    wanted = "\n" + render_keys()
+    assert begin in text and end in text, f"{rel(page)} lost its generated section's markers"
+    head, rest = text.split(begin, 1)
+    current, tail = rest.split(end, 1)
     if os.environ.get("RLVR_UPDATE_DOCS") == "1" and current != wanted:
-        page.write_text(head + KEYS_BEGIN + wanted + KEYS_END + tail)
+        page.write_text(head + begin + wanted + end + tail)
         current = wanted
-    assert current == wanted, (
-        f"{rel(page)}: the key reference differs from rlvr/recipe/schema.py; "
-        "rewrite it with RLVR_UPDATE_DOCS=1 pytest tests/unit/test_docs.py"
-    )
+    assert current == wanted, f"{rel(page)}: {differs}"
+
+
+def test_the_recipe_page_lists_every_key_as_the_schema_says():
+    check_generated_section(
+        ROOT / "docs" / "recipes.md", KEYS_BEGIN, KEYS_END, "\n" + render_keys(),
+        differs="the key reference differs from rlvr/recipe/schema.py; rewrite it with RLVR_UPDATE_DOCS=1 pytest "
+        "tests/unit/test_docs.py",
+    )  # fmt: skip
