@@ -153,3 +153,19 @@ def embedded_server(model_dir: Path, *, log: Path, max_batch: int = 4, **options
         yield url
     finally:
         children.kill_all(grace_s=10)
+
+
+@pytest.fixture
+def sent_prompts(monkeypatch) -> list[list[int]]:
+    """The token ids every `EmbeddedEngine.generate` call of the test sends, as it sends them."""
+    from rlvr.server.embedded import EmbeddedEngine
+
+    sent: list[list[int]] = []
+    generate = EmbeddedEngine.generate
+
+    async def recording(self: Any, requests: list[Any]) -> Any:
+        sent.extend(list(r.input_ids) for r in requests)
+        return await generate(self, requests)
+
+    monkeypatch.setattr(EmbeddedEngine, "generate", recording)
+    return sent

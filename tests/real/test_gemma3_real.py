@@ -228,20 +228,13 @@ def test_validate_counts_the_plain_prompt_with_its_bos(gemma3_dir: Path, tokeniz
     assert prompt_example(rows()[0], tokenizer=fast, template="auto").text.startswith("<bos>user: 12 + 34 =")
 
 
-def test_rlvr_eval_sends_the_plain_prompt_with_its_bos(gemma3_dir: Path, tokenizer: Any, monkeypatch) -> None:
+def test_rlvr_eval_sends_the_plain_prompt_with_its_bos(
+    gemma3_dir: Path, tokenizer: Any, sent_prompts: list[list[int]]
+) -> None:
     from rlvr.evaluation import evaluate
-    from rlvr.server.embedded import EmbeddedEngine
 
-    sent: list[list[int]] = []
-    generate = EmbeddedEngine.generate
-
-    async def recording(self: Any, requests: list[Any]) -> Any:
-        sent.extend(list(r.input_ids) for r in requests)
-        return await generate(self, requests)
-
-    monkeypatch.setattr(EmbeddedEngine, "generate", recording)
     out = evaluate(gemma3_dir, rows(), rewards={"sums": ("math_rule", {})}, max_new_tokens=2)
-    assert sorted(sent) == sorted(expected_ids(tokenizer))
+    assert sorted(sent_prompts) == sorted(expected_ids(tokenizer))
     assert all(row.finish_reason in ("stop", "length") for row in out)
 
 

@@ -196,23 +196,14 @@ def test_validate_counts_the_chat_template_ids(smollm2_dir: Path, reference: dic
 
 
 def test_rlvr_eval_sends_the_chat_template_ids(
-    smollm2_dir: Path, reference: dict[str, list[int]], hf_tokenizer: Any, monkeypatch
+    smollm2_dir: Path, reference: dict[str, list[int]], hf_tokenizer: Any, sent_prompts: list[list[int]]
 ) -> None:
     """`rlvr eval`'s `evaluate` on the real engine: the ids it sends, and the prompt its rows report."""
     from rlvr.evaluation import evaluate
-    from rlvr.server.embedded import EmbeddedEngine
 
-    sent: list[list[int]] = []
-    generate = EmbeddedEngine.generate
-
-    async def recording(self: Any, requests: list[Any]) -> Any:
-        sent.extend(list(r.input_ids) for r in requests)
-        return await generate(self, requests)
-
-    monkeypatch.setattr(EmbeddedEngine, "generate", recording)
     rows = samples()
     out = evaluate(smollm2_dir, rows, rewards={"sums": ("math_rule", {})}, max_new_tokens=2)
-    assert sorted(sent) == sorted(reference.values())
+    assert sorted(sent_prompts) == sorted(reference.values())
     for row in out:
         assert hf_tokenizer(row.prompt, add_special_tokens=False)["input_ids"] == reference[row.sample.id]
         assert row.finish_reason in ("stop", "length")
