@@ -122,10 +122,12 @@ def test_two_rank_fsdp2_matches_one_process(tmp_path: Path, tiny_model_dir: Path
     run(str(tiny_model_dir), strategy="none", out=single)
     one, two = (torch.load(p, weights_only=False) for p in (single, two_rank_run[0]))
     assert two["world"] == 2
-    # 2 ranks x FSDP2 x packing == one plain process, to float32 summation-order tolerance
+    # 2 ranks x FSDP2 x packing == one plain process, to float32 summation-order tolerance. The losses and grad
+    # norms catch a wrong scale; Adam hides a scale but turns summation noise on a near-zero gradient into up to
+    # ~1e-6 of weight, so weights are held to 1% of one lr=1e-3 step
     assert torch.allclose(torch.tensor(two["losses"]), torch.tensor(one["losses"]), rtol=1e-5, atol=1e-6)
     for name, value in one["weights"].items():
-        assert torch.allclose(two["weights"][name], value, rtol=1e-4, atol=1e-6), name
+        assert torch.allclose(two["weights"][name], value, rtol=1e-4, atol=1e-5), name
 
 
 def test_two_rank_resume_continues_bit_identically(tmp_path: Path, tiny_model_dir: Path, two_rank_run) -> None:
