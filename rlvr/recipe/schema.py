@@ -157,6 +157,51 @@ class GymSource(Section):
         return self
 
 
+HUB_ROW_FIELDS = ("id", "tag", "messages", "prompt", "ground_truth", "test_cases", "case_type", "difficulty")
+"""The row fields a hub data set's columns can be mapped to (`hf.columns`)."""
+
+
+class HubData(Section):
+    """How the domain's `hf:org/name` data files are read from the hub cache (docs/data.md, "Hub data sets")."""
+
+    config: str | None = None
+    """The data set's config (subset), e.g. "main" for openai/gsm8k; unset: its only one."""
+    split: str = "train"
+    """The split `files` reads."""
+    eval_split: str = "test"
+    """The split `eval_files` reads."""
+    revision: str = "main"
+    """A branch, tag or commit of the data set, as in the hub cache's `refs/`."""
+    columns: dict[str, str] = {}
+    """Row field -> the data set's column, e.g. `{ prompt = "question", ground_truth = "answer" }`;
+    applies to every file of the domain, and `rlvr validate` checks the columns exist."""
+
+    @model_validator(mode="after")
+    def _check(self) -> HubData:
+        for field in self.columns:
+            if field not in HUB_ROW_FIELDS:
+                raise _at(("columns", field), f"{field!r} is no row field; map columns to {', '.join(HUB_ROW_FIELDS)}")
+        return self
+
+
+class VerifiersSource(Section):
+    """A domain's rows and scoring from a verifiers (v1) taskset instead of files (docs/rewards.md,
+    "verifiers domains"); the domain's reward is then "verifiers"."""
+
+    taskset: str
+    """The taskset: an importable module (from the recipe's folder too) or an installed environment
+    (`name` or `owner/name` as on the Environments Hub) exporting its `vf.Taskset` subclass in `__all__`."""
+    args: dict[str, Any] = {}
+    """The taskset's own config keys (its `vf.TasksetConfig` fields), e.g. `{ split = "train" }`."""
+    size: int | None = Field(default=None, ge=1)
+    """Training rows: the first `size` tasks of the taskset (unset: all of them)."""
+    eval_args: dict[str, Any] | None = None
+    """Eval rows (eval_files' role): the taskset loaded again with `args` updated by these keys,
+    e.g. `{ split = "test" }`; unset: no eval rows."""
+    eval_size: int | None = Field(default=None, ge=1)
+    """Eval rows: the first `eval_size` tasks (unset: all of them)."""
+
+
 class DifficultyPoolConfig(Section):
     retire_after: int = Field(ge=1)
     """Groups in a row that came back all-correct (every score >= 1) or all-wrong (every score <= 0)
@@ -202,6 +247,10 @@ class DomainConfig(Section):
     """Row filters applied when loading."""
     gym: GymSource | None = None
     """Generate the rows with reasoning-gym instead of reading `files` (docs/data.md, "reasoning-gym domains")."""
+    verifiers: VerifiersSource | None = None
+    """Take the rows and the reward from a verifiers taskset instead of `files` (docs/rewards.md)."""
+    hf: HubData = Field(default_factory=HubData)
+    """Config, splits and column map of `hf:org/name` files (docs/data.md, "Hub data sets")."""
     reward_norm: Literal["none", "group", "domain"] = "none"
     """Per-domain reward normalisation before advantages (domain: running mean/std)."""
     pool: DifficultyPoolConfig | None = None
@@ -244,8 +293,18 @@ class DomainConfig(Section):
     def _one_source(self) -> DomainConfig:
         if self.files and self.gym is not None:
             raise _at(("gym",), "a domain reads files or generates its rows with gym, not both: remove one of them")
-        if not self.files and self.gym is None:
-            raise _at(("files",), "required: data files, or a gym table that generates the rows (reasoning-gym)")
+        if self.verifiers is not None and (self.files or self.gym is not None):
+            other = "files" if self.files else "gym"
+            raise _at(("verifiers",), f"a domain's rows come from a verifiers taskset or from {other}, not both")
+        if not self.files and self.gym is None and self.verifiers is None:
+            raise _at(
+                ("files",),
+                "required: data files, or a gym table (reasoning-gym) or verifiers table (a taskset) that makes the rows",
+            )
+        if (self.verifiers is not None) != (self.reward == "verifiers"):
+            if self.verifiers is not None:
+                raise _at(("reward",), 'a verifiers domain is scored by its taskset: write reward = "verifiers"')
+            raise _at(("reward",), 'reward "verifiers" scores the rows of a [domains.NAME.verifiers] table; add one')
         return self
 
 

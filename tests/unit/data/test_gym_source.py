@@ -317,8 +317,8 @@ def test_a_domain_without_files_or_gym(tmp_path: Path):
     with pytest.raises(RecipeError) as caught:
         load_recipe(path)
     assert str(caught.value).replace(str(path), "recipe.toml") == (
-        "recipe.toml:4: domains.logic.files: required: data files, or a gym table that generates the rows "
-        "(reasoning-gym)"
+        "recipe.toml:4: domains.logic.files: required: data files, or a gym table (reasoning-gym) or verifiers "
+        "table (a taskset) that makes the rows"
     )
 
 
