@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlvr.launch.argv import prepare_servers, trainer_command
-from rlvr.launch.failure import LaunchError, checkpoint_note, failure, stated_error, trainer_crashed
+from rlvr.launch.failure import LaunchError, checkpoint_note, failure
 from rlvr.launch.health import HeartbeatWatch
-from rlvr.launch.restarts import Restarts, end_trainer
+from rlvr.launch.restarts import Restarts
 from rlvr.launch.supervisor import (
     ServerLaunch,
     ServerSupervisor,
@@ -40,13 +40,14 @@ from rlvr.launch.supervisor import (
     rollout_launch,
     visible_devices,
 )
-from rlvr.monitor.metrics import append_event, logged_steps, mark_stopped
+from rlvr.launch.trainer_supervisor import TrainerSupervisor
+from rlvr.monitor.metrics import append_event, mark_stopped
 from rlvr.monitor.progress import PlainProgress
 from rlvr.process import Child, Children, free_port
-from rlvr.recipe.plan import PLAN_GPUS_ENV, TRAINER_RESTART_ENV, LaunchPlan, ServerSpec, make_plan
+from rlvr.recipe.plan import PLAN_GPUS_ENV, LaunchPlan, ServerSpec, make_plan
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import clear_servers
-from rlvr.rundir import GENERATION_ENV, RunDir, latest_checkpoint
+from rlvr.rundir import RunDir
 
 DRAIN_TIMEOUT_S = 300.0  # a trainer told to stop after a child died: its step and checkpoint
 
@@ -90,13 +91,15 @@ class LocalLauncher:
         self.children = Children(env={**os.environ, **env}, death_signal=signal.SIGTERM)
         self.paths = RunDir(run_dir)
         self.paths.logs.mkdir(parents=True, exist_ok=True)
-        self.trainer: Child | None = None
-        self.previous: Child | None = None  # the last trainer that died, until the next one starts
-        self.generation = 0  # the current trainer's (RunDir.next_generation)
-        self.heartbeats = HeartbeatWatch(self.paths.heartbeats, deadline_s=recipe.rollout.health_deadline_s)
-        self.trainer_hung: str | None = None  # why the current trainer was killed, when it was hung
-        self.trainer_restarts = Restarts(max_restarts=recipe.experiment.trainer_restarts)
-        self._trainer_steps = 0  # steps logged when the current trainer started
+        self.trainer = TrainerSupervisor(
+            self.children,
+            self.paths,
+            command=lambda resume: trainer_command(self.plan, run_dir=self.run_dir, resume=resume),
+            heartbeats=HeartbeatWatch(self.paths.heartbeats, deadline_s=recipe.rollout.health_deadline_s),
+            restarts=Restarts(max_restarts=recipe.experiment.trainer_restarts),
+            say=self._say,
+            env=visible_devices(self.plan.trainer_gpus),
+        )
         servers = Children(env=self.children.env, death_signal=signal.SIGTERM)
         self.servers = ServerSupervisor.for_recipe(recipe, servers, log=self.paths.log, run_dir=run_dir)
 
@@ -113,25 +116,8 @@ class LocalLauncher:
             self.servers.start(judge_launch(self.recipe, port=free_port()))
         for spec in self.plan.servers:
             self.servers.start(self._server(spec))
-        self._start_trainer(resume=self.resume)
+        self.trainer.start(resume=self.resume)
         self.servers.wait_healthy(timeout_s=server_timeout_s, on_healthy=functools.partial(register, self.run_dir))
-
-    def _start_trainer(self, *, resume: str, attempt: int = 0) -> None:
-        """Start a trainer as the run's next generation, never beside a process of the last one."""
-        if self.previous is not None:
-            end_trainer(self.children, self.previous)
-            self.previous = None
-        command = trainer_command(self.plan, run_dir=self.run_dir, resume=resume)
-        self.generation = self.paths.next_generation()
-        env = {
-            **visible_devices(self.plan.trainer_gpus),
-            TRAINER_RESTART_ENV: str(attempt),
-            GENERATION_ENV: str(self.generation),
-        }
-        self._trainer_steps = logged_steps(self.run_dir)
-        self.heartbeats.restart()
-        self.trainer_hung = None
-        self.trainer = self.children.start("trainer", command, env=env, log=self.paths.log("trainer"))
 
     def _server(self, spec: ServerSpec) -> ServerLaunch:
         """Local servers take free ports: two runs on one machine must not collide. A restart
@@ -147,38 +133,10 @@ class LocalLauncher:
             self._say(f"{fresh.name} restarted (pid {fresh.pid})", level="warning")
         for child in self.servers.dead():
             self._server_died(child)
-        for _ in self.trainer_restarts.due():
-            self._start_trainer(resume="auto", attempt=self.trainer_restarts.attempts["trainer"])
-        trainer = self.trainer
-        if trainer is not None and trainer.running() and (hung := self.heartbeats.hung()):
-            self.trainer_hung = f"rank {hung[0]} stopped its heartbeat for {self.heartbeats.deadline_s:g} s (hung)"
-            end_trainer(self.children, trainer)  # SIGKILL, then it is a dead trainer like any other
-        if trainer is None or (code := trainer.proc.poll()) is None:
-            return None
-        if code == 0:
-            return 0
-        stated = stated_error(self.run_dir)
-        if stated:
-            raise LaunchError(stated)
-        if self._restart_trainer(trainer):
-            return None
-        raise failure(trainer, self.trainer_hung or f"exited with code {code}")
-
-    def _restart_trainer(self, trainer: Child) -> bool:
-        """Restart a crashed or hung trainer (`trainer_crashed`) from the newest checkpoint, within
-        its budget; True when a restart is scheduled."""
-        code = trainer.proc.returncode
-        if not trainer_crashed(code, trainer.log_path, progressed=logged_steps(self.run_dir) > self._trainer_steps):
-            return False
-        saved = latest_checkpoint(self.paths.checkpoints)
-        start = f"checkpoint {saved.name}" if saved else "the start (no checkpoint yet)"
-        plan = self.trainer_restarts.died("trainer", then=f"it resumes from {start}")
-        if plan is None:
-            return False
-        end_trainer(self.children, trainer)  # now: an orphaned worker must not train through the backoff
-        self.trainer, self.previous = None, trainer
-        self._say(f"{failure(trainer, self.trainer_hung or f'died with code {code}')}; {plan}")
-        return True
+        done = self.trainer.poll()
+        if done is None or done.error is None:
+            return None if done is None else done.code
+        raise done.error
 
     def _server_died(self, child: Child) -> None:
         """Restart a dead server, or go on without it, or stop the run ("fail" mode, the judge out
@@ -200,7 +158,7 @@ class LocalLauncher:
     def _drained(self, error: LaunchError) -> LaunchError:
         """Before the run stops for `error`: the trainer finishes its step (or fails on the dead
         server, which it does with a checkpoint too) and saves; the line says what was kept."""
-        if self.trainer is not None and self.trainer.running():
+        if self.trainer.running():
             self.stop_trainer(timeout_s=DRAIN_TIMEOUT_S)
         return LaunchError(f"{error}{checkpoint_note(self.run_dir)}")
 
@@ -219,17 +177,18 @@ class LocalLauncher:
         """Ask the trainer's ranks to finish their step and checkpoint (SIGUSR1 to torchrun's
         workers, not SIGTERM to torchrun: its 30 s kill clock would cut a long step or save
         short), and wait; a second Ctrl-C (or SIGTERM) gives up on it."""
-        if self.trainer is None or not self.trainer.running():
+        child = self.trainer.child
+        self.trainer.ask_stop(signal.SIGUSR1)
+        if child is None or not child.running():
             return
-        self.trainer.signal_workers(signal.SIGUSR1)
         with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):
-            self.trainer.proc.wait(timeout=timeout_s)
+            child.proc.wait(timeout=timeout_s)
 
     def shutdown(self, *, grace_s: float = 30.0) -> None:
         """Trainer first (it may be saving), then every server at once (each takes a second or
         two to drain); SIGKILL whatever outlives its grace."""
-        if self.trainer is not None:
-            self.children.stop(self.trainer, grace_s=grace_s)
+        if self.trainer.child is not None:
+            self.children.stop(self.trainer.child, grace_s=grace_s)
         self.servers.stop(grace_s=5)
         self.children.kill_all(grace_s=5)
 

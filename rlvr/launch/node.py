@@ -26,15 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.launch.argv import prepare_servers, trainer_command
-from rlvr.launch.failure import LaunchError, failure, stated_error, trainer_crashed
+from rlvr.launch.failure import LaunchError, failure
 from rlvr.launch.health import HeartbeatWatch
-from rlvr.launch.restarts import Restarts, end_trainer
+from rlvr.launch.restarts import Restarts
 from rlvr.launch.supervisor import ServerLaunch, ServerSupervisor, judge_launch, register, rollout_launch
-from rlvr.monitor.metrics import append_event, logged_steps, mark_stopped
-from rlvr.process import Child, Children
-from rlvr.recipe.plan import TRAINER_RESTART_ENV, LaunchPlan, ServerSpec
+from rlvr.launch.trainer_supervisor import TrainerSupervisor
+from rlvr.monitor.metrics import append_event, mark_stopped
+from rlvr.process import Children
+from rlvr.recipe.plan import LaunchPlan, ServerSpec
 from rlvr.rendezvous import clear_servers
-from rlvr.rundir import DONE_STATES, GENERATION_ENV, RunDir, read_json, read_status, write_json_atomic
+from rlvr.rundir import DONE_STATES, RunDir, read_json, read_status, write_json_atomic
 
 JUDGE_PORT_OFFSET = 100  # the judge listens at the rollout base port + this on the first rollout node
 
@@ -206,12 +207,7 @@ class Node:
         )
         self.signals: list[int] = []
         self.grace_s = float(os.environ.get(STOP_GRACE_ENV, "20"))
-        per_node = self.plan.trainer_procs_per_node  # this node's trainer ranks' heartbeats
-        ranks = range(self.role.node_rank * per_node, (self.role.node_rank + 1) * per_node)
-        self.heartbeats = HeartbeatWatch(
-            self.paths.heartbeats, deadline_s=self.recipe.rollout.health_deadline_s, ranks=ranks
-        )
-        self.trainer_hung: str | None = None
+        self._generations = 0  # trainer starts on this node so far
 
     # signals are only recorded here; the main loop acts on them (no work inside a handler)
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -258,36 +254,22 @@ class Node:
 
     def run_trainer(self) -> int:
         role = self.role
-        generation = self._generation(first=True)
-        argv = trainer_command(
-            self.plan, run_dir=self.run_dir, node_rank=role.node_rank, master_addr=resolve_address(role.master_node)
-        )
-        _log(role, " ".join(argv))
-        restarts = Restarts(max_restarts=self.recipe.experiment.trainer_restarts)
-        restart = 0
+        trainer = self._trainer_supervisor()
+        _log(role, " ".join(trainer.command("auto")))
+        trainer.start()
+        preempted = False
         while True:
-            env = dict(
-                os.environ, RLVR_NODE_ROLE=TRAINER, RLVR_ATTEMPT=role.attempt,
-                **{TRAINER_RESTART_ENV: str(restart), GENERATION_ENV: str(generation)},
-            )  # fmt: skip
-            steps = logged_steps(self.run_dir)
-            self.heartbeats.restart()
-            self.trainer_hung = None
-            trainer = self.children.start("trainer", argv, env=env, log=self.paths.log(self._trainer_log))
-            rc, preempted = self._watch_trainer(trainer)
-            if preempted or not self._restartable(trainer, progressed=logged_steps(self.run_dir) > steps):
+            done = trainer.poll()
+            for sig in self._pending():  # drained once more after the exit: a signal may race it
+                if sig in (signal.SIGTERM, signal.SIGINT):
+                    self._stop()
+                _log(role, f"{signal.Signals(sig).name}: asking the trainer to checkpoint and exit")
+                preempted = True
+                trainer.ask_stop(sig)
+            if done is not None:
                 break
-            plan = restarts.died("trainer", then="it resumes from the newest checkpoint")
-            if plan is None:
-                break
-            why = failure(trainer, self.trainer_hung or f"died with code {rc}")
-            _log(role, f"{why}; {plan}")
-            append_event(self.run_dir, f"{why}; {plan}")
-            end_trainer(self.children, trainer)  # its workers too, before the backoff and the next start
-            while not restarts.due():
-                time.sleep(0.2)
-            restart += 1
-            generation = self._generation(first=False)
+            time.sleep(0.1)
+        rc = done.code
         _log(role, f"trainer exited with {rc}")
         if role.is_first_trainer:
             self._write_trainer_exit(rc)
@@ -295,12 +277,42 @@ class Node:
             self._requeue()
         return rc
 
-    def _generation(self, *, first: bool) -> int:
+    def _trainer_supervisor(self) -> TrainerSupervisor:
+        """This node's trainer ranks, watched by their heartbeats. Only a one-trainer-node job restarts
+        its trainer in place: several nodes would have to restart together, so there the job ends
+        and a requeue resumes it."""
+        role, per_node = self.role, self.plan.trainer_procs_per_node
+        argv = trainer_command(
+            self.plan, run_dir=self.run_dir, node_rank=role.node_rank, master_addr=resolve_address(role.master_node)
+        )
+        ranks = range(role.node_rank * per_node, (role.node_rank + 1) * per_node)
+        alone = len(self.plan.trainer_nodes) == 1
+
+        def say(message: str) -> None:
+            _log(role, message)
+            append_event(self.run_dir, message)
+
+        return TrainerSupervisor(
+            self.children,
+            self.paths,
+            command=lambda resume: argv,
+            heartbeats=HeartbeatWatch(
+                self.paths.heartbeats, deadline_s=self.recipe.rollout.health_deadline_s, ranks=ranks
+            ),
+            restarts=Restarts(max_restarts=self.recipe.experiment.trainer_restarts if alone else 0),
+            say=say,
+            env={"RLVR_NODE_ROLE": TRAINER, "RLVR_ATTEMPT": role.attempt},
+            log_name=self._trainer_log,
+            next_generation=self._generation,
+        )
+
+    def _generation(self) -> int:
         """The generation of the trainer this node starts next (`RunDir.next_generation`). The first
         trainer node counts each start and, for an attempt's first, clears the last attempt's
         servers and names the attempt (with its generation) in attempt.json; other trainer nodes
         (never restarted in place) take the attempt's generation from there."""
-        role = self.role
+        role, first = self.role, self._generations == 0
+        self._generations += 1
         if role.is_first_trainer:
             generation = self.paths.next_generation()
             if first:
@@ -320,34 +332,6 @@ class Node:
     def _trainer_log(self) -> str:
         """logs/trainer.log, as on one machine; one per node when several run trainer ranks."""
         return "trainer" if len(self.plan.trainer_nodes) == 1 else f"trainer-node{self.role.node_rank}"
-
-    def _watch_trainer(self, trainer: Child) -> tuple[int, bool]:
-        """Wait for the trainer, passing on the signals this node gets; its exit code, and whether
-        it was asked to stop."""
-        preempted = False
-        while True:
-            running = trainer.running()
-            if running and (hung := self.heartbeats.hung()):  # a rank stopped whole: a dead trainer
-                self.trainer_hung = f"rank {hung[0]} stopped its heartbeat for {self.heartbeats.deadline_s:g} s (hung)"
-                end_trainer(self.children, trainer)
-                running = False
-            for sig in self._pending():  # drained once more after the exit: a signal may race it
-                if sig in (signal.SIGTERM, signal.SIGINT):
-                    self._stop()
-                _log(self.role, f"{signal.Signals(sig).name}: asking the trainer to checkpoint and exit")
-                preempted = True
-                self.children.signal_workers(sig)
-            if not running:
-                return int(trainer.proc.returncode), preempted
-            time.sleep(0.1)
-
-    def _restartable(self, trainer: Child, *, progressed: bool) -> bool:
-        """A crashed trainer (`trainer_crashed`) of a one-trainer-node job, not one that stated its
-        own failure. Several trainer nodes would have to restart together: there the job ends and
-        a requeue resumes it."""
-        if len(self.plan.trainer_nodes) != 1 or stated_error(self.run_dir) is not None:
-            return False
-        return trainer_crashed(int(trainer.proc.returncode), trainer.log_path, progressed=progressed)
 
     def _finished(self) -> bool:
         return (read_status(self.run_dir) or {}).get("state") == "finished"

@@ -1,7 +1,8 @@
 """A stand-in for torchrun's agent in launcher tests:
 `python fake_agent.py OUT RESUME [--die-with-parent] [--heartbeat PATH]`.
 
-Like torchrun it starts its worker in a session of its own and exits with the worker's code. The
+Like torchrun it starts its worker in a session of its own and exits with the worker's code (1,
+saying `(exitcode: -N)`, for a worker killed by signal N). The
 worker sleeps; with `--die-with-parent` it first asks for the parent-death signal as `rlvr.worker`
 does (`stay_with_parent`), else it has none, so only the launcher can end it once its agent is
 gone; with `--heartbeat` it beats into PATH every 0.1 s as a trainer rank does (`Heartbeat`).
@@ -50,7 +51,11 @@ def main() -> int:
     n = len(list(out.glob("*.json"))) + 1
     (out / f".{n}.tmp").write_text(json.dumps(record))
     os.replace(out / f".{n}.tmp", out / f"{n}.json")
-    return worker.wait()
+    code = worker.wait()
+    if code < 0:  # as torchrun reports a worker killed by a signal (ChildFailedError), and exits 1
+        print(f"[0]:\n  exitcode  : {code} (pid: {worker.pid})\n(exitcode: {code})", file=sys.stderr, flush=True)
+        return 1
+    return code
 
 
 if __name__ == "__main__":

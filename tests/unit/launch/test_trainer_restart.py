@@ -66,7 +66,7 @@ def launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalL
     sets = [f"experiment.output_dir={json.dumps(str(tmp_path))}", "rollout.health_deadline_s=1.5"]
     recipe = load_recipe(QUICKSTART, sets)
     launcher = LocalLauncher(recipe, run_dir=tmp_path / "run")
-    launcher.trainer_restarts = Restarts(max_restarts=1, backoff_s=0.05)
+    launcher.trainer.restarts = Restarts(max_restarts=1, backoff_s=0.05)
     try:
         yield launcher
     finally:
@@ -77,14 +77,14 @@ def test_a_trainer_whose_agent_is_killed_restarts_as_the_next_generation_once_it
     launcher: LocalLauncher, tmp_path: Path
 ) -> None:
     starts, run = tmp_path / "starts", RunDir(tmp_path / "run")
-    launcher._start_trainer(resume="auto")
+    launcher.trainer.start()
     first = wait_for(record(starts, 1))
     assert (first["generation"], first["restart"], first["resume"]) == ("1", "0", "auto")
     assert run.generation() == 1
 
     os.kill(first["agent"], signal.SIGKILL)  # the OOM killer's choice: the agent, not the worker
     wait_for(lambda: orphaned(first["worker"], first["agent"]))  # the worker trains on, alone
-    wait_for(lambda: launcher.trainer is None, poll=launcher.check)  # the death is seen: a restart is due
+    wait_for(lambda: launcher.trainer.child is None, poll=launcher.check)  # the death is seen: a restart is due
     assert not is_alive(first["worker"])  # ended at once, not after the backoff
     events = run.events.read_text()
     assert "trainer died with code -9: killed by SIGKILL" in events and "restarting it in" in events
@@ -98,8 +98,8 @@ def test_a_trainer_whose_agent_is_killed_restarts_as_the_next_generation_once_it
 def test_out_of_restarts_the_run_stops_and_leaves_no_process_of_the_trainer(
     launcher: LocalLauncher, tmp_path: Path
 ) -> None:
-    launcher.trainer_restarts = Restarts(max_restarts=0)
-    launcher._start_trainer(resume="auto")
+    launcher.trainer.restarts = Restarts(max_restarts=0)
+    launcher.trainer.start()
     first = wait_for(record(tmp_path / "starts", 1))
     os.kill(first["agent"], signal.SIGKILL)
     wait_for(lambda: orphaned(first["worker"], first["agent"]))
@@ -115,12 +115,12 @@ def test_a_trainer_rank_stopped_whole_is_told_from_a_slow_one_and_restarted(
     """SIGSTOP a worker: nothing dies, torchrun sees nothing; its heartbeat goes silent, and past
     `rollout.health_deadline_s` the launcher kills the trainer's tree and restarts it."""
     starts, run = tmp_path / "starts", RunDir(tmp_path / "run")
-    launcher._start_trainer(resume="auto")
+    launcher.trainer.start()
     first = wait_for(record(starts, 1))
     wait_for(lambda: run.heartbeat(0).exists())
-    quiet_until = time.monotonic() + 3 * launcher.heartbeats.deadline_s  # a beating rank is never hung
+    quiet_until = time.monotonic() + 3 * launcher.trainer.heartbeats.deadline_s  # a beating rank is never hung
     wait_for(lambda: time.monotonic() > quiet_until, poll=launcher.check, timeout_s=10)
-    assert launcher.trainer is not None and launcher.trainer_hung is None
+    assert launcher.trainer.running() and launcher.trainer.hung is None
     os.kill(first["worker"], signal.SIGSTOP)
     second = wait_for(record(starts, 2), poll=launcher.check)
     assert (second["generation"], second["restart"]) == ("2", "1")
@@ -128,10 +128,40 @@ def test_a_trainer_rank_stopped_whole_is_told_from_a_slow_one_and_restarted(
     assert "trainer rank 0 stopped its heartbeat for 1.5 s (hung): killed by SIGKILL" in run.events.read_text()
 
 
+def test_a_trainer_asked_to_stop_is_not_restarted_whatever_code_it_ends_with(
+    launcher: LocalLauncher, tmp_path: Path
+) -> None:
+    """Ctrl-C or a preemption (`ask_stop`) makes the next death final: the worker killed by the
+    stop signal itself (exit -10) would otherwise look like a crash and train again."""
+    launcher.trainer.start()
+    wait_for(record(tmp_path / "starts", 1))
+    launcher.trainer.ask_stop(signal.SIGUSR1)  # the stand-in worker has no handler: it dies of it
+    with pytest.raises(LaunchError, match="trainer exited with code 1: a rank .* was killed by SIGUSR1"):
+        wait_for(lambda: launcher.check() is not None)
+    time.sleep(0.2)  # past the 50 ms backoff a restart would have waited
+    assert launcher.trainer.poll() is not None  # still done: nothing started again
+    assert not (tmp_path / "starts" / "2.json").exists()
+
+
+def test_a_trainer_that_stated_its_own_error_is_not_restarted(launcher: LocalLauncher, tmp_path: Path) -> None:
+    """A trainer that stopped the run itself (rewards past their budget, say) would stop it again
+    after a restart: the run ends with its own line, not a restart and not a crash report."""
+    from rlvr.rundir import write_json_atomic
+
+    run = RunDir(tmp_path / "run")
+    launcher.trainer.start()
+    first = wait_for(record(tmp_path / "starts", 1))
+    write_json_atomic(run.status, {"state": "failed", "error": "math: 9 of 10 rewards could not judge"})
+    os.kill(first["agent"], signal.SIGKILL)
+    with pytest.raises(LaunchError, match=r"^math: 9 of 10 rewards could not judge$"):
+        wait_for(lambda: launcher.check() is not None)
+    assert not (tmp_path / "starts" / "2.json").exists()
+
+
 def test_no_new_trainer_beside_a_process_of_the_last_one_that_outlives_sigkill(
     launcher: LocalLauncher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    launcher._start_trainer(resume="auto")
+    launcher.trainer.start()
     first = wait_for(record(tmp_path / "starts", 1))
     real = launcher.children.stop
     monkeypatch.setattr(launcher.children, "stop", lambda child, **kw: [*real(child, **kw), 4242])  # stuck in D
