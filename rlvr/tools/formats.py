@@ -5,7 +5,8 @@ the text of the model turn that just stopped, and renders a tool's answer as the
 tokens are appended. Only a call that *ends the turn* counts: the engine stopped on it.
 
 - tags (ROLL's agentic style): `<code>...</code>` or a fenced python block for `python`,
-  `<search>...</search>` for `search`, `<NAME>...</NAME>` for a plug-in (a JSON object of
+  `<search>...</search>` for `search` (or, without `python`, a fenced python block that calls
+  `search("query")`: a form small instruct models write where they write no tag), `<NAME>...</NAME>` for a plug-in (a JSON object of
   arguments, or plain text for its first parameter); answers in `<result>...</result>`.
 - hermes (Qwen2.5/Qwen3, verl): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
   the answer closes the assistant message, adds a `tool` message and opens a new assistant
@@ -14,6 +15,7 @@ tokens are appended. Only a call that *ends the turn* counts: the engine stopped
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Mapping
@@ -73,13 +75,29 @@ def _ends_turn(text: str, end: int) -> bool:
     return len(rest) <= TRAILING_SLACK and "\n" not in rest
 
 
+def search_query(code: str) -> str | None:
+    """The string argument of the first `search(...)` call in `code` (e.g. `print(search("x"))`),
+    found by parsing it, not running it: None for code that does not parse or calls no search."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "search":
+            args = list(node.args) + [k.value for k in node.keywords if k.arg == "query"]
+            if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
+                return args[0].value
+    return None
+
+
 class TagsFormat:
     name = "tags"
 
     def __init__(self, tools: Mapping[str, Tool]):
         self.tools = dict(tools)
         self.tags = {_TAG_OF.get(name, name): name for name in tools}
-        self.stop = [f"</{tag}>" for tag in self.tags] + (["```\n"] if "python" in tools else [])
+        self.fenced = "python" if "python" in tools else "search" if "search" in tools else None
+        self.stop = [f"</{tag}>" for tag in self.tags] + (["```\n"] if self.fenced else [])
 
     def parse(self, text: str) -> Parsed:
         best: tuple[int, Parsed] | None = None
@@ -87,15 +105,22 @@ class TagsFormat:
             for match in re.finditer(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, re.DOTALL):
                 if best is None or match.end() > best[0]:
                     best = (match.end(), self._call(name, match.group(1)))
-        if "python" in self.tools:
+        if self.fenced:
             for match in _FENCE_RE.finditer(text):
                 if match.group(1).lower() in _PY_LANGS and (best is None or match.end() > best[0]):
-                    best = (match.end(), self._call("python", match.group(2)))
+                    best = (match.end(), self._fenced_call(match.group(2)))
             if text.count("```") % 2 == 1 and text.rstrip().rsplit("\n", 1)[-1].startswith("```"):
                 return Unfinished()  # stopped on the opening fence's "```\n"
         if best is None or not _ends_turn(text, best[0]):
             return None
         return best[1]
+
+    def _fenced_call(self, code: str) -> Parsed:
+        """A fenced block runs `python`; without it, the block's `search("query")` call is a search."""
+        if self.fenced == "python":
+            return self._call("python", code)
+        query = search_query(code)
+        return Malformed('only search("query") runs here') if query is None else self._call("search", query)
 
     def _call(self, name: str, body: str) -> Parsed:
         body = body.strip("\n")
@@ -124,7 +149,8 @@ class TagsFormat:
             if name == "python":
                 lines.append(f"- <code>python code</code> (or a ```python block): runs it, returns stdout. {desc}")
             elif name == "search":
-                lines.append(f"- <search>query</search>: returns passages. {desc}")
+                alt = "" if "python" in self.tools else ' (or search("query") in a ```python block)'
+                lines.append(f"- <search>query</search>{alt}: returns passages. {desc}")
             else:
                 lines.append(f"- <{tag}>JSON arguments</{tag}>: {desc}")
         return "\n".join(lines)

@@ -208,3 +208,16 @@ async def test_python_session_does_not_replay_a_cell_that_timed_out(tokenizer):
     assert reply is not None and "timed out" in reply.text
     reply = await session.respond("<code>print(y + 1)</code>")
     assert reply is not None and "<result>\n3\n</result>" in reply.text
+
+
+def test_tags_format_runs_search_from_a_python_block_when_python_is_off():
+    fmt = TagsFormat({"search": fake_tool("search", None, "query")})
+    assert fmt.stop == ["</search>", "```\n"]
+    assert fmt.parse('```python\nprint(search("Mira Dovel"))\n```\n') == ToolCall("search", {"query": "Mira Dovel"})
+    assert fmt.parse("```py\nsearch(query='mayor of Quelm')\n```\n") == ToolCall("search", {"query": "mayor of Quelm"})
+    assert fmt.parse("```\n") == Unfinished()
+    assert isinstance(fmt.parse("```python\nprint(6 * 7)\n```\n"), Malformed)
+    assert isinstance(fmt.parse("```python\nsearch(x\n```\n"), Malformed)
+    assert 'search("query") in a ```python block' in fmt.instructions()
+    both = TagsFormat({"python": fake_tool("python", None, "code"), "search": fake_tool("search", None, "query")})
+    assert both.parse('```python\nsearch("x")\n```\n') == ToolCall("python", {"code": 'search("x")'})
