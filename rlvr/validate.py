@@ -19,6 +19,7 @@ from rlvr.data.base import DataError
 from rlvr.data.gym import check_gym
 from rlvr.data.prompt_fit import DataCheck, Messages, check_data, counting_tokenizer
 from rlvr.data.sources import load_recipe_domains
+from rlvr.data.verifiers_rows import check_verifiers
 from rlvr.plugins import add_plugin_dir
 from rlvr.recipe.checks import cpu_dtype_note, family_note, machine_problems
 from rlvr.recipe.hub import HubMode, pending_values, report_lines
@@ -112,7 +113,7 @@ def plugin_problem(recipe: Recipe) -> KeyProblem | None:
         problem = check_reward_args(domain.reward, domain.reward_args)
         if problem:
             return ("domains", name, "reward_args"), problem
-    return check_gym(recipe) or tools_problem(recipe)
+    return check_gym(recipe) or check_verifiers(recipe) or tools_problem(recipe)
 
 
 def tools_problem(recipe: Recipe) -> KeyProblem | None:

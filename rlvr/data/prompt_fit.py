@@ -274,7 +274,8 @@ def _check_domain_rows(
             template = recipe.model.chat_template
             check.examples[name] = prompt_example(samples[0], tokenizer=tokenizer, template=template, messages=render)
     files = _sources(recipe.domains[name], attr)
-    key = attr if getattr(recipe.domains[name], attr) else "gym"  # rows only reasoning-gym generated
+    domain = recipe.domains[name]
+    key = attr if getattr(domain, attr) else "verifiers" if getattr(domain, "verifiers", None) else "gym"
     if not samples or (fit is not None and fit.none_fit):
         why = _no_usable_row(name, files, report, fit, limit, train=training, tools=render is not None)
         return ("domains", name, key), why
@@ -297,6 +298,9 @@ def _sources(domain: Any, attr: str) -> list[str]:
         from rlvr.data.gym import describe
 
         out.append(describe(gym))
+    table = getattr(domain, "verifiers", None)
+    if table is not None and (attr == "files" or table.eval_args is not None):
+        out.append(f"verifiers taskset {table.taskset}")
     return out
 
 

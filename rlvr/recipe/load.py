@@ -17,6 +17,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlvr.recipe.hub import PYPI_PREFIX, HubError, HubIds, HubMode, Kind, Snapshot, looks_like_hub_id
+from rlvr.recipe.hub_data import is_hub_file
+from rlvr.recipe.hub_data import resolve as resolve_hub_data
 from rlvr.recipe.schema import KeyedError, Recipe
 
 
@@ -233,6 +235,15 @@ def _resolve_paths(recipe: Recipe, base: Path, *, check_files: bool, where: Loca
         for attr in ("files", "eval_files"):
             resolved = []
             for file in getattr(domain, attr):
+                if is_hub_file(file):  # a hub data set: its files in the hub cache (rlvr/recipe/hub_data.py)
+                    loc = ("domains", name, attr)
+                    try:
+                        resolved += resolve_hub_data(
+                            file, hf=domain.hf, evaluation=attr == "eval_files", key=loc, check_columns=check_files
+                        )
+                    except HubError as exc:
+                        raise RecipeError(where.error(exc.key, exc.message)) from None
+                    continue
                 full = (base / file).resolve() if not Path(file).is_absolute() else Path(file)
                 if check_files and not full.exists():
                     loc = ("domains", name, attr)

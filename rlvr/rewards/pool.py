@@ -6,7 +6,8 @@ process pool of `max_workers`; code_sandbox: sandboxes under a per-core semaphor
 under a per-URL one). The pool adds a deadline on each call's own time (waits for those slots do not
 count: `rewards/deadline.py`); a call that overruns it, raises or returns no number is *failed*
 (`rewards/base.py`), never a 0. Metrics: `reward/<domain>/{mean,accuracy,count,failed,timeouts,
-errors,latency_p50_s,latency_p95_s}`, mean and accuracy over the judged samples.
+errors,latency_p50_s,latency_p95_s}`, mean and accuracy over the judged samples, and `sub/<name>`: the
+mean of each named part a reward reports in `info["subscores"]` (a verifiers task's rewards and metrics).
 """
 
 from __future__ import annotations
@@ -125,6 +126,13 @@ class RewardPool:
             metrics[prefix + "errors"] = float(sum(bool(r.info.get("error")) for r, _ in outcomes))
             for key in ("sandbox_reruns", "sandbox_restarts"):  # the sandbox's fork server died and came back
                 metrics[prefix + key] = float(sum(int(r.info.get(key, 0)) for r, _ in outcomes))
+            subscores: dict[str, list[float]] = {}  # a reward's named parts (a verifiers task's rewards, metrics)
+            for r, _ in outcomes:
+                if r.judged and isinstance(parts := r.info.get("subscores"), dict):
+                    for key, value in parts.items():
+                        subscores.setdefault(str(key), []).append(float(value))
+            for key, values in sorted(subscores.items()):
+                metrics[f"{prefix}sub/{key}"] = sum(values) / len(values)
             metrics[prefix + "latency_p50_s"] = _percentile(latencies, 0.5)
             metrics[prefix + "latency_p95_s"] = _percentile(latencies, 0.95)
         return metrics

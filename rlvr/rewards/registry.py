@@ -40,6 +40,10 @@ _BUILTINS: dict[str, tuple[str, str]] = {
         "rlvr.rewards.gym:score",
         "Score the <answer> with the reasoning-gym dataset's own score_answer (rows from a gym table).",
     ),
+    "verifiers": (
+        "rlvr.rewards.verifiers_env:score",
+        "Score with the verifiers taskset's own rewards (rows from a verifiers table).",
+    ),
 }
 
 _REGISTERED: dict[str, RewardFn] = {}
