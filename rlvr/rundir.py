@@ -53,7 +53,9 @@ DONE_STATES = ("finished", "failed", "stopped")
 GENERATION_ENV = "RLVR_TRAINER_GENERATION"
 """How a launcher hands a trainer its generation (`RunDir.next_generation`)."""
 GENERATION_HEADER = "X-Rlvr-Generation"
-"""The HTTP header a trainer's rollout client sends its generation in (`rlvr serve` fences on it)."""
+"""The HTTP header a trainer's rollout client sends its generation in (the engines fence on it)."""
+STALE_STATUS = 409
+"""An engine's answer to a trainer older than one it has seen: {"stale_generation": true, "message": ...}."""
 
 
 class StaleGeneration(BaseException):

@@ -30,7 +30,7 @@ from typing import Any, Self
 import aiohttp
 
 from rlvr.rollout.base import RolloutError
-from rlvr.rundir import GENERATION_HEADER, StaleGeneration
+from rlvr.rundir import GENERATION_HEADER, STALE_STATUS, StaleGeneration
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,6 @@ WAIT_POLL_S = 1.0
 AFFINITY_KEYS = 65536
 """Affinity keys remembered per client: far more than the groups in flight at once (waves of
 `prompts_per_step` groups plus an evaluation), a few MB at most."""
-
-
-STALE_STATUS = 409
-"""`rlvr serve`'s answer to a trainer older than one it has seen: {"stale_generation": true, "message": ...}."""
 
 
 def _raise_if_stale(where: str, text: str) -> None:

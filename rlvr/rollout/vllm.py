@@ -31,6 +31,8 @@ from rlvr.types import Completion
 
 BACKEND_CONFIG = '{"backend": "rlvr"}'
 """`--weight-transfer-config`: rlvr's backend (`rlvr.server.vllm_plugin`)."""
+FENCE_MIDDLEWARE = "rlvr.server.vllm_fence.generation_fence"
+"""`--middleware`: generation fencing (`rlvr.server.fence`), on the plug-in's path like the backend."""
 
 PAUSE_MODES = {"abort": "abort", "in_place": "keep", "retract": "keep"}
 
@@ -318,6 +320,7 @@ def build_vllm_command(
     argv += ["--tensor-parallel-size", str(cfg.tp_size), "--max-model-len", str(max_model_len)]
     argv += ["--seed", str(recipe.experiment.seed), "--enable-scale-out"]
     argv += ["--logprobs-mode", "processed_logprobs", "--weight-transfer-config", BACKEND_CONFIG]
+    argv += ["--middleware", FENCE_MIDDLEWARE]  # a stale trainer's pushes refused, as `rlvr serve` does
     if recipe.model.tokenizer:
         argv += ["--tokenizer", str(recipe.model.tokenizer)]
     generation_config = ensure_generation_config(model_path)

@@ -7,10 +7,8 @@ group, seed semantics): a test that passes here should mean something for SGLang
 what SGLang would drop, every unknown or bad field a 400 naming it. It adds OpenAI's
 `/v1/chat/completions` and `/v1/completions` (for a judge) and rlvr's own `/merge_lora_adapter`.
 With an API key every route but /health* needs a bearer token; if the engine's worker thread dies
-the process exits with status 3. A trainer's client sends its generation with every call
-(`X-Rlvr-Generation`); once the server has seen a generation, the calls that change what it serves
-(weights, the update group, pause and continue: every POST but generation) from an older one get a
-409 with one line, which that stale trainer prints before it stops. The routes and what each
+the process exits with status 3. A stale trainer's calls that change what it serves get a
+409 (`rlvr.server.fence`, the rule vLLM's servers apply too). The routes and what each
 refuses: docs/engines.md (`rlvr serve`).
 """
 
@@ -30,6 +28,7 @@ from aiohttp import web
 from rlvr.data.chat import encode_prompt
 from rlvr.rollout.base import EMBEDDED_ENGINE, GenerateRequest, SamplingParams
 from rlvr.rundir import GENERATION_HEADER
+from rlvr.server.fence import GenerationFence
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +38,7 @@ INFO_KEY: web.AppKey[dict[str, Any]] = web.AppKey("info", dict)
 # generation is paused waits *before* the engine, so it is neither aborted nor counted as
 # running (a /flush_cache between pause and continue succeeds, which weight updates rely on).
 UNPAUSED_KEY: web.AppKey[asyncio.Event] = web.AppKey("unpaused", asyncio.Event)
-NEWEST_KEY: web.AppKey[list[int]] = web.AppKey("newest_generation", list)  # [the newest trainer generation seen]
-UNFENCED = ("/generate", "/v1/")  # POSTs any trainer may make: generation, and a judge's OpenAI calls
+FENCE_KEY: web.AppKey[GenerationFence] = web.AppKey("fence", GenerationFence)
 
 
 def create_app(engine: Any, *, api_key: str | None = None, served_model_name: str | None = None) -> web.Application:
@@ -48,7 +46,7 @@ def create_app(engine: Any, *, api_key: str | None = None, served_model_name: st
     middlewares = [_auth_middleware(api_key)] if api_key else []
     app = web.Application(middlewares=[*middlewares, _fence], client_max_size=1024**3)
     app[ENGINE_KEY] = engine
-    app[NEWEST_KEY] = [0]
+    app[FENCE_KEY] = GenerationFence()
     app[INFO_KEY] = {"served_model_name": served_model_name or engine.model_path}
     app[UNPAUSED_KEY] = asyncio.Event()
     app[UNPAUSED_KEY].set()
@@ -102,21 +100,12 @@ def _auth_middleware(api_key: str) -> Any:
 @web.middleware
 async def _fence(request: web.Request, handler: Any) -> web.StreamResponse:
     """Remember the newest trainer generation any call carried; refuse an older one's pushes."""
-    raw = request.headers.get(GENERATION_HEADER)
-    if raw is None:  # not a fenced trainer (rlvr eval, a judge client, a test): as before
+    fence = request.app[FENCE_KEY]
+    verdict = fence.check(request.headers.get(GENERATION_HEADER), method=request.method, path=request.path)
+    if verdict is None:
         return await handler(request)
-    if not raw.strip().isdigit():
-        return _error(f"{GENERATION_HEADER} must be a whole number, got {raw!r}")
-    generation, newest = int(raw), request.app[NEWEST_KEY]
-    if generation > newest[0]:
-        newest[0] = generation
-    elif generation < newest[0] and request.method == "POST" and not request.path.startswith(UNFENCED):
-        message = (
-            f"{request.path.lstrip('/')} refused: trainer generation {generation} is stale, this server has seen "
-            f"generation {newest[0]} (a newer trainer was started); the stale trainer stops"
-        )
-        return web.json_response({"success": False, "message": message, "stale_generation": True}, status=409)
-    return await handler(request)
+    status, body = verdict
+    return web.json_response(body, status=status)
 
 
 class FieldError(ValueError):

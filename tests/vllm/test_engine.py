@@ -369,3 +369,30 @@ def test_a_push_the_trainer_gives_up_midway_leaves_the_engine_ready_for_the_next
     perturbed = reference_model(perturb_seed=62)
     push(vllm_server.url, perturbed, version=8)
     _assert_serves(vllm_server.url, perturbed, version=8)
+
+
+def test_a_stale_trainers_calls_are_refused_by_vllm_with_the_line_rlvr_serve_gives(vllm_server, base) -> None:
+    """vLLM fences on the trainer generation (`--middleware rlvr.server.vllm_fence.generation_fence`):
+    once it has seen a newer trainer, an older one's control calls and pushes get the 409 and line of
+    `rlvr serve`, and that trainer stops (StaleGeneration); generation and unfenced clients go on."""
+    from rlvr.rundir import StaleGeneration
+
+    newest, stale = 10**6, 10**6 - 1  # above any generation another test's client sends
+
+    async def call(generation: int | None, method: str, *args) -> None:
+        async with VLLMClient([vllm_server.url], generation=generation, max_retries=0) as client:
+            await getattr(client, method)(*args)
+
+    asyncio.run(call(newest, "pause"))
+    asyncio.run(call(newest, "resume"))
+    with pytest.raises(StaleGeneration) as refused:
+        asyncio.run(call(stale, "pause"))
+    assert str(refused.value).endswith(
+        f"pause refused: trainer generation {stale} is stale, this server has seen generation {newest} "
+        "(a newer trainer was started); the stale trainer stops"
+    )
+    with pytest.raises(StaleGeneration, match="start_weight_update refused"):
+        asyncio.run(call(stale, "begin_weight_update"))
+    greedy_ids = generate(vllm_server.url, [greedy(PROMPTS[0], 4)])[0].token_ids  # generation is never fenced
+    assert len(greedy_ids) == 4
+    asyncio.run(call(None, "resume"))  # a client without a generation (rlvr eval, a judge) is not fenced

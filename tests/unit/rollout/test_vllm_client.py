@@ -64,7 +64,8 @@ def test_vllm_server_command_for_a_cpu_run() -> None:
         "--model", str(ROOT / "recipes" / "quickstart" / "policy"), "--host", "127.0.0.1", "--port", "30000",
         "--dtype", "float32", "--tensor-parallel-size", "1", "--max-model-len", "128", "--seed", "0",
         "--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--weight-transfer-config",
-        '{"backend": "rlvr"}', "--no-enable-chunked-prefill", "--enforce-eager",
+        '{"backend": "rlvr"}', "--middleware", "rlvr.server.vllm_fence.generation_fence",
+        "--no-enable-chunked-prefill", "--enforce-eager",
     ]  # fmt: skip
 
 
