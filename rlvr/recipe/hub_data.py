@@ -83,8 +83,9 @@ def resolve(value: str, *, hf: Any, evaluation: bool, key: tuple[str, ...], chec
     if folder is None:
         at = f" at revision {revision}" if revision != "main" else ""
         offline = ", and HF_HUB_OFFLINE=1 is set" if hub_offline() else ""
+        other = bool(at) and dataset_folder(repo_id, "main", cache) is not None  # there, but not at that revision
         raise HubError(
-            key,
+            (*key[:-1], "hf", "revision") if other else key,
             f"data set {repo_id}{at} is not in the hub cache {cache} (rlvr reads hub data sets from the cache only"
             f"{offline}); fill it with: {fill_command(repo_id, revision)}",
         )
