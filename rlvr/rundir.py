@@ -54,6 +54,9 @@ GENERATION_ENV = "RLVR_TRAINER_GENERATION"
 """How a launcher hands a trainer its generation (`RunDir.next_generation`)."""
 GENERATION_HEADER = "X-Rlvr-Generation"
 """The HTTP header a trainer's rollout client sends its generation in (the engines fence on it)."""
+GENERATION_FILE_ENV = "RLVR_GENERATION_FILE"
+"""How a launcher points its rollout servers at the run's generation record: a restarted server
+fences from the newest generation at once, not from the first push it sees."""
 STALE_STATUS = 409
 """An engine's answer to a trainer older than one it has seen: {"stale_generation": true, "message": ...}."""
 

@@ -28,6 +28,7 @@ from rlvr.process import Child, Children, is_healthy, send_group
 from rlvr.recipe.plan import ServerSpec
 from rlvr.recipe.schema import Recipe
 from rlvr.rendezvous import ServerAddress, register_judge, register_server
+from rlvr.rundir import GENERATION_FILE_ENV, RunDir
 
 JUDGE = "judge"
 
@@ -160,7 +161,10 @@ class ServerSupervisor:
 
     def start(self, launch: ServerLaunch) -> Child:
         self.launches[launch.name] = launch
-        child = self.children.start(launch.name, launch.argv, env=launch.env, log=self.log(launch.name))
+        env = dict(launch.env)
+        if self.run_dir is not None and launch.spec is not None:  # fenced from the run's newest trainer
+            env[GENERATION_FILE_ENV] = str(RunDir(self.run_dir).generation_file)
+        child = self.children.start(launch.name, launch.argv, env=env, log=self.log(launch.name))
         self.current[launch.name] = child
         self.instances.setdefault(launch.name, 0)
         if self.health is not None:

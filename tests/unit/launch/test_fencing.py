@@ -202,3 +202,37 @@ def test_a_trainer_started_as_a_stale_generation_says_so_and_stops_before_it_loa
         "the start refused, this trainer stops"
     )
     assert not run.status.exists() and not run.metrics.exists()
+
+
+def test_a_restarted_server_fences_from_the_runs_record_not_from_the_first_caller(tmp_path: Path) -> None:
+    """A server restarted after a trainer restart has seen no call: the run's generation record
+    (RLVR_GENERATION_FILE, set by the launcher's supervisor) says generation 2 is the newest, so a
+    leftover generation-1 trainer that calls first is still refused."""
+    from rlvr.server.fence import GenerationFence
+
+    run = RunDir(tmp_path)
+    run.next_generation()
+    run.next_generation()
+    fence = GenerationFence(record=run.generation_file)
+    refused = fence.check("1", method="POST", path="/update_weights_from_distributed")
+    assert refused is not None and refused[0] == 409 and "this server has seen generation 2" in refused[1]["message"]
+    assert fence.check("1", method="POST", path="/generate") is None  # generation is never fenced
+    assert fence.check("2", method="POST", path="/pause_generation") is None
+    assert GenerationFence().check("1", method="POST", path="/pause_generation") is None  # no record: calls decide
+
+
+def test_the_supervisor_points_each_rollout_server_at_the_runs_generation_record(tmp_path: Path) -> None:
+    import sys
+
+    from rlvr.launch.supervisor import ServerLaunch, ServerSupervisor
+    from rlvr.process import Children
+    from rlvr.recipe.plan import ServerSpec
+
+    logs = tmp_path / "logs"
+    supervisor = ServerSupervisor(Children(), log=lambda name: logs / f"{name}.log", run_dir=tmp_path / "run")
+    printer = [sys.executable, "-c", "import os; print(os.environ.get('RLVR_GENERATION_FILE'))"]
+    spec = ServerSpec(index=0, node=0, port=free_port(), gpus=[], engine="embedded")
+    supervisor.start(ServerLaunch("rollout-0", printer, {}, "http://127.0.0.1:1", spec)).proc.wait(30)
+    supervisor.start(ServerLaunch("judge", printer, {}, "http://127.0.0.1:2")).proc.wait(30)
+    assert (logs / "rollout-0.log").read_text().splitlines()[-1] == str(RunDir(tmp_path / "run").generation_file)
+    assert (logs / "judge.log").read_text().splitlines()[-1] == "None"  # a judge serves no trainer's weights
