@@ -404,7 +404,9 @@ class RolloutConfig(Section):
     the step fails with its checkpoint saved. 0: fail after the request's retries."""
     health_deadline_s: float = Field(default=60.0, gt=0)
     """A server (rollout or judge) whose /health has not answered for this long, after it was
-    healthy once, is hung (SIGSTOP, a deadlock): the launcher kills it, and it dies as any other."""
+    healthy once, or a trainer rank whose heartbeat has been silent this long, is hung (SIGSTOP, a
+    deadlock, a frozen node): the launcher kills it (a trainer: its whole process tree), and it dies
+    as any other."""
     server_restarts: int = Field(default=3, ge=0)
     """Restarts in a row of a dead rollout server ("continue") or judge, 2, 4, 8 s apart; a server
     that then serves for a while earns its budget back."""
@@ -703,11 +705,12 @@ class SyncConfig(Section):
     weights: `rlvr serve` and vLLM), or the merged full weights by `method` (any engine, SGLang's only
     way). Written to `shared_dir` (default: the run directory), which every rollout node must see."""
     verify: Literal["auto", "on", "off"] = "auto"
-    """After every push each engine fingerprints the weights it serves (per tensor: an exact 64-bit
-    checksum of its bytes) and the trainer compares them with what it sent; a mismatch is a failed push
-    (`on_engine_failure`), named by engine and first differing tensor. auto: on for `rlvr serve`,
-    the in-process engine and vLLM (what each worker received: docs/weight-sync.md), off for SGLang
-    (no such route). An adapter push is verified by the adapter tensors each engine merged."""
+    """After every push each engine fingerprints the weights it serves (per tensor: XXH3-128 of its
+    bytes in order, so swapped rows or shards show) and the trainer compares them with what it sent; a
+    mismatch is a failed push (`on_engine_failure`), named by engine and first differing tensor. auto:
+    on for `rlvr serve`, the in-process engine and vLLM (read back from the loaded layers:
+    docs/weight-sync.md), off for SGLang (no such route). An adapter push is verified by the adapter
+    tensors each engine merged."""
 
 
 class ClusterConfig(Section):

@@ -181,7 +181,7 @@ class SGLangClient(ServerPool):
         return results[0] if results and isinstance(results[0], dict) else {}
 
     async def weights_fingerprint(self, *, adapter: bool = False) -> dict[str, Any]:
-        """`rlvr serve`'s per-weight exact checksum [high, low] of what it serves (`rlvr.sync.fingerprint`);
+        """`rlvr serve`'s per-weight XXH3-128 checksum (four 32-bit words) of what it serves (`rlvr.sync.fingerprint`);
         `adapter`: of the last LoRA adapter it merged."""
         results = await self._broadcast("/weights_fingerprint" + ("?adapter=1" if adapter else ""), method="GET")
         body = results[0] if results and isinstance(results[0], dict) else {}

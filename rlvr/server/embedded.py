@@ -216,7 +216,7 @@ class EmbeddedEngine:
         await asyncio.to_thread(self.adapters.load, path, version=_version(version))
 
     async def weights_fingerprint(self, *, adapter: bool = False) -> dict[str, list[float]]:
-        """Per served weight, its exact checksum [high, low] (`rlvr.sync.fingerprint`): the
+        """Per served weight, its XXH3-128 checksum as four 32-bit words (`rlvr.sync.fingerprint`): the
         trainer compares it with what it sent, after every push. `adapter`: instead, the tensors
         of the last LoRA adapter merged, as "adapter:" + their peft key."""
         if adapter:

@@ -375,7 +375,7 @@ async def weight_version(request: web.Request) -> web.Response:
 
 
 async def weights_fingerprint(request: web.Request) -> web.Response:
-    """rlvr's own route: per served weight, its exact checksum [high, low] (`rlvr.sync.fingerprint`), which
+    """rlvr's own route: per served weight, its XXH3-128 checksum as four 32-bit words (`rlvr.sync.fingerprint`), which
     the trainer compares with what it pushed; `?adapter=1`: the last merged LoRA adapter's tensors."""
     adapter = request.query.get("adapter", "") in ("1", "true")
     try:
