@@ -111,7 +111,8 @@ VALUE_RULES: dict[str, dict[str, object]] = {
     "qa_match": {"metric": _choice("em", "f1"), "format_weight": _FRACTION},
     # The verifier is the dataset's own; its system prompt is the domain's gym.system_prompt.
     "gym": {"answer_from": _sources(*GYM_ANSWER_SOURCES)},
-    "verifiers": {},  # the taskset scores with its own rewards; its keys are the verifiers table's args
+    # The taskset scores with its own rewards (its keys are the verifiers table's args), in reward workers.
+    "verifiers": {"timeout_s": _SECONDS, "max_workers": _COUNT},
 }  # fmt: skip
 
 

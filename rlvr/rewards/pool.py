@@ -75,6 +75,11 @@ class RewardPool:
             from rlvr.rewards.workers import shared_pool
 
             shared_pool("math", max_workers=max_workers, preload=("rlvr.rewards.math_rule:_warmup",))
+        if max_workers and any(d.name == "verifiers" for d in resolved.values()):
+            from rlvr.rewards.verifiers_env import POOL, PRELOAD
+            from rlvr.rewards.workers import shared_pool
+
+            shared_pool(POOL, max_workers=max_workers, preload=PRELOAD)  # verifiers imported while rollouts run
         return cls(resolved, max_workers=max_workers, call_timeout_s=call_timeout_s, threshold=threshold)
 
     async def _one(self, domain: DomainReward, group: Group, index: int) -> tuple[RewardResult, float]:

@@ -18,12 +18,14 @@ docs/rewards.md ("verifiers domains").
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.util
 import json
 import math
 from typing import Any
 
+from rlvr.rewards.args import reject_unknown_args
 from rlvr.rewards.base import describe_exception, failed
 from rlvr.rewards.registry import register
 from rlvr.types import Completion, RewardResult, Sample
@@ -227,20 +229,45 @@ async def score_task(task: Any, text: str) -> RewardResult:
     return RewardResult(value, info)
 
 
-@register("verifiers")
-async def score(sample: Sample, completion: Completion, **reward_args: Any) -> RewardResult:
-    """Score with the verifiers taskset's own rewards (rows from a verifiers table)."""
-    if reward_args:
-        raise ValueError(f"verifiers takes no reward_args (got {', '.join(sorted(reward_args))}); the taskset scores")
-    row = sample.extra.get("verifiers")
-    if problem := row_problem(row):
-        return failed(f"row {sample.id}: {problem}")
-    assert isinstance(row, dict)
+def judge_row(row: dict[str, Any], text: str, *, sample_id: str) -> RewardResult:
+    """One verdict, in a reward worker process: the row's task rebuilt, its `score` run on `text`."""
     try:
         task = rebuild(row)
     except (VerifiersMissing, TasksetError) as exc:
         return failed(str(exc))
     except Exception as exc:  # noqa: BLE001 - data the taskset's own type no longer takes: could not judge
-        return failed(f"row {sample.id}: rebuilding its task raised {describe_exception(exc)}", error=True)
+        return failed(f"row {sample_id}: rebuilding its task raised {describe_exception(exc)}", error=True)
+    return asyncio.run(score_task(task, text))
+
+
+def _warmup() -> None:
+    """Worker preload: import verifiers (seconds) before the first verdict waits for it."""
+    verifiers()
+
+
+POOL = "verifiers"
+PRELOAD = ("rlvr.rewards.verifiers_env:_warmup",)
+
+
+@register("verifiers")
+async def score(sample: Sample, completion: Completion, **reward_args: Any) -> RewardResult:
+    """Score with the verifiers taskset's own rewards (rows from a verifiers table)."""
+    reject_unknown_args("verifiers", reward_args)
+    row = sample.extra.get("verifiers")
+    if problem := row_problem(row):
+        return failed(f"row {sample.id}: {problem}")
+    assert isinstance(row, dict)
     text = completion.text if isinstance(completion.text, str) else ""
-    return await score_task(task, text)
+    # The task's rewards are async functions but usually CPU work (math-verify, parsers): run in the reward
+    # worker processes, as math_rule does, they leave the controller's event loop free, use the cores, and a
+    # scorer stuck past the deadline is killed (its worker replaced).
+    from rlvr.rewards.workers import shared_pool
+
+    pool = shared_pool(POOL, max_workers=reward_args.get("max_workers"), preload=PRELOAD)
+    timeout_s = float(reward_args.get("timeout_s", 30.0))
+    job = await pool.call(f"{__name__}:judge_row", row, text, sample_id=sample.id, timeout_s=timeout_s)
+    if job.status == "ok":
+        return job.value
+    if job.status == "timeout":
+        return failed(f"{row['taskset']}: no verdict within timeout_s = {timeout_s:g} s", timeout=True)
+    return failed(f"{row['taskset']}: the reward worker failed: {job.error or job.status}", error=True)

@@ -33,7 +33,7 @@ from rlvr.process import die_with_parent
 from rlvr.recipe.machine import cpu_cores
 from rlvr.rewards.deadline import queued
 
-POOL_REWARDS = frozenset({"math_rule"})
+POOL_REWARDS = frozenset({"math_rule", "verifiers"})
 """The rewards that send work to the shared worker processes (code_sandbox runs its own sandbox
 processes under its own bound; llm_judge is HTTP; plug-ins run on the event loop)."""
 

@@ -206,5 +206,5 @@ def test_a_verifiers_domain_is_scored_by_its_taskset(tmp_path: Path):
         'error: --set domains.sums.reward: a verifiers domain is scored by its taskset: write reward = "verifiers"'
     )
     assert error(tmp_path, "domains.sums.reward_args={strict = true}") == (
-        "error: --set domains.sums.reward_args: verifiers does not take 'strict'; it takes no reward_args"
+        "error: --set domains.sums.reward_args: verifiers does not take 'strict'; it takes max_workers, timeout_s"
     )
