@@ -26,15 +26,28 @@ tells the prefix apart from a suffix."""
 _prefixes: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
 
 
+class ToolPrompt(list):
+    """Chat messages plus the function schemas their chat template lists itself (its `tools` argument,
+    which Qwen2.5's and Qwen3's render into the system message as they were tuned on). What
+    `Toolbox.prompt_messages` returns for such a template: the schemas travel with the messages, so
+    every place that renders a tool domain's prompt (rollout, eval, `rlvr validate`'s length counts)
+    renders the same text."""
+
+    def __init__(self, messages: list[dict[str, str]], *, tools: list[dict[str, Any]]):
+        super().__init__(messages)
+        self.tools = tools
+
+
 def uses_chat_template(tokenizer: Any, template: str = "auto") -> bool:
     """Whether `render_prompt` renders with the tokenizer's chat template (else `plain` lines)."""
     return template == "auto" and tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
 
 
 def render_prompt(messages: list[dict[str, str]], *, tokenizer: Any = None, template: str = "auto") -> str:
-    """The prompt text, ending where the assistant's answer starts."""
+    """The prompt text, ending where the assistant's answer starts (with a `ToolPrompt`'s tools)."""
     if uses_chat_template(tokenizer, template):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        tools = {"tools": messages.tools} if isinstance(messages, ToolPrompt) else {}
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **tools)
     if template not in ("auto", "plain"):
         raise ValueError(f"chat_template must be 'auto' or 'plain', got {template!r}")
     lines = [f"{m['role']}: {m['content']}" for m in messages]

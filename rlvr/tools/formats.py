@@ -90,6 +90,17 @@ def search_query(code: str) -> str | None:
     return None
 
 
+def _lists_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders a tool schema passed as `tools` (a probe's name shows)."""
+    probe = {"type": "function", "function": {"name": _PROBE, "description": "", "parameters": {}}}
+    messages = [{"role": "user", "content": "Hi"}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tools=[probe], add_generation_prompt=True, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot take tools does not list them
+        return False
+    return _PROBE in text
+
+
 class TagsFormat:
     name = "tags"
 
@@ -169,6 +180,10 @@ class HermesFormat:
     message holding `<tool_response>...</tool_response>` instead. `chat_template = "plain"` (the
     recipe's `model.chat_template`) renders it as the prompt is rendered then: `tool: ...` lines.
     Only a tokenizer with no chat template at all gets Qwen's ChatML markup hard-coded below.
+
+    `lists_tools`: the template renders the function schemas of its `tools` argument itself (Qwen2.5's
+    and Qwen3's write them, and how to call them, into the system message): the prompt then lists the
+    tools that way (`Toolbox.prompt_messages`), not with `instructions()`.
     """
 
     name = "hermes"
@@ -180,8 +195,10 @@ class HermesFormat:
         self.plain = chat_template == "plain"
         self.tokenizer = tokenizer if getattr(tokenizer, "chat_template", None) and not self.plain else None
         self.role = "tool"
+        self.lists_tools = False
         if self.tokenizer is not None:
             self.role = self._answer_role()
+            self.lists_tools = _lists_tools(self.tokenizer)
 
     def _answer_role(self) -> str:
         """`tool` when the template renders a tool message (with its content), else `user`."""

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rlvr.data.chat import ToolPrompt
 from rlvr.rollout.episode import ToolReply
 from rlvr.tools.base import Tool, ToolError
 from rlvr.tools.formats import Malformed, ToolCall, Unfinished, make_format
@@ -69,9 +70,13 @@ class Toolbox:
 
     def prompt_messages(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
         """The prompt with the tools described in its system message (prepended, or added to one);
-        unchanged with `tool_instructions = false`."""
+        unchanged with `tool_instructions = false`. A hermes chat template that lists tools itself
+        (Qwen2.5, Qwen3) gets their schemas as its `tools` argument (a `ToolPrompt`): the model sees
+        the tool prompt it was tuned with."""
         if not self.instructions:
             return messages
+        if getattr(self.format, "lists_tools", False):
+            return ToolPrompt(messages, tools=[tool.schema() for tool in self.tools.values()])
         text = self.format.instructions()
         if messages and messages[0].get("role") == "system":
             return [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
