@@ -213,6 +213,14 @@ def is_alive(pid: int) -> bool:
         return False
 
 
+def is_stopped(pid: int) -> bool:
+    """`pid` is stopped (SIGSTOP, SIGTSTP, a debugger): it runs no code until SIGCONT."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def send(pid: int, sig: int) -> None:
     with contextlib.suppress(OSError):
         os.kill(pid, sig)

@@ -3,8 +3,9 @@
 Every start of the trainer (torchrun's agent and its workers) is the run's next generation
 (`RunDir.next_generation`, handed to the ranks as RLVR_TRAINER_GENERATION): the run directory and
 the engines refuse the checkpoints, metrics and pushes of an older one. A rank whose heartbeat goes
-silent for its deadline (stopped whole, a frozen node) makes the trainer hung: its whole tree is
-killed and it is then a dead trainer like any other. A dead trainer that crashed
+silent for its deadline (stopped whole, a frozen node) makes the trainer hung, and so does torchrun's
+agent stopped for as long (its workers train on, but nobody would reap them or see one die): its
+whole tree is killed and it is then a dead trainer like any other. A dead trainer that crashed
 (`trainer_crashed`; not one that stated its own error, not one asked to stop) is restarted from the
 newest checkpoint within its budget (`Restarts`), and only once every process of it is gone
 (`end_trainer`): an orphaned worker must not train through the backoff or beside the next one.
@@ -13,6 +14,7 @@ What a final exit means for the run (raise, write the node's exit marker) is the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -20,7 +22,7 @@ from rlvr.launch.failure import LaunchError, failure, stated_error, trainer_cras
 from rlvr.launch.health import HeartbeatWatch
 from rlvr.launch.restarts import Restarts, end_trainer
 from rlvr.monitor.metrics import logged_steps
-from rlvr.process import Child, Children
+from rlvr.process import Child, Children, is_stopped
 from rlvr.recipe.plan import TRAINER_RESTART_ENV
 from rlvr.rundir import GENERATION_ENV, RunDir, latest_checkpoint
 
@@ -58,6 +60,7 @@ class TrainerSupervisor:
     _last_code: int = 0
     _steps: int = 0  # steps logged when the current trainer started
     _starts: int = 0
+    _stopped_since: float | None = None  # when the agent was first seen stopped (SIGSTOP)
 
     def start(self, *, resume: str = "auto") -> Child:
         """Start the trainer as the run's next generation, never beside a process of the last one."""
@@ -69,7 +72,7 @@ class TrainerSupervisor:
         self._starts += 1
         self._steps = logged_steps(self.paths.root)
         self.heartbeats.restart()
-        self.hung = None
+        self.hung, self._stopped_since = None, None
         self.child = self.children.start(TRAINER, self.command(resume), env=env, log=self.paths.log(self.log_name))
         return self.child
 
@@ -82,8 +85,8 @@ class TrainerSupervisor:
             if self.stopping and self._previous is not None:
                 return TrainerExit(self._last_code, failure(self._previous, "stopped before its restart"))
             return None
-        if child.running() and (silent := self.heartbeats.hung()):
-            self.hung = f"rank {silent[0]} stopped its heartbeat for {self.heartbeats.deadline_s:g} s (hung)"
+        if child.running() and (why := self._hang(child)):
+            self.hung = why
             end_trainer(self.children, child)  # SIGKILL, then it is a dead trainer like any other
         code = child.proc.poll()
         if code is None:
@@ -96,6 +99,21 @@ class TrainerSupervisor:
         if not self.stopping and self._restart(child, why):
             return None
         return TrainerExit(code, failure(child, self.hung or f"exited with code {code}"))
+
+    def _hang(self, child: Child) -> str | None:
+        """Why running `child` counts as hung: a rank's heartbeat silent, or the agent stopped, past
+        the deadline; None while it is only slow."""
+        deadline = self.heartbeats.deadline_s
+        if silent := self.heartbeats.hung():
+            return f"rank {silent[0]} stopped its heartbeat for {deadline:g} s (hung)"
+        if not is_stopped(child.pid):
+            self._stopped_since = None
+            return None
+        now = time.monotonic()
+        self._stopped_since = self._stopped_since or now
+        if now - self._stopped_since > deadline:
+            return f"agent (torchrun) stopped for {deadline:g} s (hung)"
+        return None
 
     def _restart(self, child: Child, why: LaunchError) -> bool:
         """Schedule a restart of crashed `child` within the budget; True when one is scheduled."""

@@ -128,6 +128,19 @@ def test_a_trainer_rank_stopped_whole_is_told_from_a_slow_one_and_restarted(
     assert "trainer rank 0 stopped its heartbeat for 1.5 s (hung): killed by SIGKILL" in run.events.read_text()
 
 
+def test_a_stopped_agent_is_hung_though_its_worker_beats_on(launcher: LocalLauncher, tmp_path: Path) -> None:
+    """SIGSTOP torchrun's agent: its worker trains and beats on, but nothing would reap it or see it
+    die; past the deadline the launcher kills the tree and restarts the trainer."""
+    starts, run = tmp_path / "starts", RunDir(tmp_path / "run")
+    launcher.trainer.start()
+    first = wait_for(record(starts, 1))
+    os.kill(first["agent"], signal.SIGSTOP)
+    second = wait_for(record(starts, 2), poll=launcher.check)
+    assert (second["generation"], second["restart"]) == ("2", "1")
+    assert not is_alive(first["worker"]) and not is_alive(first["agent"])
+    assert "trainer agent (torchrun) stopped for 1.5 s (hung): killed by SIGKILL" in run.events.read_text()
+
+
 def test_a_trainer_asked_to_stop_is_not_restarted_whatever_code_it_ends_with(
     launcher: LocalLauncher, tmp_path: Path
 ) -> None:
