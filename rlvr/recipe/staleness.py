@@ -49,8 +49,6 @@ def staleness_warnings(recipe: Recipe) -> list[str]:
     return [
         f"rollout.max_staleness = {k} with trainer.lr = {lr:g}: each step trains on samples of weights up to {k} "
         f"update(s) old, and near an lr's stability limit that can stall learning where the synchronous loop "
-        f"learns (the quickstart at its lr 2e-4: k = 1 stalled on one seed of three, k = 2 too; at 1e-4 both "
-        f"learned like k = 0); "
-        f"lower trainer.lr (to about {limit:.2g} here, or about half an lr tuned synchronously) or set "
-        f"rollout.max_staleness = 0"
+        f"learns; lower trainer.lr (to about {limit:.2g} here, or about half an lr tuned synchronously) or set "
+        f'rollout.max_staleness = 0 (docs/async.md, "What staleness costs in learning")'
     ]
