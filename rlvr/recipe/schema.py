@@ -19,6 +19,7 @@ from rlvr.recipe.families import family_problem
 from rlvr.recipe.presets import BASE, PRESETS, resolve_algorithm
 
 PROBS_TOLERANCE = 0.01
+VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM-CPU's attention kernels take no smaller head (vLLM 0.32)
 """How far `data.domain_interleave_probs` may sum from 1 (rounded shares such as 0.333 x 3)."""
 
 
@@ -288,6 +289,27 @@ class DomainConfig(Section):
     """Instead of search_corpus: a retrieval server speaking Search-R1's `/retrieve` JSON."""
     search_top_k: int = Field(default=3, ge=1)
     """Passages the `search` tool returns per query."""
+    tool_schemas: dict[str, dict[str, Any]] = {}
+    """Tool schemas by tool name, in place of the ones rlvr derives (a plug-in's from its signature and
+    docstring): `{description = "...", parameters = {type = "object", properties = {...}, required =
+    [...]}}`, either key optional. What the prompt lists (the hermes instructions, or the chat
+    template's own `tools`) and what a call's arguments are checked against: e.g. the schema a
+    tool-tuned model was trained with."""
+
+    @model_validator(mode="after")
+    def _known_tool_schemas(self) -> DomainConfig:
+        names = {spec.rpartition(":")[2] for spec in self.tools}  # a plug-in's tool is named after its function
+        for name, schema in self.tool_schemas.items():
+            if name not in names:
+                raise _at(("tool_schemas", name), f"not a tool of this domain; its tools: {sorted(names)}")
+            extra = set(schema) - {"description", "parameters"}
+            if extra:
+                keys = "a schema has description, parameters"
+                raise _at(("tool_schemas", name), f"unknown key(s) {sorted(extra)}; {keys}")
+            params = schema.get("parameters", {"type": "object"})
+            if not isinstance(params, dict) or params.get("type") != "object":
+                raise _at(("tool_schemas", name, "parameters"), 'must be a JSON schema object: {type = "object", ...}')
+        return self
 
     @model_validator(mode="after")
     def _one_source(self) -> DomainConfig:
@@ -1063,6 +1085,14 @@ class Recipe(Section):
             _check_heads(("rollout", "vllm", "tp_size"), self.rollout.vllm.tp_size, heads, kv_heads, replicate_kv=True)
         if (problem := family_problem(hf_config, impl=self.model.impl, engine=self.rollout.engine)) is not None:
             raise _at(*problem)
+        hidden, head_dim = hf_config.get("hidden_size"), hf_config.get("head_dim")
+        if not isinstance(head_dim, int):  # unset (hidden_size / heads), or not a number: another check's business
+            head_dim = hidden // heads if isinstance(hidden, int) and heads > 0 else 0
+        if self.rollout.engine == "vllm" and self.cluster.gpus_per_node == 0 and 0 < head_dim < VLLM_CPU_MIN_HEAD_DIM:
+            raise _at(("rollout", "engine"), (
+                f"vLLM's CPU attention needs head_dim >= {VLLM_CPU_MIN_HEAD_DIM}, this model's is {head_dim} (the "
+                "server would report healthy and die on the first request); use rollout.engine = 'embedded'"
+            ))  # fmt: skip
         if self.model.impl == "torchtitan":
             _check_heads(("trainer", "tp_size"), self.trainer.tp_size, heads, kv_heads)
 

@@ -105,3 +105,17 @@ def test_a_partial_window_is_refused_with_vllm(tmp_path: Path) -> None:
         "rollout.engine: qwen2: vLLM refuses a sliding window on only some layers (max_window_layers = 2 of 4); "
         "use rollout.engine = 'embedded'"
     ), line
+
+
+def test_a_head_too_small_for_vllms_cpu_attention_is_refused_on_the_cpu_only(tmp_path: Path) -> None:
+    """vLLM-CPU's attention takes head_dim >= 32: a smaller one would serve /health and die on the first
+    request. On GPUs (cluster.gpus_per_node > 0) it is not this check's business."""
+    config = {**BASE, "max_position_embeddings": 4096, "vocab_size": 100, "model_type": "llama", "head_dim": 16}
+    path = recipe_with(tmp_path, config)
+    line = one_error_line(CliRunner().invoke(app, ["validate", str(path), "--set", "rollout.engine=vllm"]))
+    assert line.endswith(
+        "rollout.engine: vLLM's CPU attention needs head_dim >= 32, this model's is 16 (the server would report "
+        "healthy and die on the first request); use rollout.engine = 'embedded'"
+    ), line
+    wide = recipe_with(tmp_path, {**config, "head_dim": 32})
+    assert CliRunner().invoke(app, ["validate", str(wide), "--set", "rollout.engine=vllm"]).exit_code == 0
