@@ -4,7 +4,8 @@ A plug-in is a plain function (sync or async) taking JSON-able keyword arguments
 returning text. Its JSON schema comes from the signature (annotations -> JSON types,
 parameters without a default are required) and the docstring (first paragraph ->
 description; `name: text` lines under `Args:` -> parameter descriptions), so the hermes
-prompt can list it without any extra declaration.
+prompt can list it without any extra declaration. A domain's `tool_schemas` replaces the
+description or parameters of any of its tools (the schema a tool-tuned model was trained with).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def build_tools(domain: Any) -> dict[str, Tool]:
         if tool.name in tools:
             raise ToolConfigError(f"two tools are named {tool.name!r}")
         tools[tool.name] = tool
+    for name, schema in getattr(domain, "tool_schemas", {}).items():  # the recipe's word over the derived one
+        tool = tools[name]  # the recipe checks that it names one of these tools
+        tool.description = schema.get("description", tool.description)
+        tool.parameters = schema.get("parameters", tool.parameters)
     return tools
 
 
