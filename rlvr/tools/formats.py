@@ -8,7 +8,8 @@ tokens are appended. Only a call that *ends the turn* counts: the engine stopped
   `<search>...</search>` for `search` (or, without `python`, a fenced python block that calls
   `search("query")`: a form small instruct models write where they write no tag), `<NAME>...</NAME>` for a plug-in (a JSON object of
   arguments, or plain text for its first parameter); answers in `<result>...</result>`.
-- hermes (Qwen2.5/Qwen3, verl): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
+- hermes (Qwen2.5/Qwen3, verl): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, or a
+  list holding one call (`<tool_call>[{...}]</tool_call>`: SmolLM2's form, from APIGen's data);
   the answer closes the assistant message, adds a `tool` message and opens a new assistant
   turn, all as the model's own chat template renders them (see `HermesFormat`).
 """
@@ -240,6 +241,10 @@ class HermesFormat:
             call = json.loads(body)
         except json.JSONDecodeError as exc:
             return Malformed(f"the tool call is not valid JSON: {exc}")
+        if isinstance(call, list):  # APIGen's list form, which SmolLM2 was tuned on
+            if len(call) != 1:
+                return Malformed(f"one tool call per turn, this one holds {len(call)}")
+            call = call[0]
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return Malformed('a tool call is {"name": <tool>, "arguments": {...}}')
         name, args = call["name"], call.get("arguments", {})
