@@ -6,6 +6,8 @@ column map), and `rlvr validate`'s one-line errors (asserted verbatim)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -181,3 +183,16 @@ def test_a_config_or_split_the_data_set_lacks_lists_what_it_has(tmp_path: Path, 
         "error: TMP/recipe.toml:16: domains.sums.hf.config: rlvr-test/two has no 'train' split of config 'main' in "
         f"TMP/hub/datasets--rlvr-test--two/snapshots/{COMMIT} (configs: a, b; splits: train)"
     )
+
+
+def test_validate_reads_the_hub_data_set_without_heavy_imports(tmp_path: Path, cache: Path):
+    """Neither torch nor the hub's or datasets' packages (nor verifiers) are imported to read hf: files."""
+    code = (
+        "import sys; from rlvr.cli import app; "
+        f"sys.argv=['rlvr', 'validate', {str(write(tmp_path))!r}];\n"
+        "try:\n    app()\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+        "heavy = [m for m in ('torch', 'transformers', 'huggingface_hub', 'datasets', 'verifiers') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
