@@ -65,3 +65,18 @@ def test_tool_instructions_off_lists_no_tools_even_where_the_template_could():
     text = render_prompt(box.prompt_messages(ASK), tokenizer=box.tokenizer)
     assert text == box.tokenizer.apply_chat_template(ASK, add_generation_prompt=True, tokenize=False)
     assert "# Tools" not in text
+
+
+def test_the_rollouts_prompt_and_its_logged_text_carry_the_templates_tool_list():
+    """Through the rollout's PromptCache (ids sent to the engine, text in the samples log)."""
+    from rlvr.collect.prompts import PromptCache
+    from rlvr.types import Sample
+    from tests.unit.loop.test_rollout_manager import recipe
+
+    box = _box(QWEN)
+    cache = PromptCache(recipe(), tokenizer=box.tokenizer, toolboxes={"mixed": box}, eval_rows=0)
+    sample = Sample(id="p", tag="mixed", domain="mixed", messages=ASK)
+    text = box.tokenizer.apply_chat_template(ASK, tools=[box.tools["price"].schema()], add_generation_prompt=True,
+                                             tokenize=False)  # fmt: skip
+    assert cache.prompt_text(sample) == text
+    assert cache.prompt_ids(sample) == list(box.tokenizer(text, add_special_tokens=False)["input_ids"])
