@@ -18,8 +18,8 @@ from rlvr.rewards.verifiers_env import (
     VerifiersMissing,
     loaded,
     single_turn_problem,
+    task_data,
     task_row,
-    tasks,
     verifiers,
 )
 from rlvr.types import Sample
@@ -88,14 +88,13 @@ def verifiers_samples(name: str, domain: Any, *, evaluation: bool, report: LoadR
     if problem := single_turn_problem(cls, config):
         raise DataError(f"{key}.taskset: {problem}")
     try:
-        made = tasks(table.taskset, args, limit=limit)
+        made = task_data(table.taskset, args, limit=limit)
     except Exception as exc:  # noqa: BLE001 - the taskset's own load() failed: one line naming it
         text = " ".join(str(exc).split())
         raise DataError(f"{key}: {cls.__name__}.load() raised {type(exc).__name__}: {text}") from None
     samples: list[Sample] = []
     split = "eval" if evaluation else "train"
-    for task in made:
-        data = task.data
+    for data in made:
         if data.prompt is None:
             raise DataError(
                 f"{key}.taskset: task {data.idx} of {cls.__name__} has no prompt (the user opens the conversation: "
@@ -105,7 +104,7 @@ def verifiers_samples(name: str, domain: Any, *, evaluation: bool, report: LoadR
             id=str(data.id) if data.id is not None else f"{name}-{split}-{data.idx}",
             tag=domain.tags[0],
             messages=messages(data),
-            extra={"verifiers": task_row(table.taskset, args, task)},
+            extra={"verifiers": task_row(table.taskset, args, data)},
         )
         if filtered_out(
             sample, domain.filter.min_difficulty, domain.filter.max_difficulty, domain.filter.max_prompt_chars

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.util
+import itertools
 import json
 import math
 from typing import Any
@@ -165,16 +166,21 @@ def loaded(ref: str, args: dict[str, Any]) -> tuple[Any, Any]:
     return _loaded(ref, json.dumps(args, sort_keys=True, default=str))
 
 
-def tasks(ref: str, args: dict[str, Any], *, limit: int | None) -> list[Any]:
-    """The first `limit` tasks (all when None) of the taskset `ref` with config keys `args`."""
+def task_data(ref: str, args: dict[str, Any], *, limit: int | None) -> list[Any]:
+    """The data (`vf.TaskData`) of the first `limit` tasks (all when None) of the taskset `ref` with config
+    keys `args`, as iterating the taskset gives it: `idx` its position in `load()`, the config's
+    system prompt file over the task's own. Read from `load()` here rather than through the taskset's
+    iterator, which copies every task to set two fields (4/5 of a row's cost); a row needs the data only."""
     cls, config = loaded(ref, args)
     taskset = cls(config)
-    return list(taskset.take(limit) if limit is not None else taskset)
+    update = {} if taskset.system_prompt is None else {"system_prompt": taskset.system_prompt}
+    made = itertools.islice(taskset.load(), limit)
+    return [task.data.model_copy(update={"idx": idx, **update}) for idx, task in enumerate(made)]
 
 
-def task_row(ref: str, args: dict[str, Any], task: Any) -> dict[str, Any]:
-    """What a row keeps to rebuild `task` where it is scored: `sample.extra["verifiers"]`."""
-    return {"taskset": ref, "args": args, "data": task.data.model_dump(mode="json", exclude_defaults=True)}
+def task_row(ref: str, args: dict[str, Any], data: Any) -> dict[str, Any]:
+    """What a row keeps to rebuild its task where it is scored: `sample.extra["verifiers"]`."""
+    return {"taskset": ref, "args": args, "data": data.model_dump(mode="json", exclude_defaults=True)}
 
 
 def row_problem(row: Any) -> str | None:

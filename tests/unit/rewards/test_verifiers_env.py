@@ -106,6 +106,16 @@ def test_size_takes_the_first_tasks_and_no_eval_args_means_no_eval_rows(tmp_path
     assert [s.id for s in train["sums"]] == ["sums-train-0", "sums-train-1"] and evals["sums"] == []
 
 
+def test_the_configs_system_prompt_file_replaces_the_tasks_as_verifiers_iteration_does(tmp_path: Path):
+    (tmp_path / "prompt.txt").write_text("Think, then box the sum.")
+    recipe = loaded(
+        tmp_path, f"domains.sums.verifiers.args={{n = 2, system_prompt = {str(tmp_path / 'prompt.txt')!r}}}"
+    )
+    rows = load_recipe_domains(recipe)[0]["sums"]
+    assert [s.messages[0]["content"] for s in rows] == ["Think, then box the sum."] * 2
+    assert [s.extra["verifiers"]["data"]["idx"] for s in rows] == [0, 1]
+
+
 async def test_the_verdict_is_the_tasks_own_rewards_with_each_reward_and_metric_named(tmp_path: Path):
     recipe = loaded(tmp_path)
     train, _ = load_recipe_domains(recipe)
