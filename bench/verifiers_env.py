@@ -18,6 +18,10 @@ Two costs per sample, each through rlvr's real code:
 - score: one completion per row scored through the `RewardPool` as a run scores a step, both in `W`
   reward worker processes.
 
+- plumbing: in this process, `judge_row` (what a reward worker runs for a verifiers row) against math_rule's
+  `judge_text` on the same form of input, fresh inputs each, paired and alternated: the verifiers
+  plumbing alone, without the pool's scheduling noise.
+
 Every answer needs math-verify (no form math_rule's exact-match shortcut settles), and inputs are
 distinct per sample (math-verify caches parses). Each round measures the sides back to back in a
 rotated order (the machine is shared and noisy: the ranges over rounds are what to read). Printed:
@@ -135,6 +139,28 @@ async def score(pool: RewardPool, groups: list[Group]) -> float:
     return seconds
 
 
+def bench_plumbing(n: int, pair) -> tuple[float, float]:
+    """(ms per sample of `judge_row` on a vf[rlvr check] row, of `judge_text` on the native one): row i
+    against native input i + n (the same form: n is rounded to a multiple of the forms), each input
+    scored once, which goes first alternating."""
+    from rlvr.rewards.math_rule import judge_text
+
+    n -= n % 4
+    rows = vf_rows(2 * n, "rlvr")
+    totals = {"row": 0.0, "text": 0.0}
+    for i in range(n):
+        pairs = [("row", i), ("text", i + n)]
+        for kind, k in pairs if i % 2 else pairs[::-1]:
+            said = f"The answer is \\boxed{{{pair(k)[1]}}}."
+            start = time.perf_counter()
+            if kind == "row":
+                verifiers_env.judge_row(rows[k].extra["verifiers"], said, sample_id=rows[k].id)
+            else:
+                judge_text(pair(k)[0], said, timeout_s=10)
+            totals[kind] += time.perf_counter() - start
+    return totals["row"] / n * 1e3, totals["text"] / n * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=400)
@@ -177,6 +203,7 @@ def main() -> None:
             pool = pools.native if side == "native" else pools.vf
             results["score"][side].append(asyncio.run(score(pool, groups)) / n)
     pools.native.close()
+    plumbing = bench_plumbing(n, pair)
 
     def span(values: list[float]) -> str:
         return f"{min(values) * 1e6:8.1f}-{max(values) * 1e6:8.1f} µs"
@@ -190,6 +217,11 @@ def main() -> None:
                 line += f"   {min(ratios):.2f}x-{max(ratios):.2f}x native"
             print(line)
     print(f"({args.rounds} rounds, order rotated; ratios are per round, against native in the same round)")
+    row_ms, text_ms = plumbing
+    print(
+        f"plumbing: judge_row {row_ms:.2f} ms vs judge_text {text_ms:.2f} ms per sample in-process "
+        f"({row_ms - text_ms:+.2f} ms, {row_ms / text_ms:.2f}x; {n} pairs, same forms, fresh inputs)"
+    )
 
 
 if __name__ == "__main__":
