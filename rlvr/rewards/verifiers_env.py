@@ -141,6 +141,8 @@ def single_turn_problem(cls: Any, config: Any) -> str | None:
         why = "its tasks need a container"
     elif task_cls.setup is not vf.Task.setup:
         why = "its tasks set up a runtime"
+    elif needs := _runtime_rewards(task_cls, config.task):
+        why = f"its rewards read a runtime: {', '.join(needs)}"
     else:
         module = importlib.import_module(cls.__module__)
         envs = [
@@ -153,6 +155,22 @@ def single_turn_problem(cls: Any, config: Any) -> str | None:
     if why is None:
         return None
     return f"{name} is multi-turn ({why}); rlvr runs single-turn verifiers tasksets only (one prompt, one reply)"
+
+
+def _runtime_rewards(task_cls: Any, task_config: Any) -> list[str]:
+    """The task's rewards and metrics that take a `runtime` without a default: scored offline, verifiers
+    would skip them (a reward that never counts); they need the sandbox the agent worked in."""
+    import inspect
+
+    probe = task_cls.__new__(task_cls)  # the hooks are found on the class; no task data is needed
+    probe.config = task_config
+    out = []
+    for kind in ("reward", "metric"):
+        for fn in probe.hooks(kind):
+            param = inspect.signature(fn).parameters.get("runtime")
+            if param is not None and param.default is inspect.Parameter.empty:
+                out.append(fn.__name__)
+    return out
 
 
 @functools.lru_cache(maxsize=32)

@@ -202,6 +202,7 @@ def test_a_config_value_the_taskset_rejects(tmp_path: Path):
     [
         ("toy_chat", "ChatTaskset is multi-turn (it brings its own environment (ChatEnv: several agents or turns))"),
         ("toy_setup", "BoxTaskset is multi-turn (its tasks set up a runtime)"),
+        ("toy_graded_in_box", "FileTaskset is multi-turn (its rewards read a runtime: tests_pass)"),
     ],
 )
 def test_a_multi_turn_taskset_is_refused(tmp_path: Path, taskset: str, why: str):

@@ -98,7 +98,32 @@ class OpenTaskset(vf.Taskset):
 __all__ = ["OpenTaskset"]
 '''
 
-MODULES = {"toy_sums": SUMS, "toy_chat": CHAT, "toy_setup": SETUP, "toy_user_opens": USER_OPENS}
+GRADED_IN_BOX = '''
+"""Multi-turn: the reward reads the files the agent left in its sandbox."""
+import verifiers.v1 as vf
+
+
+class FileTask(vf.Task):
+    @vf.reward
+    async def tests_pass(self, trace, runtime) -> float:
+        return float((await runtime.read("/out.txt")) == b"ok")
+
+
+class FileTaskset(vf.Taskset[FileTask]):
+    def load(self):
+        yield FileTask(vf.TaskData(prompt="write ok to /out.txt"))
+
+
+__all__ = ["FileTaskset"]
+'''
+
+MODULES = {
+    "toy_sums": SUMS,
+    "toy_chat": CHAT,
+    "toy_setup": SETUP,
+    "toy_user_opens": USER_OPENS,
+    "toy_graded_in_box": GRADED_IN_BOX,
+}
 
 
 def write_tasksets(folder: Path) -> Path:
