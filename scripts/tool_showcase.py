@@ -79,11 +79,18 @@ def summarize(show: Showcase, run: Path) -> dict:
     return {
         "eval_accuracy": evals,
         "train_reward": {s: r[f"reward/{d}/mean"] for s, r in train.items()},
-        "call_rate": {s: r.get(f"tools/{d}/call_rate", 0.0) for s, r in train.items()},
-        "calls_per_episode": {s: r.get(f"tools/{d}/calls_per_episode", 0.0) for s, r in train.items()},
-        "tool_errors": {s: r.get(f"tools/{d}/errors", 0.0) for s, r in train.items()},
-        "turns": {s: r.get(f"turns/{d}", 1.0) for s, r in train.items()},
+        # tool metrics exist only where the tool is on (a twin's unanswered blocks are no calls)
+        **{name: {s: r[key] for s, r in train.items() if key in r} for name, key in tool_keys(d).items()},
         "seconds_per_step": (max(times) - min(times)) / max(len(train), 1) if len(times) > 1 else None,
+    }
+
+
+def tool_keys(domain: str) -> dict[str, str]:
+    return {
+        "call_rate": f"tools/{domain}/call_rate",
+        "calls_per_episode": f"tools/{domain}/calls_per_episode",
+        "tool_errors": f"tools/{domain}/errors",
+        "turns": f"turns/{domain}",
     }
 
 
@@ -99,7 +106,8 @@ def plot(show: Showcase, results: dict[str, dict], out: Path) -> None:
         xs = sorted(res["eval_accuracy"])
         acc.plot(xs, [res["eval_accuracy"][x] for x in xs], marker="o", label=label)
         xs = sorted(res["call_rate"])
-        calls.plot(xs, [res["call_rate"][x] for x in xs], label=label)
+        if xs:
+            calls.plot(xs, [res["call_rate"][x] for x in xs], marker=".", label=label)
     acc.set(xlabel="step", ylabel="held-out accuracy (greedy)", ylim=(-0.02, 1.02), title=show.title)
     calls.set(
         xlabel="step", ylabel="episodes that call the tool", ylim=(-0.02, 1.02), title="tool-call rate (training)"
@@ -114,12 +122,13 @@ def plot(show: Showcase, results: dict[str, dict], out: Path) -> None:
 def table(show: Showcase, results: dict[str, dict]) -> str:
     lines = [f"{show.key}: step -> eval accuracy (tool-call rate of that step's training episodes)"]
     for label, res in results.items():
+        rate = res["call_rate"]
         cells = [
-            f"{s}: {a:.3f} ({res['call_rate'].get(s, res['call_rate'].get(s + 1, 0.0)):.2f})"
+            f"{s}: {a:.3f}" + (f" ({rate.get(s, rate.get(s + 1, 0.0)):.2f})" if rate else "")
             for s, a in res["eval_accuracy"].items()
         ]
         sps = res["seconds_per_step"]
-        lines.append(f"  {label:>9}: " + ", ".join(cells) + (f"  [{sps:.0f} s/step]" if sps else ""))
+        lines.append(f"  {label:>9}: " + ", ".join(cells) + (f"  [{sps:.0f} s a step, evals included]" if sps else ""))
     return "\n".join(lines)
 
 
