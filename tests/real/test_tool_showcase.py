@@ -3,7 +3,8 @@
 recipes/smollm2_python_tool.toml and recipes/smollm2_search_tool.toml on SmolLM2-135M-Instruct:
 one step of 2 prompts x 8 samples at T = 1, no eval. SmolLM2 writes the prompt's example call in
 about a third of its samples (docs/tools.md#real-model), so 16 episodes hold one call or more but
-for a ~0.7^16 chance; the run is seeded, so the draw is the same every time.
+for a ~0.7^16 chance; the run is seeded, so the draw is the same every time. Both took 342 s on
+the 2-core machine shared with other jobs.
 """
 
 from __future__ import annotations
