@@ -157,7 +157,7 @@ def test_the_readme_holds_the_test_command_ci_runs():
 
 
 def test_the_readme_stays_short():
-    assert len((ROOT / "README.md").read_text().splitlines()) <= 250, "the reference belongs in docs/"
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150, "the reference belongs in docs/"
 
 
 def test_a_newcomer_finds_each_task_in_one_click():
@@ -168,6 +168,18 @@ def test_a_newcomer_finds_each_task_in_one_click():
         "docs/recipes.md#write-your-own-recipe",
         "docs/rewards.md#add-a-reward-plug-in",
         "docs/cluster.md#run-on-slurm",
+        "docs/index.md",
+        "docs/models.md",
+        "docs/data.md",
+        "docs/one-gpu.md",
+        "docs/choose-algorithm.md",
+        "docs/choose-engine.md",
+        "docs/tools.md",
+        "docs/running.md",
+        "docs/troubleshooting.md",
+        "docs/metrics.md",
+        "docs/benchmarks.md",
+        "docs/development.md",
     ):
         assert target in readme_links, target
 
