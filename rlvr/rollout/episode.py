@@ -4,7 +4,8 @@ An episode sends `prompt + tokens so far` and appends what comes back, never re-
 the trainer sees exactly the ids the engine sampled. When a weight push aborts a request, the
 episode keeps its tokens (each tagged with the version that sampled it) and continues under the new
 weights (`partial = True`), or restarts from the prompt. With `tools` it has turns: a tool's answer
-is appended as tokens (loss mask 0), and a turn that ends on EOS ends the episode. A group
+is appended as tokens (loss mask 0), and a turn that ends on EOS ends the episode, unless the EOS
+comes right after a whole call no stop string can end (a closing code fence, then EOS). A group
 (`run_group`) starts as one n-sample request (sample j seeded seed + j) under one affinity key, so
 its prompt is prefilled once, on one server; a sample goes on alone only when it must, and samples
 what its own episode would have. Text is decoded from all of a response's ids at once and stop
@@ -56,6 +57,10 @@ class ToolSession(Protocol):
 
     async def respond(self, text: str) -> ToolReply | None:
         """The reply to a model turn's text; None when the turn holds no call (the episode ends)."""
+        ...
+
+    def ends_with_call(self, text: str) -> bool:
+        """The turn's text ends on a whole call (run or answered with its error), not an unfinished one."""
         ...
 
     def reset(self) -> None: ...
@@ -189,8 +194,8 @@ async def run_episode(
             continue
         if tools is None or finish != "stop" or len(state.token_ids) <= state.scope:
             break
-        if not on_stop_string:  # EOS (or a stop token id): the model ended its turn, and so the episode
-            break
+        if not on_stop_string and not _call_before_eos(tools, state):
+            break  # EOS (or a stop token id): the model ended its turn, and so the episode
         finish = await _tool_turn(tools, state, version=version)
         if finish != "more":
             break
@@ -306,6 +311,19 @@ def first_stop(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if hit(mid) else (mid, hi)
     return hi
+
+
+def _call_before_eos(tools: ToolSession, state: EpisodeState) -> bool:
+    """The turn ended on EOS right after a whole call (a closing fence, which no stop string can end:
+    the model writes ```` ``` ```` then EOS, as SmolLM2 does): the EOS is cut, as if a stop string had
+    ended the turn there, and the call runs. Anything else before an EOS (an opened fence, a quoted call)
+    ends the episode: the model is never asked to write past its own EOS."""
+    turn = state.token_ids[state.turn_start :]
+    if not turn or not tools.ends_with_call(tools.decode(turn)):
+        return False
+    if tools.decode(turn[-1:]) == "":  # a special token, as EOS is: not part of the call
+        state.truncate(len(state.token_ids) - 1)
+    return True
 
 
 async def _tool_turn(tools: ToolSession, state: EpisodeState, *, version: int) -> str:

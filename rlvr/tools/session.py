@@ -113,6 +113,10 @@ class ToolSession:
             "tool_seconds": self.seconds,
         }
 
+    def ends_with_call(self, text: str) -> bool:
+        parsed = self.box.format.parse(text)
+        return parsed is not None and not isinstance(parsed, Unfinished)
+
     async def respond(self, text: str) -> ToolReply | None:
         parsed = self.box.format.parse(text)
         if parsed is None:

@@ -194,6 +194,20 @@ async def test_eos_after_an_opened_fence_ends_the_episode(tokenizer):
     assert c.loss_mask == [1] * len(c.token_ids) and c.tool_stats["tool_calls"] == 0
 
 
+async def test_a_closing_fence_right_before_eos_runs_the_call_and_cuts_the_eos(tokenizer):
+    """```` ``` ```` then EOS (SmolLM2's habit): no stop string ends a fence without its newline, but the
+    turn ends on a whole call. The call runs, and the EOS is cut as a stop string would have ended the
+    turn there: the model is never trained to stop before a result it then reads."""
+    script = ["Let me try:\n```python\nprint(1)\n```", "The answer is 1."]
+    engine, prompt, c, box = await _episode(tokenizer, script)
+    _check_prefix_property(engine, prompt, c)
+    turn = _ids(tokenizer, "Let me try:\n```python\nprint(1)\n```")
+    tool = _ids(tokenizer, box.format.render("ran 8 chars\n"))
+    assert c.token_ids[: len(turn) + len(tool)] == turn + tool and engine.inputs[1] == prompt + turn + tool
+    assert c.tool_stats["tool_calls"] == 1 and c.tool_stats["turns"] == 2 and c.text.endswith("The answer is 1.")
+    assert c.loss_mask == [1] * len(turn) + [0] * len(tool) + [1] * (len(c.token_ids) - len(turn) - len(tool))
+
+
 async def test_eos_after_a_quoted_call_ends_the_episode(tokenizer):
     """A turn that ends on EOS never runs a call, even one its text holds (here an unclosed <code>)."""
     engine, _, c, _ = await _episode(tokenizer, ["I would write <code>print(1)", "never"])
