@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from rlvr.rewards.base import safe_score
@@ -32,7 +34,7 @@ ARGS = {
 
 
 @pytest.mark.parametrize("name", builtin_names())
-async def test_garbage_never_raises(name):
+async def test_garbage_never_raises(name, tmp_path, monkeypatch):
     if name == "code_sandbox" and not sandbox_available():
         pytest.skip("bubblewrap is not usable here")
     fn = get_reward(name)
@@ -40,6 +42,14 @@ async def test_garbage_never_raises(name):
     if name == "gym":  # its rows carry the reasoning-gym entry its verifier reads
         entry = pytest.importorskip("reasoning_gym").create_dataset("basic_arithmetic", seed=0, size=1)[0]
         sample.extra["gym"] = {"dataset": "basic_arithmetic", "config": {}, "entry": entry}
+    if name == "verifiers":  # its rows carry the task whose own rewards score it
+        pytest.importorskip("verifiers")
+        from .verifiers_tasksets import MODULES, toy_sums_row
+
+        monkeypatch.setattr(sys, "path", list(sys.path))
+        for module in MODULES:
+            monkeypatch.delitem(sys.modules, module, raising=False)
+        sample = toy_sums_row(tmp_path)
     for text in GARBAGE:
         result = await fn(sample, make_completion(text), **ARGS.get(name, {}))
         assert isinstance(result, RewardResult), (name, text[:30])

@@ -132,3 +132,35 @@ def write_tasksets(folder: Path) -> Path:
     for name, source in MODULES.items():
         (folder / f"{name}.py").write_text(textwrap.dedent(source).lstrip())
     return folder
+
+
+TOY_RECIPE = """
+[experiment]
+name = "t"
+
+[model]
+config = { hidden_size = 32 }
+dtype = "float32"
+
+[domains.sums]
+tags = ["sums"]
+reward = "verifiers"
+
+[domains.sums.verifiers]
+taskset = "toy_sums"
+args = { n = 2 }
+"""
+
+
+def toy_sums_row(folder: Path):
+    """A row of `toy_sums` as a verifiers domain loads it (the task its own rewards score), for tests
+    that run every reward. The caller restores sys.path and drops the MODULES it imported."""
+    from rlvr.data.sources import load_recipe_domains
+    from rlvr.plugins import add_plugin_dir
+    from rlvr.recipe.load import load_recipe
+
+    write_tasksets(folder)
+    (folder / "recipe.toml").write_text(textwrap.dedent(TOY_RECIPE))
+    recipe = load_recipe(folder / "recipe.toml", [])
+    add_plugin_dir(folder)
+    return load_recipe_domains(recipe)[0]["sums"][1]
