@@ -248,6 +248,9 @@ async def test_tool_episodes_run_apart_but_on_one_server_key() -> None:
         async def respond(self, text: str) -> None:
             return None
 
+        def ends_with_call(self, text: str) -> bool:
+            return False
+
         def reset(self) -> None:
             pass
 

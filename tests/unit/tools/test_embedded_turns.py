@@ -34,6 +34,9 @@ class EveryTokenIsACall:
         self.turns.append(text)
         return ToolReply(text="[t]")
 
+    def ends_with_call(self, text):
+        return False
+
     def reset(self):
         self.turns = []
 
