@@ -171,11 +171,12 @@ def download_command(repo_id: str, revision: str) -> str:
     return " ".join([*env, command])
 
 
-def cached_folder(repo_id: str, revision: str, cache: str) -> Path | None:
+def cached_folder(repo_id: str, revision: str, cache: str, *, repo_type: str = "model") -> Path | None:
     """The snapshot folder of `repo_id` at `revision` in the cache, as huggingface_hub lays it out
-    (`models--org--name/refs/<branch or tag>` holds the commit, `snapshots/<commit>/` the files),
-    or None when the cache has no such folder. Says nothing about which files are in it."""
-    storage = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    (`models--org--name/refs/<branch or tag>` holds the commit, `snapshots/<commit>/` the files;
+    `datasets--...` for `repo_type = "dataset"`), or None when the cache has no such folder. Says
+    nothing about which files are in it."""
+    storage = Path(cache) / (f"{repo_type}s--" + repo_id.replace("/", "--"))
     commit = revision if COMMIT.fullmatch(revision) else None
     if commit is None:
         try:

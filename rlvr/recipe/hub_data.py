@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlvr.recipe.hub import COMMIT, HubError, download_command, hub_cache, hub_offline, looks_like_hub_id
+from rlvr.recipe.hub import HubError, cached_folder, download_command, hub_cache, hub_offline, looks_like_hub_id
 
 PREFIX = "hf:"
 SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -32,15 +32,7 @@ def is_hub_file(value: str) -> bool:
 
 def dataset_folder(repo_id: str, revision: str, cache: str) -> Path | None:
     """The snapshot folder of data set `repo_id` at `revision` in the cache, or None."""
-    storage = Path(cache) / ("datasets--" + repo_id.replace("/", "--"))
-    commit = revision if COMMIT.fullmatch(revision) else None
-    if commit is None:
-        try:
-            commit = (storage / "refs" / revision).read_text().strip()
-        except OSError:
-            return None
-    folder = storage / "snapshots" / commit
-    return folder if commit and folder.is_dir() else None
+    return cached_folder(repo_id, revision, cache, repo_type="dataset")
 
 
 def fill_command(repo_id: str, revision: str) -> str:
