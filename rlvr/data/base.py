@@ -5,6 +5,7 @@ domain's filter (`filtered_out`), and which rewards need a reference answer (`ne
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,28 @@ def filtered_out(sample: Sample, lo: float | None, hi: float | None, max_chars: 
     if d is not None and ((lo is not None and d < lo) or (hi is not None and d > hi)):
         return True
     return max_chars is not None and sum(len(m["content"]) for m in sample.messages) > max_chars
+
+
+def kept(
+    samples: Iterable[Sample],
+    *,
+    domain: str,
+    lo: float | None,
+    hi: float | None,
+    max_chars: int | None,
+    report: LoadReport,
+) -> list[Sample]:
+    """The samples the domain's filter keeps (`filtered_out`), each marked as `domain`'s; `report`
+    counts the kept and the filtered. One rule for every source of rows (files, reasoning-gym, verifiers)."""
+    out: list[Sample] = []
+    for sample in samples:
+        if filtered_out(sample, lo, hi, max_chars):
+            report.filtered += 1
+            continue
+        sample.domain = domain
+        out.append(sample)
+    report.loaded += len(out)
+    return out
 
 
 def needs_ground_truth(reward: str, reward_args: dict[str, Any] | None = None) -> bool:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import Any
 
-from rlvr.data.base import DataError, LoadReport, filtered_out, needs_ground_truth
+from rlvr.data.base import DataError, LoadReport, kept, needs_ground_truth
 from rlvr.rewards.gym import GymMissing, reasoning_gym
 from rlvr.types import Sample
 
@@ -158,15 +158,11 @@ def gym_samples(name: str, domain: Any, *, evaluation: bool, report: LoadReport 
             ground_truth=entry.get("answer"),
             extra={"gym": {"dataset": dataset, "config": config, "entry": entry}},
         )
-        if filtered_out(
-            sample, domain.filter.min_difficulty, domain.filter.max_difficulty, domain.filter.max_prompt_chars
-        ):
-            report.filtered += 1
-            continue
-        sample.domain = name
         samples.append(sample)
-    report.loaded += len(samples)
-    return samples
+    f = domain.filter
+    return kept(
+        samples, domain=name, lo=f.min_difficulty, hi=f.max_difficulty, max_chars=f.max_prompt_chars, report=report
+    )
 
 
 def _eval_seed(gym: Any) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rlvr.data.base import DataError, LoadReport, filtered_out, needs_ground_truth
+from rlvr.data.base import DataError, LoadReport, kept, needs_ground_truth
 from rlvr.rewards.cases import SANDBOX_CASE_TYPES, check_test_cases
 from rlvr.rewards.gym import row_problem as gym_row_problem
 from rlvr.rewards.verifiers_env import row_problem as verifiers_row_problem
@@ -211,13 +211,8 @@ def load_domain_samples(
                 report.skipped += 1
                 report.first_skip = report.first_skip or message
                 continue
-            if filtered_out(sample, min_difficulty, max_difficulty, max_prompt_chars):
-                report.filtered += 1
-                continue
-            sample.domain = domain
             samples.append(sample)
-    report.loaded += len(samples)
-    return samples
+    return kept(samples, domain=domain, lo=min_difficulty, hi=max_difficulty, max_chars=max_prompt_chars, report=report)
 
 
 def load_recipe_domains(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlvr.data.base import DataError, LoadReport, filtered_out
+from rlvr.data.base import DataError, LoadReport, kept
 from rlvr.rewards.verifiers_env import (
     TasksetError,
     VerifiersMissing,
@@ -106,12 +106,8 @@ def verifiers_samples(name: str, domain: Any, *, evaluation: bool, report: LoadR
             messages=messages(data),
             extra={"verifiers": task_row(table.taskset, args, data)},
         )
-        if filtered_out(
-            sample, domain.filter.min_difficulty, domain.filter.max_difficulty, domain.filter.max_prompt_chars
-        ):
-            report.filtered += 1
-            continue
-        sample.domain = name
         samples.append(sample)
-    report.loaded += len(samples)
-    return samples
+    f = domain.filter
+    return kept(
+        samples, domain=name, lo=f.min_difficulty, hi=f.max_difficulty, max_chars=f.max_prompt_chars, report=report
+    )
