@@ -6,7 +6,6 @@ not judge, multi-turn tasksets are refused, and `rlvr validate`'s one-line error
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,31 +22,9 @@ from rlvr.rewards.pool import DomainReward, RewardPool  # noqa: E402
 from rlvr.rewards.registry import get_reward  # noqa: E402
 from rlvr.types import Completion, Group  # noqa: E402
 from tests.unit.recipe.helpers import one_error_line  # noqa: E402
-from tests.unit.rewards.verifiers_tasksets import MODULES, write_tasksets  # noqa: E402
+from tests.unit.rewards.verifiers_tasksets import MODULES, write_recipe  # noqa: E402
 
 runner = CliRunner()
-
-RECIPE = """
-[experiment]
-name = "t"
-
-[model]
-config = { hidden_size = 32 }
-dtype = "float32"
-
-[domains.sums]
-tags = ["sums"]
-reward = "verifiers"
-
-[domains.sums.verifiers]
-taskset = "toy_sums"
-args = { n = 6 }
-eval_args = { split = "test", n = 3 }
-
-[rollout]
-n = 2
-temperature = 0.7
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -64,19 +41,12 @@ def _fresh(monkeypatch):
     verifiers_env._loaded.cache_clear()
 
 
-def write(tmp: Path, recipe: str = RECIPE) -> Path:
-    write_tasksets(tmp)
-    path = tmp / "recipe.toml"
-    path.write_text(textwrap.dedent(recipe))
-    return path
-
-
 def said(text: str) -> Completion:
     return Completion(text=text, token_ids=[], logprobs=[])
 
 
 def loaded(tmp_path: Path, *sets: str):
-    recipe = load_recipe(write(tmp_path), list(sets))
+    recipe = load_recipe(write_recipe(tmp_path), list(sets))
     from rlvr.plugins import add_plugin_dir
 
     add_plugin_dir(tmp_path)  # what validate and launch do for the recipe's folder
@@ -157,13 +127,13 @@ def test_a_task_the_user_opens_is_refused_when_the_rows_load(tmp_path: Path):
 
 # -- rlvr validate: one line, the key, the fix -----------------------------------------------------
 def error(tmp_path: Path, *sets: str) -> str:
-    path = write(tmp_path)
+    path = write_recipe(tmp_path)
     args = [x for s in sets for x in ("--set", s)]
     return one_error_line(runner.invoke(app, ["validate", str(path), *args])).replace(str(tmp_path), "TMP")
 
 
 def test_validate_accepts_the_verifiers_recipe(tmp_path: Path):
-    result = runner.invoke(app, ["validate", str(write(tmp_path))])
+    result = runner.invoke(app, ["validate", str(write_recipe(tmp_path))])
     assert result.exit_code == 0, result.output
 
 

@@ -148,8 +148,21 @@ reward = "verifiers"
 
 [domains.sums.verifiers]
 taskset = "toy_sums"
-args = { n = 2 }
+args = { n = 6 }
+eval_args = { split = "test", n = 3 }
+
+[rollout]
+n = 2
+temperature = 0.7
 """
+
+
+def write_recipe(folder: Path, recipe: str = TOY_RECIPE) -> Path:
+    """`recipe` as folder/recipe.toml, the tasksets beside it (where the recipe imports them from)."""
+    write_tasksets(folder)
+    path = folder / "recipe.toml"
+    path.write_text(textwrap.dedent(recipe))
+    return path
 
 
 def toy_sums_row(folder: Path):
@@ -159,8 +172,6 @@ def toy_sums_row(folder: Path):
     from rlvr.plugins import add_plugin_dir
     from rlvr.recipe.load import load_recipe
 
-    write_tasksets(folder)
-    (folder / "recipe.toml").write_text(textwrap.dedent(TOY_RECIPE))
-    recipe = load_recipe(folder / "recipe.toml", [])
+    recipe = load_recipe(write_recipe(folder), [])
     add_plugin_dir(folder)
     return load_recipe_domains(recipe)[0]["sums"][1]
