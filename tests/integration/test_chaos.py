@@ -211,6 +211,23 @@ class TrainerWatch:
         self.thread.join(timeout=5)
 
 
+def launch_one_trainer_at_a_time(
+    tmp_path: Path, *, steps: int, faults: list[tuple[str, int]], sets: list[str] | None = None
+) -> tuple[Path, TrainerWatch]:
+    """`launch` with the trainer's processes watched: the run passes `check_run`, and never had two
+    torchrun agents or two workers at once. The run directory and the watch, for more checks."""
+    watch = TrainerWatch(tmp_path / "quickstart")
+    try:
+        rc, stderr, killer = launch(tmp_path, steps=steps, seed_faults=faults, sets=sets)
+    finally:
+        watch.stop()
+    run_dir = tmp_path / "quickstart"
+    check_run(run_dir, steps=steps, rc=rc, stderr=stderr, killer=killer, faults=faults)
+    assert max(len(workers) for _, workers in watch.samples) == 1, "two trainer workers at once"
+    assert max(len(agents) for agents, _ in watch.samples) == 1, "two torchrun agents at once"
+    return run_dir, watch
+
+
 @pytest.mark.slow  # three trainer restarts on the CPU quickstart: ~6 min
 def test_a_killed_agent_a_killed_trainer_group_and_a_stopped_rank_leave_one_trainer(tmp_path: Path) -> None:
     """The agent SIGKILLed, a rank SIGSTOPped, the trainer's whole process group SIGKILLed: each
@@ -218,15 +235,7 @@ def test_a_killed_agent_a_killed_trainer_group_and_a_stopped_rank_leave_one_trai
     stopped one once its heartbeat is silent past the deadline), never two trainers train at
     once, and the run finishes with every step logged once by the fourth trainer generation."""
     faults = [("agent", 2), ("stall", 3), ("group", 5)]
-    watch = TrainerWatch(tmp_path / "quickstart")
-    try:
-        rc, stderr, killer = launch(tmp_path, steps=7, seed_faults=faults)
-    finally:
-        watch.stop()
-    run_dir = tmp_path / "quickstart"
-    check_run(run_dir, steps=7, rc=rc, stderr=stderr, killer=killer, faults=faults)
-    assert max(len(workers) for _, workers in watch.samples) == 1, "two trainer workers at once"
-    assert max(len(agents) for agents, _ in watch.samples) == 1, "two torchrun agents at once"
+    run_dir, watch = launch_one_trainer_at_a_time(tmp_path, steps=7, faults=faults)
     started = {min(workers) for _, workers in watch.samples if workers}
     assert len(started) >= 4  # four trainers ran, one after another
     assert watch.now() == (set(), set())  # nothing of any trainer outlived the run

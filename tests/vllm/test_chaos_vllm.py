@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_chaos import TrainerWatch, check_run, launch
+from tests.integration.test_chaos import launch_one_trainer_at_a_time
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # a vLLM-CPU restart takes ~1 min: ~15 min in all
 
@@ -21,13 +21,5 @@ def test_a_vllm_run_survives_its_server_killed_and_stopped_and_its_trainer_kille
 ) -> None:
     faults = [("server", 2), ("agent", 3), ("hang", 4), ("stall", 5), ("group", 6)]
     sets = ["rollout.engine=vllm", f"rollout.vllm.python={json.dumps(str(vllm_python))}"]
-    watch = TrainerWatch(tmp_path / "quickstart")
-    try:
-        rc, stderr, killer = launch(tmp_path, steps=8, seed_faults=faults, sets=sets)
-    finally:
-        watch.stop()
-    run_dir = tmp_path / "quickstart"
-    check_run(run_dir, steps=8, rc=rc, stderr=stderr, killer=killer, faults=faults)
-    assert max(len(workers) for _, workers in watch.samples) == 1, "two trainer workers at once"
-    assert max(len(agents) for agents, _ in watch.samples) == 1, "two torchrun agents at once"
+    run_dir, _ = launch_one_trainer_at_a_time(tmp_path, steps=8, faults=faults, sets=sets)
     assert json.loads((run_dir / "generation.json").read_text())["generation"] == 4
