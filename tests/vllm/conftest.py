@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from .vllm_env import Server, ensure_vllm, vllm_recipe
+from .vllm_env import ensure_vllm, serving, vllm_recipe
 
 
 @pytest.fixture(scope="session")
@@ -20,12 +20,6 @@ def vllm_python() -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python: Path, tmp_path_factory):
     """A vLLM server on the quickstart policy (a tied LM head: the CPU reload trap), 512-token context."""
-    from rlvr.process import free_port
-
     recipe = vllm_recipe(vllm_python, "rollout.vllm.max_model_len=512")
-    server = Server(recipe, port=free_port(), log=tmp_path_factory.mktemp("vllm") / "server.log")
-    try:
-        server.wait_healthy()
+    with serving(recipe, log=tmp_path_factory.mktemp("vllm") / "server.log") as server:
         yield server
-    finally:
-        server.stop()

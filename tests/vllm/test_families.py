@@ -40,7 +40,7 @@ from rlvr.rollout.base import GenerateRequest, SamplingParams
 
 from ..unit.families.configs import BASE, CONFIGS, WINDOW, _spread
 from .helpers import generate, push
-from .vllm_env import Server, vllm_recipe
+from .vllm_env import serving, vllm_recipe
 
 pytestmark = pytest.mark.vllm
 
@@ -140,16 +140,10 @@ _SERVED: dict[str, str] = {}  # family -> what its server holds ("base" or "push
 
 @pytest.fixture(scope="module")
 def server(vllm_python: Path, family: str, folder: Path, tmp_path_factory):
-    from rlvr.process import free_port
-
     recipe = vllm_recipe(vllm_python, f"model.path={folder}", "model.dtype=float32", "rollout.vllm.max_model_len=256")
-    server = Server(recipe, port=free_port(), log=tmp_path_factory.mktemp(f"vllm-{family}-log") / "server.log")
-    try:
-        server.wait_healthy()
+    with serving(recipe, log=tmp_path_factory.mktemp(f"vllm-{family}-log") / "server.log") as server:
         _SERVED[family] = "base"
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

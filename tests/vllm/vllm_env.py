@@ -8,12 +8,14 @@ One installer at a time: parallel sessions share the cache.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlvr.recipe.vllm_python import default_envs
@@ -52,6 +54,19 @@ def vllm_recipe(python: Path, *overrides: str):
     from rlvr.recipe.load import load_recipe
 
     return load_recipe(QUICKSTART, ["rollout.engine=vllm", f"rollout.vllm.python={python}", *overrides])
+
+
+@contextlib.contextmanager
+def serving(recipe, *, log: Path) -> Iterator[Server]:
+    """A healthy vLLM server for `recipe` on a free port, for a `with` (a fixture's life), stopped on every exit."""
+    from rlvr.process import free_port
+
+    server = Server(recipe, port=free_port(), log=log)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
 
 
 class Server:
