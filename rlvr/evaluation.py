@@ -236,12 +236,14 @@ async def evaluate_groups(
     generate: Generate,
     rewards: Any,
     settings: Mapping[str, tuple[int, float]] | None = None,
+    scored: Callable[[list[Group]], None] | None = None,
 ) -> dict[str, float]:
     """Answer every domain's eval rows (`n` samples at `temperature`, per domain) and score them.
 
     `generate(samples, n, temperature)` returns one Group per sample (the controller passes
     its engine call); `rewards` is the run's RewardPool, so each row is judged by its
-    domain's reward whatever its own tag. Returns `eval_metrics` of the scored groups.
+    domain's reward whatever its own tag. `scored` sees the scored groups (the run logs a few
+    eval episodes to samples.jsonl). Returns `eval_metrics` of the scored groups.
     """
     groups: list[Group] = []
     for domain, samples in evals.items():
@@ -251,6 +253,8 @@ async def evaluate_groups(
     if not groups:
         return {}
     await rewards.score_groups(groups)
+    if scored is not None:
+        scored(groups)
     return eval_metrics(groups, threshold=float(getattr(rewards, "threshold", 1.0)))
 
 

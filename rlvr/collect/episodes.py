@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from rlvr.collect.ledger import GroupLedger
 from rlvr.collect.prompts import PromptCache
@@ -94,9 +94,11 @@ class EpisodeRunner:
         scores.append(await self.rewards.score_groups([group]))
         return group
 
-    async def evaluate(self, evals: Mapping[str, Sequence[Sample]], *, step: int) -> dict[str, float]:
+    async def evaluate(
+        self, evals: Mapping[str, Sequence[Sample]], *, step: int, scored: Callable[[list[Group]], None] | None = None
+    ) -> dict[str, float]:
         """Each domain's held-out rows, `eval_n` samples at `eval_temperature` (0: greedy), scored by
-        the domain's reward and reported per benchmark tag (`rlvr.evaluation`)."""
+        the domain's reward and reported per benchmark tag (`rlvr.evaluation`); `scored` sees the groups."""
         base = self.recipe.experiment.seed * 100_003 + step
 
         async def generate(samples: list[Sample], n: int, temperature: float) -> list[Group]:
@@ -110,4 +112,4 @@ class EpisodeRunner:
             return [Group(sample=s, completions=c) for s, c in zip(fits, completions, strict=True)]
 
         settings = {name: (d.eval_n, d.eval_temperature) for name, d in self.recipe.domains.items()}
-        return await evaluate_groups(evals, generate=generate, rewards=self.rewards, settings=settings)
+        return await evaluate_groups(evals, generate=generate, rewards=self.rewards, settings=settings, scored=scored)

@@ -35,7 +35,8 @@ from rlvr.rewards.pool import RewardPool
 from rlvr.rollout.base import RolloutClient
 from rlvr.rollout.pool import ServerPool
 from rlvr.tools.session import Toolbox
-from rlvr.types import RolloutBatch, Sample
+from rlvr.monitor.samples import sample_rows
+from rlvr.types import Group, RolloutBatch, Sample
 
 
 class RolloutManager:
@@ -150,8 +151,16 @@ class RolloutManager:
         self.bridge.call(self.scheduler.open_gate(version))
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """Greedy answers to every held-out prompt, scored by the domain's reward."""
-        return self.bridge.call(self.episodes.evaluate(self.evals, step=step))
+        """Greedy answers to every held-out prompt, scored by the domain's reward; the first
+        `monitor.log_samples` of each domain join samples.jsonl marked `"eval": true` (what the
+        model answers greedily before and after training, not only its T = 1 samples)."""
+
+        def keep(groups: list[Group]) -> None:
+            rows = sample_rows(groups, per_domain=self.recipe.monitor.log_samples, step=step,
+                               prompt_text=self.prompts.prompt_text)  # fmt: skip
+            self._samples += [row | {"eval": True} for row in rows]
+
+        return self.bridge.call(self.episodes.evaluate(self.evals, step=step, scored=keep))
 
     @property
     def client(self) -> RolloutClient:

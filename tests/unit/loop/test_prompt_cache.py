@@ -73,3 +73,28 @@ def test_evaluation_tokenizes_off_the_event_loop_too() -> None:
     finally:
         manager.close()
     assert len(tokenizer.threads) >= 6 and "rlvr-rollout" not in tokenizer.threads
+
+
+def test_eval_episodes_join_the_samples_marked_eval() -> None:
+    """What the model answers greedily is kept (samples.jsonl), not only its training samples."""
+    rows = {"flat": [Sample(id=f"e{i}", tag="flat", domain="flat", messages=[{"role": "user", "content": f"q{i}"}])
+                     for i in range(6)]}  # fmt: skip
+    recipe = Recipe.model_validate({
+        "experiment": {"max_steps": 2},
+        "model": {"config": {}},
+        "data": {"prompts_per_step": 2, "domain_interleave_probs": {"flat": 1.0}},
+        "domains": {"flat": {"tags": ["flat"], "files": ["x"], "reward": "math_rule"}},
+        "rollout": {"n": 2, "max_new_tokens": 4},
+        "monitor": {"log_samples": 3},
+    })  # fmt: skip
+    manager = RolloutManager(recipe, train=rows, evals=rows, tokenizer=RecordingTokenizer(), client=FakeEngine(3),  # type: ignore[arg-type]
+                             rewards=FakeRewards())  # type: ignore[arg-type]  # fmt: skip
+    try:
+        manager.start(version=0)
+        metrics = manager.evaluate(5)
+        rows_logged = manager.pop_samples()
+    finally:
+        manager.close()
+    assert metrics["eval/reward/flat/accuracy"] == 1.0
+    assert [(r["step"], r["eval"], r["reward"]) for r in rows_logged] == [(5, True, 1.0)] * 3
+    assert {r["id"] for r in rows_logged} == {"e0", "e1", "e2"} and manager.pop_samples() == []
