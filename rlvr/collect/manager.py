@@ -30,12 +30,12 @@ from rlvr.collect.scheduler import Wave, WaveScheduler
 from rlvr.collect.wave_metrics import IdleClock, staleness_metrics
 from rlvr.data.adaptive import AdaptiveShares, DifficultyPool
 from rlvr.data.mixture import MixtureSampler, WaveDraws, hash_seed
+from rlvr.monitor.samples import sample_rows
 from rlvr.recipe.schema import Recipe
 from rlvr.rewards.pool import RewardPool
 from rlvr.rollout.base import RolloutClient
 from rlvr.rollout.pool import ServerPool
 from rlvr.tools.session import Toolbox
-from rlvr.monitor.samples import sample_rows
 from rlvr.types import Group, RolloutBatch, Sample
 
 
