@@ -2,18 +2,21 @@
 
 python recipes/smollm2_tools/make_data.py     # rewrites data/*.jsonl
 
-products: `What is 483 * 627?`, three digits by three, which SmolLM2-135M cannot multiply in its head.
-mayors: `Who is the mayor of the town where Tavik Orlen was born?` about made-up people and towns that
-only data/corpus.jsonl knows: one passage says where a person was born, another who a town's mayor is.
-
-Each prompt opens with one worked example of the tool call (SmolLM2-135M writes none from a
-description alone: measured in docs/tools.md); a mayors prompt also names the first lookup
-(search-in-a-block rate 4/12 samples with it, 1/12 without), the second hop is the model's. The prompt is the same with the tool and without it
-(`tool_instructions = false` in the recipes), so the no-tool twin differs only in the tool's answers.
+products: `What is 483 * 627?`, three digits by three, which SmolLM2-135M cannot multiply in its head;
+each prompt opens with one worked example of the call (SmolLM2-135M writes none from a description
+alone: measured in docs/tools.md).
+mayors: `Who is the mayor of the town where Lena Ives was born? Use search().` about people and made-up
+towns that only data/corpus.jsonl knows: one passage says where a person was born, another who a
+town's mayor is. Each row holds two solved questions as earlier chat turns, the two lookups and the
+answer written out: SmolLM2-135M copies its own earlier turns (two-hop episodes in about 0.4 of its
+T = 0.7 samples) far more often than an example inside one message (none reached the second hop).
+The prompts are the same with the tool and without it (`tool_instructions = false` in the recipes),
+so the no-tool twin differs only in the tool's answers.
 """
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).parent / "data"
@@ -27,17 +30,30 @@ PRODUCT_SHOT = (
     "Question: What is {a} * {b}?"
 )
 
-MAYOR_SHOT = (
-    "Use Python to look facts up with search(). Example:\n"
-    "Question: Who is the mayor of the town where Mira Dovel was born?\n"
-    '```python\nprint(search("Mira Dovel"))\n```\n'
-    "<result>\nDoc 1 Mira Dovel was born in Quelm.\n</result>\n"
-    '```python\nprint(search("mayor of Quelm"))\n```\n'
-    "<result>\nDoc 1 The mayor of Quelm is Ardo Vesk.\n</result>\n"
-    "The answer is <answer>Ardo Vesk</answer>.\n\n"
-    "Question: Who is the mayor of the town where {person} was born?\n"
-    'Start with:\n```python\nprint(search("{person}"))\n```'
-)
+# Two solved questions as earlier turns of the chat: SmolLM2-135M copies the shape of its own earlier
+# answers far better than an example inside one user message (docs/tools.md has the base rates).
+MAYOR_QUESTION = "Who is the mayor of the town where {person} was born? Use search()."
+MAYOR_EXAMPLES = (("Lisa Wong", "Quelm", "Tom Pike"), ("Ravi Shah", "Dunmar", "Eva Stone"))
+
+
+def mayor_trace(person: str, town: str, mayor: str) -> str:
+    """The episode the prompt shows: two lookups, their results, the tagged answer."""
+    return (
+        f'```python\nprint(search("{person}"))\n```\n<result>\nDoc 1 {person} was born in {town}.\n</result>\n'
+        f'```python\nprint(search("mayor of {town}"))\n```\n<result>\nDoc 1 The mayor of {town} is {mayor}.\n</result>\n'
+        f"The answer is <answer>{mayor}</answer>."
+    )
+
+
+def mayor_messages(person: str) -> list[dict[str, str]]:
+    shots = [
+        turn
+        for p, t, m in MAYOR_EXAMPLES
+        for turn in ({"role": "user", "content": MAYOR_QUESTION.format(person=p)},
+                     {"role": "assistant", "content": mayor_trace(p, t, m)})
+    ]  # fmt: skip
+    return [*shots, {"role": "user", "content": MAYOR_QUESTION.format(person=person)}]
+
 
 ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "kr", "st", "tr"]
 VOWELS = ["a", "e", "i", "o", "u"]
@@ -64,20 +80,110 @@ def products(seed: int, count: int, start: int, avoid: set[str]) -> list[dict]:
     return out
 
 
-def mayors_world(seed: int, *, towns: int, people: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(town, mayor) and (person, town) pairs with unique names (the example's are never used)."""
-    rng = random.Random(seed)
-    used = {"Quelm", "Mira", "Dovel", "Ardo", "Vesk"}
+FIRST = [
+    "Anna",
+    "Ben",
+    "Clara",
+    "David",
+    "Emma",
+    "Felix",
+    "Grace",
+    "Henry",
+    "Ida",
+    "Jack",
+    "Kate",
+    "Leo",
+    "Mia",
+    "Noah",
+    "Olga",
+    "Paul",
+    "Rosa",
+    "Sam",
+    "Tina",
+    "Victor",
+    "Wendy",
+    "Yusuf",
+    "Zoe",
+    "Omar",
+    "Lena",
+    "Hugo",
+    "Nina",
+    "Igor",
+    "Alice",
+    "Bruno",
+    "Carmen",
+    "Dmitri",
+    "Elena",
+    "Frank",
+    "Gina",
+    "Hassan",
+    "Irene",
+    "Jonas",
+    "Karl",
+    "Lucy",
+]
+LAST = [
+    "Berg",
+    "Cole",
+    "Diaz",
+    "Ford",
+    "Grant",
+    "Hale",
+    "Ives",
+    "Kemp",
+    "Lund",
+    "Moss",
+    "Nash",
+    "Orr",
+    "Park",
+    "Quinn",
+    "Reed",
+    "Shaw",
+    "Todd",
+    "Vale",
+    "Wade",
+    "York",
+    "Blake",
+    "Crane",
+    "Drake",
+    "Frost",
+    "Gray",
+    "Hunt",
+    "Lake",
+    "Marsh",
+    "Novak",
+    "Olsen",
+    "Pratt",
+    "Rossi",
+    "Sato",
+    "Tran",
+    "Ueda",
+    "Vance",
+    "Webb",
+    "Young",
+    "Zell",
+    "Adler",
+]
 
-    def fresh(syllables: int) -> str:
+
+def mayors_world(seed: int, *, towns: int, people: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(town, mayor) and (person, town) pairs: made-up towns, common first and last names (short
+    tokens the model copies well), every name used once (the examples' never)."""
+    rng = random.Random(seed)
+    used = {name for example in MAYOR_EXAMPLES for name in example}
+
+    def fresh(make: Callable[[], str]) -> str:
         while True:
-            name = word(rng, syllables)
+            name = make()
             if name not in used:
                 used.add(name)
                 return name
 
-    town_mayor = [(fresh(2), f"{fresh(2)} {fresh(2)}") for _ in range(towns)]
-    person_town = [(f"{fresh(2)} {fresh(2)}", rng.choice(town_mayor)[0]) for _ in range(people)]
+    def full_name() -> str:
+        return f"{rng.choice(FIRST)} {rng.choice(LAST)}"
+
+    town_mayor = [(fresh(lambda: word(rng, 2)), fresh(full_name)) for _ in range(towns)]
+    person_town = [(fresh(full_name), rng.choice(town_mayor)[0]) for _ in range(people)]
     return town_mayor, person_town
 
 
@@ -93,7 +199,7 @@ def main() -> None:
         {
             "id": f"mayors-{i}",
             "tag": "mayors",
-            "prompt": MAYOR_SHOT.replace("{person}", person),
+            "messages": mayor_messages(person),
             "ground_truth": mayor_of[town],
         }
         for i, (person, town) in enumerate(person_town)
