@@ -8,7 +8,7 @@ Runs recipes/smollm2_python_tool.toml and recipes/smollm2_search_tool.toml one a
 (the no-tool twin is the same recipe with `--set domains.NAME.tools=[]`), under `nice`, then reads
 each run's metrics.jsonl: the greedy held-out eval (step 0 is `experiment.eval_at_start`), the tool
 use of the training episodes (`tools/NAME/call_rate`, `calls_per_episode`, `errors`, `turns/NAME`)
-and the seconds per step. Writes docs/img/tool_showcase_{python,search}.png, RUNS/summary.json,
+the seconds per step and the greedy answers logged at the first and last eval. Writes docs/img/tool_showcase_{python,search}.png, RUNS/summary.json,
 and prints one table per showcase. Needs matplotlib.
 """
 
@@ -82,7 +82,19 @@ def summarize(show: Showcase, run: Path) -> dict:
         # tool metrics exist only where the tool is on (a twin's unanswered blocks are no calls)
         **{name: {s: r[key] for s, r in train.items() if key in r} for name, key in tool_keys(d).items()},
         "seconds_per_step": (max(times) - min(times)) / max(len(train), 1) if len(times) > 1 else None,
+        "greedy_examples": eval_examples(run),
     }
+
+
+def eval_examples(run: Path) -> dict[int, list[str]]:
+    """The first and last eval's logged greedy answers (samples.jsonl rows marked `eval`)."""
+    path = run / "samples.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    by_step: dict[int, list[str]] = {}
+    for row in rows:
+        if row.get("eval"):
+            by_step.setdefault(int(row["step"]), []).append(f"[reward {row['reward']}] {row['completion']}")
+    return {s: by_step[s] for s in sorted(by_step)[:1] + sorted(by_step)[1:][-1:]}
 
 
 def tool_keys(domain: str) -> dict[str, str]:
@@ -129,6 +141,8 @@ def table(show: Showcase, results: dict[str, dict]) -> str:
         ]
         sps = res["seconds_per_step"]
         lines.append(f"  {label:>9}: " + ", ".join(cells) + (f"  [{sps:.0f} s a step, evals included]" if sps else ""))
+        for step, answers in res.get("greedy_examples", {}).items():
+            lines += [f"    greedy at step {step}: {answer!r}" for answer in answers]
     return "\n".join(lines)
 
 

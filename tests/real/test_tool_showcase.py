@@ -1,10 +1,10 @@
 """The two real-model tool recipes launch, call their tool and finish (one small step each).
 
 recipes/smollm2_python_tool.toml and recipes/smollm2_search_tool.toml on SmolLM2-135M-Instruct:
-one step of 2 prompts x 8 samples at T = 1, no eval. SmolLM2 writes the prompt's example call in
-about a third of its samples (docs/tools.md#real-model), so 16 episodes hold one call or more but
-for a ~0.7^16 chance; the run is seeded, so the draw is the same every time. Both took 342 s on
-the 2-core machine shared with other jobs.
+one step of 2 prompts x 8 samples (T = 1 and T = 0.7), no eval. SmolLM2 writes the prompt's
+example call in about a third of its products samples and a search in most of its mayors samples
+(docs/tools.md#a-real-model-learns-to-call-tools), so 16 episodes without a call are all but
+impossible; the run is seeded, so the draw is the same every time.
 """
 
 from __future__ import annotations
