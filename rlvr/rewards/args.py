@@ -97,6 +97,7 @@ VALUE_RULES: dict[str, dict[str, object]] = {
         "fallback": _choice("last_number", "none"), "format_weight": _FRACTION, "require_think": _of(bool),
         "timeout_s": _SECONDS, "max_answer_chars": _COUNT, "max_workers": _COUNT,
         "float_rounding": _number(low=0, integer=True), "allow_set_relation_comp": _of(bool),
+        "allow_arithmetic": _of(bool),
     },
     "code_sandbox": {
         "partial_credit": _of(bool), "timeout_s": _SECONDS, "memory_mb": _COUNT, "max_procs": _COUNT,

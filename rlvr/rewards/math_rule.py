@@ -8,7 +8,7 @@ answer kinds docs/rewards.md decides. Everything else runs in a worker process b
 hang: a call past `timeout_s` kills and replaces its worker.
 
 reward_args: `fallback`, `format_weight`, `require_think`, `timeout_s`, `max_answer_chars`,
-`float_rounding`, `allow_set_relation_comp` (defaults and meaning: docs/rewards.md, math_rule).
+`float_rounding`, `allow_set_relation_comp`, `allow_arithmetic` (defaults and meaning: docs/rewards.md, math_rule).
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ _ANSWER_COLON_RE = re.compile(r"answer\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULT
 _DELIMITED_RE = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
 _WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")  # a word that is not a LaTeX command
 _NUMBER_ONLY_RE = re.compile(r"^\s*[-+]?\d[\d,. ]*\s*$")
+# Arithmetic between numbers (`237 * 682`, `48+24`, `\\frac{9}{3}`, `2^{10}`): sympy would evaluate it,
+# doing the model's arithmetic for it; against an integer gold it is refused (`allow_arithmetic`).
+_ARITHMETIC_RE = re.compile(r"\d\s*(?:[*×·+/^÷-]|\\times|\\cdot|\\div)\s*[-+({]*\s*\d|\\[dt]?frac|\\sqrt")
+_INTEGER_RE = re.compile(r"^\s*[-+]?\d[\d, ]*\s*$")
 _NUMBER_RE = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s*/\s*\d+)?")
 # Words that are LaTeX arguments, not prose: `pmatrix` of \begin{pmatrix}, ` and ` of \text{ and }.
 _LATEX_WORDS_RE = re.compile(r"\\(?:begin|end|text|textbf|mathrm|operatorname)\s*\{[^{}]*\}")
@@ -161,6 +165,7 @@ def judge_text(
     max_chars: int = 1000,
     float_rounding: int = 6,
     allow_set_relation_comp: bool = False,
+    allow_arithmetic: bool = False,
 ) -> tuple[bool, str]:
     """(correct, extracted answer) for a whole response. Runs inside a pool worker.
 
@@ -172,7 +177,7 @@ def judge_text(
     seconds = max(1, int(timeout_s / 3))  # three guarded steps: two parses and a verify
     answer = _parse(text, anchorless=fallback == "last_number", seconds=seconds)
     extracted = str(answer[-1]) if answer else ""
-    if not answer or len(extracted) > max_chars:
+    if not answer or len(extracted) > max_chars or (undone_arithmetic(gold, extracted) and not allow_arithmetic):
         return False, extracted
     gold_parsed = _parse(gold, anchorless=True, seconds=seconds)
     if not gold_parsed:
@@ -185,6 +190,12 @@ def judge_text(
         timeout_seconds=seconds,
     )
     return bool(correct), extracted
+
+
+def undone_arithmetic(gold: str, answer: str) -> bool:
+    """An answer that is arithmetic on numbers against a gold that is an integer: `237 * 682` for
+    161634. math-verify would evaluate it and accept; a policy learns to restate the question."""
+    return bool(_INTEGER_RE.match(gold)) and bool(_ARITHMETIC_RE.search(answer))
 
 
 def format_ok(text: str, *, require_think: bool) -> bool:
@@ -209,6 +220,7 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     max_chars = int(reward_args.get("max_answer_chars", 1000))
     float_rounding = int(reward_args.get("float_rounding", 6))
     set_relation = bool(reward_args.get("allow_set_relation_comp", False))
+    arithmetic = bool(reward_args.get("allow_arithmetic", False))
 
     text = completion.text if isinstance(completion.text, str) else ""
     raw_golds = [str(g).strip() for g in _as_list(sample.ground_truth) if g is not None and str(g).strip()]
@@ -233,7 +245,7 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     from rlvr.rewards.workers import shared_pool
 
     pool = shared_pool("math", max_workers=reward_args.get("max_workers"), preload=("rlvr.rewards.math_rule:_warmup",))
-    timed_out, extracted = False, False
+    timed_out, extracted, undone = False, False, False
     for gold in raw_golds:
         job = await pool.call(
             "rlvr.rewards.math_rule:judge_text",
@@ -244,12 +256,14 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
             max_chars=max_chars,
             float_rounding=float_rounding,
             allow_set_relation_comp=set_relation,
+            allow_arithmetic=arithmetic,
         )
         if job.status == "ok":
             correct, found = job.value
             extracted = extracted or bool(found)
             if found:
                 info["answer"] = found[:200]
+                undone = undone or (undone_arithmetic(gold, found) and not arithmetic)
             if correct:
                 return result(1.0, "equivalent")
         timed_out = timed_out or job.status == "timeout"
@@ -260,4 +274,6 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
         return result(0.0, "timeout")
     if not extracted:
         return result(0.0, "no answer found")
+    if undone:
+        return result(0.0, "arithmetic left undone: the answer must be the number (allow_arithmetic)")
     return result(0.0, "not equivalent")

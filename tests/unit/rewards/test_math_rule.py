@@ -166,3 +166,34 @@ def test_new_knobs_are_checked():
     assert check_arg_values("math_rule", {"float_rounding": 2, "allow_set_relation_comp": True}) is None
     assert "float_rounding" in (check_arg_values("math_rule", {"float_rounding": -1}) or "")
     assert "allow_set_relation_comp" in (check_arg_values("math_rule", {"allow_set_relation_comp": "yes"}) or "")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The multiplication table of 237 * 682 is",  # what a no-tool policy learned to end on (docs/tools.md)
+        "\\boxed{237 \\times 682}",
+        "The answer is 237*682.",
+        "\\boxed{\\frac{323268}{2}}",
+    ],
+)
+async def test_arithmetic_left_undone_is_not_an_integer_answer(text):
+    """sympy evaluates `237 * 682`: accepting it lets the grader do the multiplication the task asks
+    for, and a policy learns to restate the question. The number itself still scores."""
+    sample = make_sample(ground_truth="161634")
+    refused = await score(sample, make_completion(text))
+    assert refused.score == 0.0 and refused.info["reason"].startswith("arithmetic left undone"), refused.info
+    assert (await score(sample, make_completion(text), allow_arithmetic=True)).score == 1.0
+    assert (await score(sample, make_completion("so it is 161,634"))).score == 1.0
+
+
+async def test_exact_fractions_still_match_a_decimal_gold():
+    assert (await score(make_sample(ground_truth="0.5"), make_completion("\\boxed{\\frac12}"))).score == 1.0
+    assert (await score(make_sample(ground_truth="-3"), make_completion("the answer is -3"))).score == 1.0
+
+
+def test_allow_arithmetic_is_checked():
+    from rlvr.rewards.args import check_arg_values
+
+    assert check_arg_values("math_rule", {"allow_arithmetic": True}) is None
+    assert "allow_arithmetic" in (check_arg_values("math_rule", {"allow_arithmetic": "yes"}) or "")
