@@ -2,14 +2,16 @@
 
     python scripts/tool_showcase.py                        # both showcases, with and without the tool
     python scripts/tool_showcase.py --only python --steps 10 --set trainer.lr=3e-5
+    python scripts/tool_showcase.py --only search --twin-only  # launch the twin, plot both
     python scripts/tool_showcase.py --plot-only            # redraw from the runs already there
 
 Runs recipes/smollm2_python_tool.toml and recipes/smollm2_search_tool.toml one after the other
 (the no-tool twin is the same recipe with `--set domains.NAME.tools=[]`), under `nice`, then reads
 each run's metrics.jsonl: the greedy held-out eval (step 0 is `experiment.eval_at_start`), the tool
-use of the training episodes (`tools/NAME/call_rate`, `calls_per_episode`, `errors`, `turns/NAME`)
-the seconds per step and the greedy answers logged at the first and last eval. Writes docs/img/tool_showcase_{python,search}.png, RUNS/summary.json,
-and prints one table per showcase. Needs matplotlib.
+use of the training episodes (`tools/NAME/call_rate`, `calls_per_episode`, `errors`, `turns/NAME`),
+the seconds per step, and from samples.jsonl the greedy answers of the first and last eval.
+Writes docs/img/tool_showcase_{python,search}.png and RUNS/summary.json, and prints one table per
+showcase. Needs matplotlib.
 """
 
 from __future__ import annotations
@@ -152,7 +154,9 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "tool_showcase", help="where the runs go")
     parser.add_argument("--steps", type=int, default=None, help="experiment.max_steps (default: the recipe's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="KEY=VALUE for every run")
-    parser.add_argument("--no-twin", action="store_true", help="only the runs with the tool")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--no-twin", action="store_true", help="launch only the runs with the tool")
+    which.add_argument("--twin-only", action="store_true", help="launch only the no-tool twins")
     parser.add_argument("--plot-only", action="store_true", help="read and plot the runs already there")
     parser.add_argument("--img", type=Path, default=ROOT / "docs" / "img", help="where the figures go")
     args = parser.parse_args()
@@ -162,11 +166,11 @@ def main() -> None:
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     for show in chosen:
         results = {}
-        for tool in (True, False) if not args.no_twin else (True,):
+        for tool in (True, False):
             label = "with tool" if tool else "no tool"
             run = args.runs / run_name(show, tool=tool)
             wall = None
-            if not args.plot_only:
+            if not (args.plot_only or (args.no_twin and not tool) or (args.twin_only and tool)):
                 wall = launch(show, tool=tool, runs=args.runs, steps=args.steps, overrides=args.overrides)
             if (run / "metrics.jsonl").exists():
                 results[label] = summarize(show, run) | {"wall_s": wall}
