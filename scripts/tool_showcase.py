@@ -109,7 +109,8 @@ def tool_keys(domain: str) -> dict[str, str]:
 
 
 def plot(show: Showcase, results: dict[str, dict], out: Path) -> None:
-    """Held-out greedy accuracy with and without the tool, and the tool-call rate while training."""
+    """Held-out greedy accuracy with and without the tool, and the tool calls per training episode
+    (two for a two-hop answer)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,13 +120,12 @@ def plot(show: Showcase, results: dict[str, dict], out: Path) -> None:
     for label, res in results.items():
         xs = sorted(res["eval_accuracy"])
         acc.plot(xs, [res["eval_accuracy"][x] for x in xs], marker="o", label=label)
-        xs = sorted(res["call_rate"])
+        xs = sorted(res["calls_per_episode"])
         if xs:
-            calls.plot(xs, [res["call_rate"][x] for x in xs], marker=".", label=label)
+            calls.plot(xs, [res["calls_per_episode"][x] for x in xs], marker=".", label=label)
     acc.set(xlabel="step", ylabel="held-out accuracy (greedy)", ylim=(-0.02, 1.02), title=show.title)
-    calls.set(
-        xlabel="step", ylabel="episodes that call the tool", ylim=(-0.02, 1.02), title="tool-call rate (training)"
-    )
+    top = max([1.0] + [v for res in results.values() for v in res["calls_per_episode"].values()])
+    calls.set(xlabel="step", ylabel="tool calls per episode", ylim=(-0.02, top + 0.05), title="tool calls (training)")
     acc.legend()
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
