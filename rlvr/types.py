@@ -59,6 +59,9 @@ class Completion:
     output: `loss_mask[i]` is 1 for a token the model sampled and 0 for one a tool wrote (its
     logprob is 0 and it counts 0 in the loss); empty means every token is the model's.
     `tool_stats` holds the episode's turns, tool calls, errors, timeouts and tool seconds.
+    `own_text` is what the model itself wrote in a multi-turn episode, each of its turns decoded
+    on its own, tool answers left out: rewards judge it, so a tool's output (a program's print, a
+    search result) is never read as the model's answer (None: `text` is all the model's).
     """
 
     text: str
@@ -70,6 +73,7 @@ class Completion:
     token_versions: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     tool_stats: dict[str, float] = field(default_factory=dict)
+    own_text: str | None = None
 
     @property
     def oldest_version(self) -> int:

@@ -32,7 +32,7 @@ from rlvr.rewards.cases import normalise_test_cases
 from rlvr.rewards.code_blocks import find_program
 from rlvr.rewards.deadline import queued
 from rlvr.rewards.registry import register
-from rlvr.rewards.text import split_think
+from rlvr.rewards.text import model_text, split_think
 from rlvr.sandbox import SANDBOX_FAILURES, Limits, RunResult
 from rlvr.types import Completion, RewardResult, Sample
 
@@ -276,7 +276,7 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
         max_output_bytes=int(reward_args.get("max_output_bytes", 1 << 20)),
         max_scratch_mb=int(reward_args.get("max_scratch_mb", 64)),
     )
-    text = completion.text if isinstance(completion.text, str) else ""
+    text = model_text(completion)
     try:
         cases = normalise_test_cases(sample.case_type, sample.test_cases)
     except ValueError:

@@ -22,7 +22,7 @@ from rlvr.rewards.args import check_arg_values, reject_unknown_args
 from rlvr.rewards.base import describe_exception, failed, zero
 from rlvr.rewards.math_rule import last_boxed
 from rlvr.rewards.registry import register
-from rlvr.rewards.text import split_think
+from rlvr.rewards.text import model_text, split_think
 from rlvr.types import Completion, RewardResult, Sample
 
 INSTALL = "pip install -e '.[gym]'"
@@ -119,7 +119,7 @@ def score(sample: Sample, completion: Completion, **reward_args: Any) -> RewardR
         return failed(f"row {sample.id}: {problem}")
     assert isinstance(gym, dict)
     name, entry = gym["dataset"], gym["entry"]
-    text = completion.text if isinstance(completion.text, str) else ""
+    text = model_text(completion)
     answer, source = find_answer(text, sources, gold=entry.get("answer"))
     if answer is None:
         return zero(nothing_found(sources, gold=entry.get("answer")), dataset=name)

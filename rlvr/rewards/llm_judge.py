@@ -32,7 +32,7 @@ from rlvr.rewards.base import describe_exception, failed, zero
 from rlvr.rewards.deadline import current as current_deadline
 from rlvr.rewards.deadline import queued
 from rlvr.rewards.registry import register
-from rlvr.rewards.text import split_think
+from rlvr.rewards.text import model_text, split_think
 from rlvr.types import Completion, RewardResult, Sample
 
 JUDGE_METRICS: Counter[str] = Counter()
@@ -334,7 +334,7 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     if not url:
         raise ValueError("llm_judge needs reward_args judge_url or the RLVR_JUDGE_URL environment variable")
     template = reward_args.get("template") or ("reference" if sample.ground_truth is not None else "rubric")
-    text = completion.text if isinstance(completion.text, str) else ""
+    text = model_text(completion)
     response = split_think(text)[0].strip()
     if not response:
         return zero("empty response")

@@ -20,7 +20,7 @@ from typing import Any
 from rlvr.rewards.args import reject_unknown_args
 from rlvr.rewards.base import zero
 from rlvr.rewards.registry import register
-from rlvr.rewards.text import split_think
+from rlvr.rewards.text import model_text, split_think
 from rlvr.types import Completion, RewardResult, Sample
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -222,7 +222,7 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     set_relation = bool(reward_args.get("allow_set_relation_comp", False))
     arithmetic = bool(reward_args.get("allow_arithmetic", False))
 
-    text = completion.text if isinstance(completion.text, str) else ""
+    text = model_text(completion)
     raw_golds = [str(g).strip() for g in _as_list(sample.ground_truth) if g is not None and str(g).strip()]
     if not raw_golds:
         return zero("sample has no ground_truth")

@@ -20,7 +20,7 @@ from typing import Any
 from rlvr.rewards.args import reject_unknown_args
 from rlvr.rewards.base import zero
 from rlvr.rewards.registry import register
-from rlvr.rewards.text import split_think
+from rlvr.rewards.text import model_text, split_think
 from rlvr.types import Completion, RewardResult, Sample
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -72,7 +72,7 @@ async def score(sample: Sample, completion: Completion, **reward_args: Any) -> R
     refs = aliases(sample.ground_truth)
     if not refs:
         return zero("ground_truth is not a string or a list of strings")
-    prediction, tagged = extract_answer(completion.text if isinstance(completion.text, str) else "")
+    prediction, tagged = extract_answer(model_text(completion))
     if not prediction:
         return zero("no answer", formatted=tagged)
     em = float(any(normalize(prediction) == normalize(r) for r in refs))

@@ -200,8 +200,10 @@ async def run_episode(
         if finish != "more":
             break
         state.next_scope()
+    own_text = None
     if tools is not None:  # the text is what the trainer sees: every turn, stop strings included
         text = tools.decode(state.token_ids)
+        own_text = "\n".join(tools.decode(turn) for turn in model_turns(state.token_ids, state.mask))
     elif state.seam is None or decode is None:  # one request made the response: its engine's text
         text = state.text
     else:
@@ -218,7 +220,19 @@ async def run_episode(
         token_versions=state.versions,
         loss_mask=state.mask if tools is not None else [],
         tool_stats={"turns": float(state.turns), **tools.stats()} if tools is not None else {},
+        own_text=own_text,
     )
+
+
+def model_turns(ids: list[int], mask: list[int]) -> list[list[int]]:
+    """The runs of ids the model sampled (mask 1), in order: its turns without the tool answers."""
+    turns: list[list[int]] = []
+    for i, (token, own) in enumerate(zip(ids, mask, strict=True)):
+        if own:
+            if i == 0 or not mask[i - 1]:
+                turns.append([])
+            turns[-1].append(token)
+    return turns
 
 
 async def run_group(

@@ -232,3 +232,32 @@ async def test_a_call_straddling_an_abort_runs_and_nothing_past_it_is_kept(token
 async def test_without_a_call_the_episode_is_one_turn(tokenizer):
     engine, _, c, _ = await _episode(tokenizer, ["just an answer"])
     assert len(engine.inputs) == 1 and c.tool_stats["turns"] == 1 and set(c.loss_mask) == {1}
+
+
+async def _print_42(code: str) -> str:
+    return "42\n"
+
+
+async def _print_tagged(code: str) -> str:
+    return "<answer>42</answer>\n"
+
+
+async def test_rewards_judge_what_the_model_wrote_not_what_the_tool_printed(tokenizer):
+    """A tool's output is the tool's: the episode keeps the model's own turns apart (`own_text`) and
+    the rewards read only them, so a program that prints the answer is no answer until the model
+    states it (a policy had learned to write garbage after a python result that was scored)."""
+    from rlvr.rewards.math_rule import score
+    from rlvr.rewards.qa_match import score as qa_score
+    from rlvr.types import Sample
+
+    tools = [fake_tool("python", _print_42, "code")]
+    sample = Sample(id="s", tag="t", messages=[], ground_truth="42")
+    _, _, silent, _ = await _episode(tokenizer, ["<code>print(6*7)</code>", "The answer is \\xe."], tools=tools)
+    assert "<result>\n42\n</result>" in silent.text and "42" not in (silent.own_text or "42")
+    assert silent.own_text == "<code>print(6*7)</code>\nThe answer is \\xe."
+    assert (await score(sample, silent)).score == 0.0
+    tagged = [fake_tool("python", _print_tagged, "code")]  # the program prints the answer tag itself
+    _, _, injected, _ = await _episode(tokenizer, ["<code>print(tag)</code>", "Done."], tools=tagged)
+    assert "<answer>42</answer>" in injected.text and (await qa_score(sample, injected)).score == 0.0
+    _, _, stated, _ = await _episode(tokenizer, ["<code>print(6*7)</code>", "The answer is 42."], tools=tools)
+    assert (await score(sample, stated)).score == 1.0
