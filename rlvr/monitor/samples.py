@@ -49,5 +49,7 @@ def sample_rows(
             if truth is not None:
                 row["ground_truth"] = truth if isinstance(truth, str | int | float | list | dict) else str(truth)
             row.update({k: int(c.tool_stats[k]) for k in _STATS if k in c.tool_stats})
+            if c.own_text is not None:
+                row["own_text"] = c.own_text  # what the reward read: the model's turns, no tool answers
             rows.append(row)
     return rows

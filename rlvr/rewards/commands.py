@@ -57,6 +57,7 @@ def row_to_sample(row: Any) -> tuple[Any, Any]:
         raise RowError("needs 'messages' (list of {role, content}) or 'prompt' (string)")
     known = {"id", "tag", "messages", "prompt", "ground_truth", "test_cases", "case_type", "difficulty", "completion"}
     known |= {"finish_reason"}  # as `rlvr eval --out` writes it; "length": cut at the token limit
+    known |= {"own_text"}  # a tool episode's own turns, as samples.jsonl writes them (what rewards judge)
     finish = row.get("finish_reason") or "stop"
     if finish not in ("stop", "length", "abort"):
         raise RowError(f"'finish_reason' must be 'stop', 'length' or 'abort', got {finish!r}")
@@ -70,7 +71,9 @@ def row_to_sample(row: Any) -> tuple[Any, Any]:
         difficulty=row.get("difficulty"),
         extra={k: v for k, v in row.items() if k not in known},
     )
-    return sample, Completion(text=row["completion"], token_ids=[], logprobs=[], finish_reason=finish)
+    own = row.get("own_text")
+    return sample, Completion(text=row["completion"], token_ids=[], logprobs=[], finish_reason=finish,
+                              own_text=own if isinstance(own, str) else None)  # fmt: skip
 
 
 def _fail(message: str) -> typer.Exit:

@@ -57,6 +57,11 @@ def test_rows_carry_the_verdict_its_reason_and_the_ground_truth() -> None:
 def test_tool_episodes_carry_their_turns_and_calls() -> None:
     (row,) = sample_rows([group("t", "x", ["<code>1</code>"], tools=True)], per_domain=1, step=1, prompt_text=str)
     assert (row["turns"], row["tool_calls"], row["tool_errors"], row["tool_timeouts"]) == (2, 1, 0, 0)
+    assert "own_text" not in row  # an episode that kept no own text (a single-turn one) writes none
+    episode = group("t", "x", ["<code>1</code>\n<result>1</result>"], tools=True)
+    episode.completions[0].own_text = "<code>1</code>"
+    (row,) = sample_rows([episode], per_domain=1, step=1, prompt_text=str)
+    assert row["own_text"] == "<code>1</code>"  # what the reward read
 
 
 def test_recorder_appends_samples_and_writes_no_file_without_any(tmp_path: Path) -> None:

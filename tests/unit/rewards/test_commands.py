@@ -130,3 +130,15 @@ def test_check_reads_a_rows_finish_reason():
     assert plain.finish_reason == "stop" and "finish_reason" not in sample.extra
     with pytest.raises(RowError, match="finish_reason"):
         row_to_sample({"prompt": "p", "completion": "x", "finish_reason": "eos"})
+
+
+def test_check_reads_a_tool_episodes_own_text_as_the_run_did(tmp_path):
+    """A samples.jsonl row of a tool episode carries `own_text`: the tool's printed 42 is not the answer."""
+    episode = "```python\nprint(6*7)\n```\n<result>\n42\n</result>\nThe answer is \\xe."
+    row = {"id": "a", "tag": "m", "prompt": "6*7?", "ground_truth": "42", "completion": episode}
+    rows = write_rows(tmp_path / "rows.jsonl", [row | {"own_text": "```python\nprint(6*7)\n```\nThe answer is \\xe."}])
+    result = runner.invoke(app, ["check", str(rows), "--reward", "math_rule"])
+    assert result.exit_code == 0 and "1 rows, mean score 0.000" in result.output, result.output
+    write_rows(tmp_path / "rows.jsonl", [row])  # written before own_text: the whole episode, as then
+    result = runner.invoke(app, ["check", str(rows), "--reward", "math_rule"])
+    assert result.exit_code == 0 and "1 rows, mean score 1.000" in result.output, result.output
