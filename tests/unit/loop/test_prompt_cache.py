@@ -50,23 +50,25 @@ def test_prompt_ids_are_an_lru_filled_off_the_event_loop() -> None:
     assert "rlvr-rollout" not in tokenizer.threads  # the manager's event loop never tokenized
 
 
-def test_evaluation_tokenizes_off_the_event_loop_too() -> None:
-    rows = {
-        "flat": [
-            Sample(id=f"e{i}", tag="flat", domain="flat", messages=[{"role": "user", "content": f"q{i}"}])
-            for i in range(6)
-        ]
-    }
+def eval_manager(tokenizer: RecordingTokenizer, **monitor: int) -> RolloutManager:
+    """A manager whose 6 held-out rows are also its training rows (domain "flat", reward 1 each)."""
+    rows = {"flat": [Sample(id=f"e{i}", tag="flat", domain="flat", messages=[{"role": "user", "content": f"q{i}"}])
+                     for i in range(6)]}  # fmt: skip
     recipe = Recipe.model_validate({
         "experiment": {"max_steps": 2},
         "model": {"config": {}},
         "data": {"prompts_per_step": 2, "domain_interleave_probs": {"flat": 1.0}},
         "domains": {"flat": {"tags": ["flat"], "files": ["x"], "reward": "math_rule"}},
         "rollout": {"n": 2, "max_new_tokens": 4},
+        "monitor": monitor,
     })  # fmt: skip
-    tokenizer, engine = RecordingTokenizer(), FakeEngine(3)
-    manager = RolloutManager(recipe, train=rows, evals=rows, tokenizer=tokenizer, client=engine,  # type: ignore[arg-type]
-                             rewards=FakeRewards())  # type: ignore[arg-type]  # fmt: skip
+    return RolloutManager(recipe, train=rows, evals=rows, tokenizer=tokenizer, client=FakeEngine(3),  # type: ignore[arg-type]
+                          rewards=FakeRewards())  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_evaluation_tokenizes_off_the_event_loop_too() -> None:
+    tokenizer = RecordingTokenizer()
+    manager = eval_manager(tokenizer)
     try:
         manager.start(version=0)
         manager.evaluate(0)
@@ -77,18 +79,7 @@ def test_evaluation_tokenizes_off_the_event_loop_too() -> None:
 
 def test_eval_episodes_join_the_samples_marked_eval() -> None:
     """What the model answers greedily is kept (samples.jsonl), not only its training samples."""
-    rows = {"flat": [Sample(id=f"e{i}", tag="flat", domain="flat", messages=[{"role": "user", "content": f"q{i}"}])
-                     for i in range(6)]}  # fmt: skip
-    recipe = Recipe.model_validate({
-        "experiment": {"max_steps": 2},
-        "model": {"config": {}},
-        "data": {"prompts_per_step": 2, "domain_interleave_probs": {"flat": 1.0}},
-        "domains": {"flat": {"tags": ["flat"], "files": ["x"], "reward": "math_rule"}},
-        "rollout": {"n": 2, "max_new_tokens": 4},
-        "monitor": {"log_samples": 3},
-    })  # fmt: skip
-    manager = RolloutManager(recipe, train=rows, evals=rows, tokenizer=RecordingTokenizer(), client=FakeEngine(3),  # type: ignore[arg-type]
-                             rewards=FakeRewards())  # type: ignore[arg-type]  # fmt: skip
+    manager = eval_manager(RecordingTokenizer(), log_samples=3)
     try:
         manager.start(version=0)
         metrics = manager.evaluate(5)
