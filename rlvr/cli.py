@@ -349,6 +349,12 @@ def eval_(
             "default: a temporary folder under ~/.cache/rlvr/exports, removed after the eval.",
         ),
     ] = None,
+    without_tools: Annotated[
+        bool,
+        typer.Option(
+            "--without-tools", help="Score rows of a tool domain in one turn, no tool answering (else refused)."
+        ),
+    ] = False,
 ) -> None:
     """Score a model or checkpoint on held-out rows with the reward registry.
 
@@ -395,6 +401,17 @@ def eval_(
     except DataError as exc:
         raise fail(str(exc)) from None
     rewards = {s.tag: ((reward, reward_args) if reward else tag_rewards[s.tag]) for s in samples}
+    tooled = (
+        sorted({s.tag for s in samples} & {t for d in parsed.domains.values() if d.tools for t in d.tags})
+        if parsed
+        else []
+    )
+    if tooled and not without_tools:
+        raise fail(
+            f"rows tagged {', '.join(tooled)} belong to a domain that calls tools, and rlvr eval answers in one turn "
+            "without them: pass --without-tools to score that, or read the run's own evals (experiment.eval_steps; "
+            'samples.jsonl rows with "eval": true)'
+        )
     unjudged = sorted(tag for tag, (name, kw) in rewards.items() if name == "llm_judge" and not kw.get("judge_url"))
     serve_judge = bool(unjudged) and not os.environ.get("RLVR_JUDGE_URL")
     if serve_judge and (parsed is None or parsed.judge is None):

@@ -194,8 +194,9 @@ def judge_text(
 
 def undone_arithmetic(gold: str, answer: str) -> bool:
     """An answer that is arithmetic on numbers against a gold that is an integer: `237 * 682` for
-    161634. math-verify would evaluate it and accept; a policy learns to restate the question."""
-    return bool(_INTEGER_RE.match(gold)) and bool(_ARITHMETIC_RE.search(answer))
+    161634. math-verify would evaluate it and accept; a policy learns to restate the question.
+    An equation's value is what follows its last `=`: `14 + 25 = 39` states 39."""
+    return bool(_INTEGER_RE.match(gold)) and bool(_ARITHMETIC_RE.search(answer.rsplit("=", 1)[-1]))
 
 
 def format_ok(text: str, *, require_think: bool) -> bool:

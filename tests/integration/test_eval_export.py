@@ -220,3 +220,21 @@ def test_eval_ends_answers_where_rollout_does() -> None:
     (stopped,) = evaluate(policy, [sample], rewards=rewards, max_new_tokens=24, stop=[cut])
     assert cut not in stopped.completion and free.completion.startswith(stopped.completion)
     assert len(stopped.completion) < len(free.completion) and stopped.finish_reason == "stop"
+
+
+def test_eval_of_tool_domain_rows_is_refused_unless_asked_for_without_tools(tmp_path: Path) -> None:
+    """rlvr eval answers in one turn: a tool domain's rows would be scored with every call unanswered."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"tag": "products", "prompt": "What is 2 * 3?", "ground_truth": "6"}\n')
+    recipe = ROOT / "recipes" / "smollm2_python_tool.toml"
+    model = ROOT / "recipes" / "quickstart" / "policy"
+    args = ["eval", str(model), "--data", str(rows), "--recipe", str(recipe), "--max-new-tokens", "4"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.stderr.split())
+    assert message.startswith("error: rows tagged products belong to a domain that calls tools") and "\n" not in (
+        result.stderr.strip()
+    )
+    result = CliRunner().invoke(app, [*args, "--without-tools"])
+    assert result.exit_code == 0, result.output
+    assert "products" in result.output

@@ -187,6 +187,12 @@ async def test_arithmetic_left_undone_is_not_an_integer_answer(text):
     assert (await score(sample, make_completion("so it is 161,634"))).score == 1.0
 
 
+async def test_a_worked_equation_states_its_value():
+    sample = make_sample(ground_truth="39")
+    assert (await score(sample, make_completion("14 + 25 = 39"))).score == 1.0
+    assert (await score(sample, make_completion("so x = 13 * 3"))).score == 0.0  # the value left undone
+
+
 async def test_exact_fractions_still_match_a_decimal_gold():
     assert (await score(make_sample(ground_truth="0.5"), make_completion("\\boxed{\\frac12}"))).score == 1.0
     assert (await score(make_sample(ground_truth="-3"), make_completion("the answer is -3"))).score == 1.0
