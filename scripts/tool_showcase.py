@@ -96,7 +96,8 @@ def eval_examples(run: Path) -> dict[int, list[str]]:
     for row in rows:
         if row.get("eval"):
             by_step.setdefault(int(row["step"]), []).append(f"[reward {row['reward']}] {row['completion']}")
-    return {s: by_step[s] for s in sorted(by_step)[:1] + sorted(by_step)[1:][-1:]}
+    steps = sorted(by_step)
+    return {s: by_step[s] for s in dict.fromkeys(steps[:1] + steps[-1:])}  # one eval: listed once
 
 
 def tool_keys(domain: str) -> dict[str, str]:

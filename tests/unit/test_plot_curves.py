@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,15 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.script_module import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot_curves.py"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("plot_curves", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def write_run(run: Path) -> None:

@@ -3,22 +3,18 @@ metrics.jsonl and samples.jsonl (the launches themselves are tests/real/test_too
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.unit.script_module import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tool_showcase.py"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("tool_showcase", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tool_showcase"] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def write_run(run: Path, *, tool: bool) -> None:

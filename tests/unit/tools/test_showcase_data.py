@@ -4,7 +4,6 @@ that learns the lookups can score 1 and one that does not can only guess."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.tools.search import SearchIndex
+from tests.unit.script_module import load_script
 
 DATA = Path(__file__).resolve().parents[3] / "recipes" / "smollm2_tools"
 
@@ -21,10 +21,7 @@ def rows(name: str) -> list[dict]:
 
 
 def test_make_data_writes_the_shipped_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = importlib.util.spec_from_file_location("make_data", DATA / "make_data.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(DATA / "make_data.py")
     monkeypatch.setattr(module, "HERE", tmp_path)
     module.main()
     for shipped in sorted((DATA / "data").glob("*.jsonl")):
